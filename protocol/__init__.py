@@ -1,0 +1,1 @@
+"""Sans-I/O half of sluice: bytes, events and values in and out. Nothing here does I/O."""

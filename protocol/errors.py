@@ -1,0 +1,147 @@
+"""One error family for the whole gateway.
+
+Every foreign exception (h11, OS, cattrs, yaml) is translated once, at the edge, into a
+:class:`SluiceError` that knows where it came from and which HTTP status it suggests. The
+OpenAI-shaped body is built here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+
+
+class Source(enum.Enum):
+    CLIENT = "client"  # the caller sent something we refuse
+    UPSTREAM = "upstream"  # a model server or node failed us
+    GATEWAY = "gateway"  # our own fault
+    CONFIG = "config"  # a configuration value is invalid
+
+
+class SluiceError(Exception):
+    """An error with an HTTP status and an OpenAI-shaped body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str,
+        code: str | None = None,
+        param: str | None = None,
+        source: Source = Source.GATEWAY,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+        self.source = source
+        self.headers = headers
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(status={self.status}, code={self.code!r}, "
+            f"source={self.source.value}, message={self.message!r})"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return error_dict(self.message, self.type, self.code, self.param)
+
+    def body(self) -> bytes:
+        return json.dumps({"error": self.to_dict()}, separators=(",", ":")).encode()
+
+
+def error_dict(
+    message: str, type: str, code: str | None = None, param: str | None = None
+) -> dict[str, object]:
+    return {"message": message, "type": type, "code": code, "param": param}
+
+
+# Constructors for the errors the gateway raises, so a status, type and code are chosen once.
+
+
+def bad_request(message: str, code: str = "invalid_request", param: str | None = None) -> SluiceError:
+    return SluiceError(400, message, type="invalid_request_error", code=code, param=param,
+                       source=Source.CLIENT)
+
+
+def not_found(message: str) -> SluiceError:
+    return SluiceError(404, message, type="invalid_request_error", code="not_found",
+                       source=Source.CLIENT)
+
+
+def method_not_allowed(method: str, allow: tuple[str, ...]) -> SluiceError:
+    return SluiceError(
+        405,
+        f"method {method} is not allowed here; allowed: {', '.join(allow)}",
+        type="invalid_request_error",
+        code="method_not_allowed",
+        source=Source.CLIENT,
+        headers=((b"allow", ", ".join(allow).encode()),),
+    )
+
+
+def request_timeout(message: str) -> SluiceError:
+    return SluiceError(408, message, type="invalid_request_error", code="request_timeout",
+                       source=Source.CLIENT)
+
+
+def payload_too_large(limit: int) -> SluiceError:
+    return SluiceError(413, f"request body is larger than api.max_body_size ({limit} bytes)",
+                       type="invalid_request_error", code="request_too_large",
+                       param="api.max_body_size", source=Source.CLIENT)
+
+
+def headers_too_large(message: str) -> SluiceError:
+    return SluiceError(431, message, type="invalid_request_error",
+                       code="request_header_fields_too_large", source=Source.CLIENT)
+
+
+def version_not_supported(version: str) -> SluiceError:
+    return SluiceError(505, f"HTTP version {version} is not supported; use HTTP/1.1",
+                       type="invalid_request_error", code="http_version_not_supported",
+                       source=Source.CLIENT)
+
+
+def model_not_available(model: str) -> SluiceError:
+    return SluiceError(503, f"model {model!r} is not available on any backend",
+                       type="server_error", code="model_not_available", param="model",
+                       source=Source.GATEWAY)
+
+
+def overloaded(message: str) -> SluiceError:
+    return SluiceError(503, message, type="server_error", code="server_overloaded",
+                       source=Source.GATEWAY)
+
+
+def upstream_unreachable(message: str) -> SluiceError:
+    return SluiceError(502, message, type="server_error", code="upstream_connection_error",
+                       source=Source.UPSTREAM)
+
+
+def upstream_bad_response(message: str) -> SluiceError:
+    return SluiceError(502, message, type="server_error", code="upstream_protocol_error",
+                       source=Source.UPSTREAM)
+
+
+def upstream_timeout(message: str) -> SluiceError:
+    return SluiceError(504, message, type="server_error", code="upstream_timeout",
+                       source=Source.UPSTREAM)
+
+
+def internal(message: str) -> SluiceError:
+    return SluiceError(500, message, type="server_error", code="internal_error",
+                       source=Source.GATEWAY)
+
+
+class ConfigError(SluiceError):
+    """An invalid configuration value; ``param`` is the dotted YAML path."""
+
+    def __init__(self, path: str, message: str) -> None:
+        text = f"{path}: {message}" if path else message
+        super().__init__(422, text, type="invalid_request_error", code="invalid_config",
+                         param=path or None, source=Source.CONFIG)
+        self.path = path
