@@ -63,7 +63,9 @@ def error_dict(
 # Constructors for the errors the gateway raises, so a status, type and code are chosen once.
 
 
-def bad_request(message: str, code: str = "invalid_request", param: str | None = None) -> SluiceError:
+def bad_request(
+    message: str, code: str = "invalid_request", param: str | None = None
+) -> SluiceError:
     return SluiceError(400, message, type="invalid_request_error", code=code, param=param,
                        source=Source.CLIENT)
 

@@ -1,0 +1,63 @@
+"""The routing facts of an OpenAI request: which model, streamed or not, which timeout class.
+
+Only ``model`` and ``stream`` are read from the body; the body itself is forwarded untouched.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+
+from protocol.errors import bad_request
+
+
+class TimeoutClass(enum.Enum):
+    STANDARD = "standard"
+    IMAGE_GENERATION = "image_generation"
+
+
+class RequestInfo:
+    __slots__ = ("model", "stream", "timeout_class")
+
+    def __init__(self, model: str, stream: bool, timeout_class: TimeoutClass) -> None:
+        self.model = model
+        self.stream = stream
+        self.timeout_class = timeout_class
+
+    def __repr__(self) -> str:
+        return (f"RequestInfo(model={self.model!r}, stream={self.stream}, "
+                f"timeout_class={self.timeout_class.value})")
+
+
+def timeout_class_for(path: str) -> TimeoutClass:
+    if path.startswith("/v1/images/"):
+        return TimeoutClass.IMAGE_GENERATION
+    return TimeoutClass.STANDARD
+
+
+def parse_request_body(path: str, body: bytes) -> RequestInfo:
+    """Read ``model`` and ``stream`` from a JSON request body, or raise a 400 SluiceError."""
+    if not body:
+        raise bad_request("the request body is empty; a JSON object with \"model\" is required",
+                          code="missing_model", param="model")
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}",
+                          code="invalid_json") from None
+    if not isinstance(doc, dict):
+        raise bad_request("the request body must be a JSON object", code="invalid_json")
+    model = doc.get("model")
+    if model is None:
+        raise bad_request("the request body has no \"model\"", code="missing_model",
+                          param="model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("\"model\" must be a non-empty string", code="invalid_model",
+                          param="model")
+    stream = doc.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise bad_request("\"stream\" must be true or false", code="invalid_stream",
+                          param="stream")
+    return RequestInfo(model, stream, timeout_class_for(path))

@@ -1,0 +1,61 @@
+"""The gateway's own endpoints: a table of path → method → handler, each a small function.
+
+Every ``/v1/*`` path not in the table is an OpenAI call relayed to a model server, so its
+only method is POST.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from protocol.errors import SluiceError, method_not_allowed, not_found
+
+if TYPE_CHECKING:
+    from proxy.context import GatewayContext
+
+Handler = Callable[["GatewayContext", str], tuple[int, Any]]
+
+
+def health(ctx: GatewayContext, path: str) -> tuple[int, Any]:
+    return 200, {"status": "ok"}
+
+
+def list_models(ctx: GatewayContext, path: str) -> tuple[int, Any]:
+    return 200, {"object": "list", "data": ctx.backends.model_entries()}
+
+
+def get_model(ctx: GatewayContext, path: str) -> tuple[int, Any]:
+    model_id = path[len("/v1/models/"):]
+    for entry in ctx.backends.model_entries():
+        if entry["id"] == model_id:
+            return 200, entry
+    raise SluiceError(404, f"model {model_id!r} does not exist", type="invalid_request_error",
+                      code="model_not_found", param="model")
+
+
+ROUTES: dict[str, dict[bytes, Handler]] = {
+    "/health": {b"GET": health},
+    "/v1/models": {b"GET": list_models},
+    "/api/v1/inference/models": {b"GET": list_models},
+}
+
+_RELAYED: dict[bytes, Handler | None] = {b"POST": None}
+
+
+def route(method: bytes, path: str) -> Handler | None:
+    """The handler for a gateway endpoint; None for an OpenAI call to relay.
+    Raises 404 for unknown paths and 405 (with Allow) for a known path's wrong method."""
+    methods: dict[bytes, Handler | None] | None = ROUTES.get(path)  # type: ignore[assignment]
+    if methods is None:
+        if path.startswith("/v1/models/") and len(path) > len("/v1/models/"):
+            methods = {b"GET": get_model}
+        elif path.startswith("/v1/"):
+            methods = _RELAYED
+        else:
+            raise not_found(f"no such endpoint: {path}")
+    if method not in methods:
+        raise method_not_allowed(method.decode("latin-1"),
+                                 tuple(m.decode() for m in methods))
+    return methods[method]
+

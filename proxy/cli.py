@@ -1,0 +1,53 @@
+"""The ``sluice`` command line: argument parsing only; the work is elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from protocol.errors import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sluice", description="Local-network AI API gateway (OpenAI-compatible).")
+    sub = parser.add_subparsers(dest="command")
+    serve = sub.add_parser("serve", help="run the gateway (the default)")
+    serve.add_argument("--data-dir", help="data folder (default: $SLUICE_DATA_DIR, "
+                       "$XDG_DATA_HOME/sluice or ~/.local/share/sluice)")
+    serve.add_argument("--config", help="config file instead of <data dir>/config.yaml")
+    serve.add_argument("--log-level", default="INFO",
+                       choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    check = sub.add_parser("check-config", help="validate the config file")
+    check.add_argument("--data-dir", help="data folder holding config.yaml")
+    check.add_argument("--config", help="config file to check")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    command = args.command or "serve"
+    from proxy.settings import Settings, check_config, resolve_data_dir
+
+    data_dir = resolve_data_dir(getattr(args, "data_dir", None))
+    config = getattr(args, "config", None)
+    if command == "check-config":
+        return check_config(Path(config) if config else data_dir / "config.yaml")
+    logging.basicConfig(
+        level=getattr(args, "log_level", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        settings = Settings.open(data_dir, Path(config) if config else None)
+    except ConfigError as exc:
+        print(f"sluice: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"sluice: cannot use data folder {data_dir}: {exc}", file=sys.stderr)
+        return 2
+    from proxy.server import serve
+
+    return serve(settings)

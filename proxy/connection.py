@@ -1,0 +1,272 @@
+"""One client connection: the h11 server loop, keep-alive, client deadlines, and the
+watch for a client that goes away while its request is being answered (SPEC §6, §6.1)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import h11
+import trio
+
+from protocol.errors import (
+    SluiceError,
+    bad_request,
+    headers_too_large,
+    internal,
+    model_not_available,
+    payload_too_large,
+    request_timeout,
+    version_not_supported,
+)
+from protocol.headers import Header, header_value
+from protocol.request_info import parse_request_body
+from protocol.sse import SSEObserver
+from proxy.api.routes import route
+from proxy.context import GatewayContext
+from proxy.relay import Relay, error_event
+
+log = logging.getLogger("sluice.connection")
+
+HEAD_TIMEOUT = 10.0  # the whole request head must arrive within this
+BODY_GAP_TIMEOUT = 30.0  # longest pause allowed while a request body arrives
+IDLE_TIMEOUT = 60.0  # an idle keep-alive connection is closed after this
+MAX_HEAD_SIZE = 16 * 1024  # larger request heads get 431
+MAX_HEADER_LINES = 100  # more header lines get 431
+RECEIVE_SIZE = 64 * 1024  # bytes asked of the kernel per read
+READ_AHEAD_CAP = 1024 * 1024  # pipelined bytes buffered while a request is answered
+
+_CLOSE = (b"connection", b"close")
+
+
+class ClientGone(Exception):
+    """The client closed its connection or a send to it failed."""
+
+
+class _Close(Exception):
+    """End the connection quietly (EOF, idle timeout, drain)."""
+
+
+class ClientConnection:
+    def __init__(self, stream: trio.abc.HalfCloseableStream, ctx: GatewayContext, *,
+                 transport: str) -> None:
+        self.stream = stream
+        self.ctx = ctx
+        self.transport = transport
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_SIZE)
+        self.must_close = False
+        self.gone = False
+        self.requests = 0
+
+    def __repr__(self) -> str:
+        return (f"ClientConnection({self.transport}, requests={self.requests}, "
+                f"state={self.h11.our_state}/{self.h11.their_state}, gone={self.gone})")
+
+    # ----------------------------------------------------------------- the loop
+
+    async def run(self) -> None:
+        try:
+            while await self._serve_one():
+                self.h11.start_next_cycle()
+        except (_Close, ClientGone):
+            pass
+        except Exception:
+            log.exception("connection handler failed")
+            if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE) and not self.gone:
+                with trio.move_on_after(1):
+                    try:
+                        await self.send_error(internal("internal gateway error"))
+                    except (ClientGone, h11.LocalProtocolError):
+                        pass
+        finally:
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
+                await self.stream.aclose()
+
+    async def _serve_one(self) -> bool:
+        """Answer one request; True when the connection may carry another."""
+        try:
+            request = await self._read_head()
+            body = await self._read_body(request)
+        except h11.RemoteProtocolError as exc:
+            if self.gone:
+                raise _Close from None
+            status = exc.error_status_hint
+            err = headers_too_large("request head is larger than 16 KiB") if status == 431 \
+                else bad_request(f"malformed HTTP request: {exc}", code="bad_http_request")
+            self.must_close = True
+            await self.send_error(err)
+            return False
+        except SluiceError as err:
+            self.must_close = True
+            await self.send_error(err)
+            return False
+        self.requests += 1
+        try:
+            await self._dispatch(request, body)
+        except SluiceError as err:
+            await self.send_error(err)
+        if self.gone or self.must_close or self.ctx.draining:
+            return False
+        return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+
+    # ----------------------------------------------------------------- reading
+
+    async def _receive(self) -> bytes | bytearray:
+        try:
+            data = await self.stream.receive_some(RECEIVE_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            data = b""
+        if not data:
+            self.gone = True
+        self.h11.receive_data(data)  # type: ignore[arg-type]  # h11 accepts any buffer
+        return data
+
+    async def _read_head(self) -> h11.Request:
+        event = self.h11.next_event()
+        if event is h11.NEED_DATA:
+            # Idle until the first byte of the next request; a drain ends this wait.
+            if self.ctx.draining:
+                raise _Close
+            with trio.move_on_after(IDLE_TIMEOUT) as idle:
+                self.ctx.idle_scopes.add(idle)
+                try:
+                    await self._receive()
+                finally:
+                    self.ctx.idle_scopes.discard(idle)
+            if idle.cancelled_caught:
+                raise _Close
+            event = self.h11.next_event()
+        with trio.move_on_after(HEAD_TIMEOUT) as head_scope:
+            while event is h11.NEED_DATA:
+                await self._receive()
+                event = self.h11.next_event()
+        if head_scope.cancelled_caught:
+            raise request_timeout("the request head did not arrive within 10s")
+        if isinstance(event, h11.ConnectionClosed) or (self.gone and event is h11.NEED_DATA):
+            raise _Close
+        if not isinstance(event, h11.Request):  # pragma: no cover - h11 yields nothing else
+            raise bad_request("expected a request", code="bad_http_request")
+        if event.http_version not in (b"1.1", b"1.0"):
+            raise version_not_supported(event.http_version.decode("ascii", "replace"))
+        if len(event.headers) > MAX_HEADER_LINES:
+            raise headers_too_large(f"request has more than {MAX_HEADER_LINES} header lines")
+        return event
+
+    async def _read_body(self, request: h11.Request) -> bytes:
+        limit = self.ctx.config.api.max_body_size
+        length = header_value(request.headers, b"content-length")
+        if length is not None and int(length) > limit:  # h11 has checked it is a number
+            raise payload_too_large(limit)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                if self.h11.they_are_waiting_for_100_continue:
+                    await self.send(self.h11.send(h11.InformationalResponse(
+                        status_code=100, headers=[])) or b"")
+                with trio.move_on_after(BODY_GAP_TIMEOUT) as gap:
+                    await self._receive()
+                if gap.cancelled_caught:
+                    raise request_timeout("the request body paused for more than 30s")
+                continue
+            if type(event) is h11.Data:
+                size += len(event.data)
+                if size > limit:
+                    raise payload_too_large(limit)
+                chunks.append(bytes(event.data))
+                continue
+            if isinstance(event, h11.EndOfMessage):
+                return b"".join(chunks)
+            raise _Close  # ConnectionClosed mid-body: the client is gone
+
+    # ----------------------------------------------------------------- dispatch
+
+    async def _dispatch(self, request: h11.Request, body: bytes) -> None:
+        target = request.target
+        path = target.split(b"?", 1)[0].decode("latin-1")
+        handler = route(request.method, path)  # raises 404 / 405
+        if handler is not None:
+            status, payload = handler(self.ctx, path)
+            await self.send_json(status, payload)
+            return
+        info = parse_request_body(path, body)
+        backend = self.ctx.backends.holder_of(info.model)
+        if backend is None:
+            raise model_not_available(info.model)
+        await self.watched(Relay(self, backend, request, body, info).run)
+
+    async def watched(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work`` while watching the client: if it closes, ``work`` is cancelled at
+        once, whatever it is waiting for. Pipelined bytes read meanwhile are kept for h11."""
+        failure: SluiceError | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch, nursery.cancel_scope)
+            try:
+                await work()
+            except SluiceError as err:
+                failure = err
+            except ClientGone:
+                self.gone = True
+            finally:
+                nursery.cancel_scope.cancel()
+        if self.gone:
+            raise ClientGone
+        if failure is not None:
+            raise failure
+
+    async def _watch(self, scope: trio.CancelScope) -> None:
+        budget = READ_AHEAD_CAP
+        while budget > 0:
+            data = await self._receive()
+            if not data:
+                scope.cancel()
+                return
+            budget -= len(data)
+
+    # ----------------------------------------------------------------- writing
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            self.gone = True
+            raise ClientGone from None
+
+    def response_head(self, status: int, headers: list[Header], reason: bytes = b"") -> bytes:
+        if self.must_close or self.ctx.draining:
+            headers.append(_CLOSE)
+        data = self.h11.send(h11.Response(status_code=status, headers=headers, reason=reason))
+        assert data is not None
+        return data
+
+    async def send_whole(self, status: int, headers: list[Header], body: bytes,
+                         reason: bytes = b"") -> None:
+        if status not in (204, 304):
+            headers.append((b"content-length", str(len(body)).encode()))
+        data = self.response_head(status, headers, reason)
+        if body and status not in (204, 304):
+            data += self.h11.send(h11.Data(data=body)) or b""
+        data += self.h11.send(h11.EndOfMessage()) or b""
+        await self.send(data)
+
+    async def send_json(self, status: int, payload: Any,
+                        extra: Sequence[Header] = ()) -> None:
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        headers = [(b"content-type", b"application/json"), *extra]
+        await self.send_whole(status, headers, body)
+
+    async def send_error(self, err: SluiceError) -> None:
+        if self.gone or self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            self.must_close = True
+            return
+        headers = [(b"content-type", b"application/json"), *err.headers]
+        await self.send_whole(err.status, headers, err.body())
+
+    async def send_error_event(self, err: SluiceError, observer: SSEObserver | None) -> None:
+        """After commit: one SSE error event, then the connection ends without the final
+        chunk, so the client can tell the answer is incomplete."""
+        self.must_close = True
+        await self.send(self.h11.send(h11.Data(data=error_event(err, observer))) or b"")

@@ -1,0 +1,40 @@
+"""The state shared by every connection, passed explicitly (no module-level singletons)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from protocol.config import Config
+from proxy.pool.backends import BackendRegistry
+from proxy.upstream import UpstreamPool
+
+if TYPE_CHECKING:
+    from proxy.settings import Settings
+
+
+class GatewayContext:
+    def __init__(self, settings: Settings, pool: UpstreamPool, backends: BackendRegistry) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.backends = backends
+        self.draining = False
+        self.idle_scopes: set[trio.CancelScope] = set()  # connections waiting for a request
+        self.connection_count = 0
+        self.socket_path: str | None = None
+        self.tcp_port: int | None = None
+
+    def __repr__(self) -> str:
+        return (f"GatewayContext(connections={self.connection_count}, "
+                f"draining={self.draining}, {self.pool!r})")
+
+    @property
+    def config(self) -> Config:
+        return self.settings.config
+
+    def begin_drain(self) -> None:
+        """Stop taking requests: idle connections close now, busy ones after their answer."""
+        self.draining = True
+        for scope in self.idle_scopes:
+            scope.cancel()

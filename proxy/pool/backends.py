@@ -1,0 +1,122 @@
+"""Local model servers (``backends:``): their model lists and the health poll that keeps
+them current. Routing asks :meth:`BackendRegistry.holder_of` which backend serves a model."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import trio
+
+from protocol.config import BackendConfig, Config
+from protocol.openai import merge_model_lists, parse_model_list
+from protocol.upstream_url import UpstreamAddress, parse_upstream_url
+from proxy.upstream import UpstreamFailure, UpstreamPool, fetch
+
+log = logging.getLogger("sluice.backends")
+
+
+class LocalBackend:
+    """One configured local model server and what its last health check found."""
+
+    def __init__(self, cfg: BackendConfig, api_key: str | None) -> None:
+        self.name = cfg.name
+        self.kind = cfg.kind
+        self.url = cfg.url
+        self.address: UpstreamAddress = parse_upstream_url(cfg.url)
+        self.served_by = f"local:{cfg.name}".encode()
+        self._api_key = api_key
+        self.models: list[dict[str, Any]] = []
+        self.online = False
+        self.last_error: str | None = None
+        self.latency_ms: float | None = None
+
+    @property
+    def api_key(self) -> str | None:
+        return self._api_key
+
+    def __repr__(self) -> str:  # never shows the key
+        return (f"LocalBackend({self.name!r}, {self.address.key}, online={self.online}, "
+                f"models={[m['id'] for m in self.models]})")
+
+
+class BackendRegistry:
+    """The local backends in config order and the model → backend index."""
+
+    def __init__(self, configs: Sequence[BackendConfig], keys: Mapping[str, str]) -> None:
+        self.backends = [LocalBackend(cfg, keys.get(cfg.name)) for cfg in configs]
+        self._by_model: dict[str, LocalBackend] = {}
+        self.on_change: Callable[[], None] = lambda: None
+
+    def __repr__(self) -> str:
+        return f"BackendRegistry({self.backends!r})"
+
+    def holder_of(self, model: str) -> LocalBackend | None:
+        return self._by_model.get(model)
+
+    def model_entries(self) -> list[dict[str, Any]]:
+        return merge_model_lists(
+            (b.name, b.models) for b in self.backends if b.online
+        )
+
+    def reindex(self) -> None:
+        index: dict[str, LocalBackend] = {}
+        for backend in self.backends:  # config order: the first holder wins
+            if backend.online:
+                for entry in backend.models:
+                    index.setdefault(entry["id"], backend)
+        self._by_model = index
+        self.on_change()
+
+
+async def check_backend(backend: LocalBackend, pool: UpstreamPool, timeout: float) -> None:
+    """Fetch the backend's ``/v1/models`` within ``timeout``; record online state and models."""
+    started = trio.current_time()
+    error: str | None = None
+    models: list[dict[str, Any]] = []
+    with trio.move_on_after(timeout) as scope:
+        try:
+            status, body = await fetch(pool, backend.address, b"/v1/models",
+                                       api_key=backend.api_key)
+            if status != 200:
+                error = f"GET /v1/models answered {status}"
+            else:
+                models = parse_model_list(body)
+        except UpstreamFailure as exc:
+            error = str(exc)
+        except ValueError as exc:
+            error = f"GET /v1/models gave no model list: {exc}"
+    if scope.cancelled_caught:
+        error = f"GET /v1/models did not answer within {timeout:g}s"
+    was_online = backend.online
+    backend.online = error is None
+    backend.last_error = error
+    backend.models = models
+    backend.latency_ms = (trio.current_time() - started) * 1000 if error is None else None
+    if error is not None and was_online:
+        log.warning("backend %s went offline: %s", backend.name, error)
+    elif error is None and not was_online:
+        log.info("backend %s online with models %s", backend.name,
+                 ", ".join(m["id"] for m in models) or "(none)")
+
+
+async def run_health_checks(
+    registry: BackendRegistry,
+    pool: UpstreamPool,
+    get_config: Callable[[], Config],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Poll every backend each ``health_checks.interval``; ready after the first round."""
+    first = True
+    while True:
+        check = get_config().timeouts.health_check
+        async with trio.open_nursery() as nursery:
+            for backend in registry.backends:
+                nursery.start_soon(check_backend, backend, pool, check.timeout)
+        registry.reindex()
+        if first:
+            task_status.started()
+            first = False
+        await trio.sleep(check.interval)

@@ -1,0 +1,255 @@
+"""The streaming pipe between one client request and one upstream answer (SPEC §6).
+
+States are an enum with one table of legal moves. The response is committed to the client
+together with the first body chunk; before that every failure becomes an OpenAI-shaped
+error response, after it one SSE error event followed by closing the connection.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import TYPE_CHECKING
+
+import h11
+import trio
+
+from protocol.errors import (
+    SluiceError,
+    upstream_bad_response,
+    upstream_timeout,
+    upstream_unreachable,
+)
+from protocol.headers import (
+    downstream_response_headers,
+    header_value,
+    is_event_stream,
+    upstream_request_headers,
+)
+from protocol.request_info import RequestInfo, TimeoutClass
+from protocol.sse import SSEObserver
+from proxy.upstream import UpstreamConnection, UpstreamFailure, exchange
+
+if TYPE_CHECKING:
+    from proxy.connection import ClientConnection
+    from proxy.pool.backends import LocalBackend
+
+MAX_WHOLE_BODY = 256 * 1024 * 1024  # a non-streamed answer larger than this is refused
+
+
+class RelayState(enum.Enum):
+    WAITING = "waiting"  # nothing sent to the client yet
+    COMMITTED = "committed"  # status line, headers and the first chunk are out
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+MOVES: dict[RelayState, frozenset[RelayState]] = {
+    RelayState.WAITING: frozenset({RelayState.COMMITTED, RelayState.DONE, RelayState.ABORTED}),
+    RelayState.COMMITTED: frozenset({RelayState.DONE, RelayState.ABORTED}),
+    RelayState.DONE: frozenset(),
+    RelayState.ABORTED: frozenset(),
+}
+
+
+class Deadline:
+    """One cancel scope for the whole exchange, moved between phases; remembers which
+    configured limit it stands for, so a timeout can name it."""
+
+    __slots__ = ("limit", "scope", "seconds", "total_at", "total_limit", "total_seconds")
+
+    def __init__(self, scope: trio.CancelScope, total_at: float, total_limit: str,
+                 total_seconds: float) -> None:
+        self.scope = scope
+        self.total_at = total_at
+        self.total_limit = total_limit
+        self.total_seconds = total_seconds
+        self.limit = total_limit
+        self.seconds = total_seconds
+        scope.deadline = total_at
+
+    def within(self, seconds: float, limit: str) -> None:
+        """Bound the next phase by ``seconds`` from now (never past the total)."""
+        at = trio.current_time() + seconds
+        if at < self.total_at:
+            self.scope.deadline = at
+            self.limit = limit
+            self.seconds = seconds
+        else:
+            self.scope.deadline = self.total_at
+            self.limit = self.total_limit
+            self.seconds = self.total_seconds
+
+    def to_total(self) -> None:
+        self.scope.deadline = self.total_at
+        self.limit = self.total_limit
+        self.seconds = self.total_seconds
+
+    def error(self, what: str) -> SluiceError:
+        return upstream_timeout(f"{what} within {self.limit} ({self.seconds:g}s)")
+
+
+class Relay:
+    """Runs one request to one backend and writes the answer to the client."""
+
+    def __init__(self, client: ClientConnection, backend: LocalBackend, request: h11.Request,
+                 body: bytes, info: RequestInfo) -> None:
+        self.client = client
+        self.backend = backend
+        self.request = request
+        self.body = body
+        self.info = info
+        self.state = RelayState.WAITING
+        self.observer: SSEObserver | None = None
+        self._conn: UpstreamConnection | None = None
+
+    def __repr__(self) -> str:
+        return f"Relay({self.backend.name!r}, {self.info!r}, state={self.state.value})"
+
+    def _move(self, new: RelayState) -> None:
+        if new not in MOVES[self.state]:
+            raise AssertionError(f"illegal relay move {self.state.value} -> {new.value}")
+        self.state = new
+
+    async def run(self) -> None:
+        """Relay the exchange. Raises SluiceError only while nothing was sent (WAITING)."""
+        try:
+            await self._run()
+        except UpstreamFailure as failure:
+            if failure.connect:
+                err = upstream_unreachable(str(failure))
+            elif failure.responded:
+                err = upstream_bad_response(str(failure))
+            else:
+                err = upstream_unreachable(str(failure))
+            await self._fail(err)
+        except _Timeout as timeout:
+            await self._fail(timeout.error)
+        finally:
+            conn = self._conn
+            if conn is not None:
+                self._conn = None
+                if self.state is RelayState.DONE:
+                    self.client.ctx.pool.release(conn)
+                else:
+                    conn.close()
+
+    async def _run(self) -> None:
+        timeouts = self.client.ctx.config.timeouts
+        info = self.info
+        if info.stream:
+            st = timeouts.request.streaming
+            total, total_limit = st.total, "timeouts.request.streaming.total"
+        elif info.timeout_class is TimeoutClass.IMAGE_GENERATION:
+            total = timeouts.request.image_generation.total
+            total_limit = "timeouts.request.image_generation.total"
+        else:
+            total, total_limit = timeouts.request.standard.total, "timeouts.request.standard.total"
+        address = self.backend.address
+        with trio.CancelScope() as scope:
+            deadline = Deadline(scope, trio.current_time() + total, total_limit, total)
+
+            def connecting() -> None:
+                deadline.within(timeouts.connection, "timeouts.connection")
+
+            def connected() -> None:
+                if info.stream:
+                    deadline.within(timeouts.request.streaming.first_byte,
+                                    "timeouts.request.streaming.first_byte")
+                else:
+                    deadline.within(total, total_limit)
+
+            headers = upstream_request_headers(
+                self.request.headers, authority=address.authority,
+                body_length=len(self.body), api_key=self.backend.api_key)
+            conn, head = await exchange(
+                self.client.ctx.pool, address, self.request.method,
+                address.target(self.request.target), headers, self.body,
+                on_connecting=connecting, on_connected=connected)
+            self._conn = conn
+            if is_event_stream(head.headers) or (
+                    info.stream and header_value(head.headers, b"content-length") is None):
+                await self._relay_stream(conn, head, deadline)
+            else:
+                await self._relay_whole(conn, head)
+            return
+        # Only reached when the deadline's scope was cancelled (an outer cancel propagates).
+        phase = {
+            "timeouts.connection": "could not connect to the upstream",
+        }.get(deadline.limit)
+        if phase is None:
+            phase = ("the upstream sent nothing" if self.state is RelayState.WAITING
+                     else "the upstream stalled")
+        raise _Timeout(deadline.error(phase))
+
+    async def _relay_whole(self, conn: UpstreamConnection, head: h11.Response) -> None:
+        body = await conn.receive_body(MAX_WHOLE_BODY)
+        headers = downstream_response_headers(head.headers, served_by=self.backend.served_by,
+                                              keep_length=False)
+        await self.client.send_whole(head.status_code, headers, body, reason=head.reason)
+        self._move(RelayState.DONE)
+
+    async def _relay_stream(self, conn: UpstreamConnection, head: h11.Response,
+                            deadline: Deadline) -> None:
+        client = self.client
+        framer = client.h11
+        observer = self.observer = SSEObserver()
+        parts = await conn.receive_parts()
+        headers = downstream_response_headers(
+            head.headers, served_by=self.backend.served_by,
+            keep_length=header_value(head.headers, b"content-length") is not None)
+        out = client.response_head(head.status_code, headers, reason=head.reason)
+        if parts is None:
+            out += framer.send(h11.EndOfMessage()) or b""
+            await client.send(out)
+            self._move(RelayState.DONE)
+            return
+        for part in parts:
+            observer.feed(part)
+            out += framer.send(h11.Data(data=part)) or b""
+        await client.send(out)
+        self._move(RelayState.COMMITTED)
+        stream = self.info.stream
+        gap = client.ctx.config.timeouts.request.streaming.chunk_interval
+        while True:
+            if stream:
+                deadline.within(gap, "timeouts.request.streaming.chunk_interval")
+            parts = await conn.receive_parts()
+            if stream:  # the gap limit is the upstream's; a slow client is not a stall
+                deadline.to_total()
+            if parts is None:
+                await client.send(framer.send(h11.EndOfMessage()) or b"")
+                self._move(RelayState.DONE)
+                return
+            if len(parts) == 1:
+                observer.feed(parts[0])
+                out = framer.send(h11.Data(data=parts[0])) or b""
+            else:
+                out = b""
+                for part in parts:
+                    observer.feed(part)
+                    out += framer.send(h11.Data(data=part)) or b""
+            await client.send(out)
+
+    async def _fail(self, err: SluiceError) -> None:
+        if self.state is RelayState.WAITING:
+            self._move(RelayState.ABORTED)
+            raise err
+        if self.state is RelayState.COMMITTED:
+            self._move(RelayState.ABORTED)
+            await self.client.send_error_event(err, self.observer)
+            return
+        raise AssertionError(f"relay failure in state {self.state.value}")  # pragma: no cover
+
+
+class _Timeout(Exception):
+    def __init__(self, error: SluiceError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def error_event(err: SluiceError, observer: SSEObserver | None) -> bytes:
+    """One SSE event carrying the error, on a fresh event boundary."""
+    prefix = b"" if observer is None or observer.at_boundary else b"\n\n"
+    payload = json.dumps({"error": err.to_dict()}, separators=(",", ":")).encode()
+    return prefix + b"data: " + payload + b"\n\n"

@@ -1,0 +1,126 @@
+"""A small raw HTTP/1.1 test client on trio sockets that keeps what a real client hides:
+the exact body bytes, the read boundaries, and what happens when the connection ends."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import h11
+import trio
+
+
+class Reply:
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
+                 reads: list[bytes], complete: bool) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.reads = reads  # the body as the client's reads delivered it
+        self.complete = complete  # False when the connection ended mid-body
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers:
+            if key == name.lower().encode():
+                return value.decode()
+        return None
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def __repr__(self) -> str:
+        return f"Reply({self.status}, {len(self.body)} bytes, complete={self.complete})"
+
+
+async def connect(address: str) -> trio.SocketStream:
+    """``address`` is ``unix:/path`` or ``127.0.0.1:port``."""
+    if address.startswith("unix:"):
+        return await trio.open_unix_socket(address[5:])
+    host, port = address.rsplit(":", 1)
+    return await trio.open_tcp_stream(host, int(port))
+
+
+class Client:
+    """One keep-alive connection."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    @classmethod
+    async def open(cls, address: str) -> Client:
+        return cls(await connect(address))
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+    async def send_request(self, method: str, path: str, body: bytes | None = None,
+                           headers: list[tuple[str, str]] | None = None) -> None:
+        hdrs = [("host", "localhost"), *(headers or [])]
+        if body is not None:
+            hdrs.append(("content-length", str(len(body))))
+        data = self.h11.send(h11.Request(method=method, target=path, headers=hdrs)) or b""
+        if body:
+            data += self.h11.send(h11.Data(data=body)) or b""
+        data += self.h11.send(h11.EndOfMessage()) or b""
+        await self.stream.send_all(data)
+
+    async def read_head(self) -> h11.Response:
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                self.h11.receive_data(await self.stream.receive_some(65536))
+                continue
+            if isinstance(event, h11.Response):
+                return event
+            if isinstance(event, h11.InformationalResponse):
+                continue
+            raise AssertionError(f"unexpected {event!r}")
+
+    async def read_reply(self, head: h11.Response | None = None) -> Reply:
+        if head is None:
+            head = await self.read_head()
+        reads: list[bytes] = []
+        complete = True
+        while True:
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError:
+                complete = False
+                break
+            if event is h11.NEED_DATA:
+                try:
+                    data = await self.stream.receive_some(65536)
+                except trio.BrokenResourceError:
+                    data = b""
+                self.h11.receive_data(data)
+                continue
+            if isinstance(event, h11.Data):
+                reads.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            else:
+                raise AssertionError(f"unexpected {event!r}")
+        if complete and self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
+            self.h11.start_next_cycle()
+        return Reply(head.status_code, list(head.headers), b"".join(reads), reads, complete)
+
+    async def request(self, method: str, path: str, body: bytes | None = None,
+                      headers: list[tuple[str, str]] | None = None) -> Reply:
+        await self.send_request(method, path, body, headers)
+        return await self.read_reply()
+
+
+async def request(address: str, method: str, path: str, body: bytes | None = None,
+                  headers: list[tuple[str, str]] | None = None) -> Reply:
+    client = await Client.open(address)
+    try:
+        return await client.request(method, path, body, headers)
+    finally:
+        await client.aclose()
+
+
+def chat_body(model: str = "fake-model", stream: bool = False, **extra: Any) -> bytes:
+    doc = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    doc.update(extra)
+    return json.dumps(doc).encode()

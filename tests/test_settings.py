@@ -1,0 +1,294 @@
+import os
+import re
+import stat
+from pathlib import Path
+
+import attrs
+import pytest
+import yaml
+
+from protocol.config import (
+    Config,
+    HealthChecksConfig,
+    HealthCheckTimeouts,
+    default_config,
+    dump_config_yaml,
+    parse_config_text,
+)
+from protocol.errors import ConfigError
+from proxy.settings import Secrets, Settings, check_config, resolve_data_dir
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def fresh(tmp_path: Path) -> Settings:
+    return Settings.open(tmp_path / "deep" / "data")
+
+
+# -------------------------------------------------------------------------- data dir order
+
+
+def test_resolve_data_dir_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path / "env"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert resolve_data_dir(str(tmp_path / "arg")) == tmp_path / "arg"
+    assert resolve_data_dir(None) == tmp_path / "env"
+    monkeypatch.delenv("SLUICE_DATA_DIR")
+    assert resolve_data_dir(None) == tmp_path / "xdg" / "sluice"
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/ignored")
+    assert resolve_data_dir(None) == tmp_path / "home" / ".local" / "share" / "sluice"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert resolve_data_dir(None) == tmp_path / "home" / ".local" / "share" / "sluice"
+    assert resolve_data_dir("~/d") == tmp_path / "home" / "d"
+
+
+# ---------------------------------------------------------------------------- first start
+
+
+def test_first_start_creates_everything(fresh: Settings) -> None:
+    data_dir = fresh.data_dir
+    assert mode(data_dir) == 0o700
+    assert fresh.config_path == data_dir / "config.yaml"
+    assert fresh.config == default_config()
+    text = fresh.config_path.read_text()
+    assert parse_config_text(text) == default_config()
+    data = yaml.safe_load(text)
+    assert list(data) == ["api", "local", "backends", "models", "load_balancing", "nodes",
+                          "health_checks", "circuit_breaker", "timeouts"]
+    assert data["timeouts"]["request"]["streaming"] == {
+        "first_byte": "2m", "chunk_interval": "30s", "total": "10m"}
+    assert data["timeouts"]["health_check"] == {"timeout": "4s", "interval": "5s"}
+    secrets_file = data_dir / "secrets.yaml"
+    assert mode(secrets_file) == 0o600
+    stored = yaml.safe_load(secrets_file.read_text())
+    assert stored["admin_token"] == fresh.secrets.admin_token
+    assert len(fresh.secrets.admin_token) >= 40
+    assert re.fullmatch(r"node-[0-9a-f]{16}", fresh.node_id)
+    assert (data_dir / "node.id").read_text().strip() == fresh.node_id
+    assert sorted(p.name for p in data_dir.iterdir()) == ["config.yaml", "node.id",
+                                                          "secrets.yaml"]
+
+
+def test_second_start_keeps_identity_and_token(fresh: Settings) -> None:
+    again = Settings.open(fresh.data_dir)
+    assert again.node_id == fresh.node_id
+    assert again.secrets.admin_token == fresh.secrets.admin_token
+    assert again.config == fresh.config
+
+
+def test_existing_data_dir_is_used_as_is(tmp_path: Path) -> None:
+    settings = Settings.open(tmp_path)
+    assert settings.data_dir == tmp_path
+    assert (tmp_path / "config.yaml").exists()
+
+
+def test_secrets_never_shown(fresh: Settings) -> None:
+    token = fresh.secrets.admin_token
+    fresh.secrets.node_keys["node-a"] = "node-key-value-123"
+    fresh.secrets.backend_keys["llama"] = "backend-key-value-456"
+    fresh.save_secrets()
+    for text in (fresh.config_path.read_text(), repr(fresh.secrets), str(fresh.secrets),
+                 repr(fresh), str(fresh)):
+        assert token not in text
+        assert "node-key-value-123" not in text
+        assert "backend-key-value-456" not in text
+    assert "node_keys=1" in repr(fresh.secrets)
+    assert "admin_token" not in fresh.config_path.read_text()
+
+
+def test_secrets_round_trip_and_stay_private(fresh: Settings) -> None:
+    fresh.secrets.node_keys["node-a"] = "k1"
+    fresh.secrets.access_keys.append({"id": "ak1", "name": "phone", "hash": "h"})
+    fresh.save_secrets()
+    assert mode(fresh.secrets_path) == 0o600
+    again = Settings.open(fresh.data_dir)
+    assert again.secrets.node_keys == {"node-a": "k1"}
+    assert again.secrets.access_keys == [{"id": "ak1", "name": "phone", "hash": "h"}]
+
+
+def test_loose_secrets_file_is_tightened(fresh: Settings) -> None:
+    os.chmod(fresh.secrets_path, 0o644)
+    Settings.open(fresh.data_dir)
+    assert mode(fresh.secrets_path) == 0o600
+
+
+def test_broken_secrets_error_does_not_leak(tmp_path: Path) -> None:
+    (tmp_path / "secrets.yaml").write_text("admin_token: supersecret\n\tnode_keys: {}\n")
+    with pytest.raises(ConfigError) as info:
+        Settings.open(tmp_path)
+    assert "supersecret" not in str(info.value)
+    assert "supersecret" not in repr(info.value)
+    assert "line 2" in str(info.value)
+
+
+def test_empty_secrets_gets_a_token(tmp_path: Path) -> None:
+    (tmp_path / "secrets.yaml").write_text("")
+    settings = Settings.open(tmp_path)
+    assert settings.secrets.admin_token
+    assert yaml.safe_load((tmp_path / "secrets.yaml").read_text())["admin_token"]
+
+
+def test_secrets_repr_counts_only() -> None:
+    s = Secrets(admin_token="t0ps3cret", node_keys={"a": "x1"}, backend_keys={},
+                access_keys=[{"hash": "y"}])
+    assert repr(s) == "Secrets(admin_token=<set>, node_keys=1, backend_keys=0, access_keys=1)"
+
+
+# ---------------------------------------------------------------------- loading the config
+
+
+def test_invalid_config_raises(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("timeouts:\n  connection: 16s\n")
+    with pytest.raises(ConfigError) as info:
+        Settings.open(tmp_path)
+    assert info.value.path == "timeouts.connection"
+
+
+def test_explicit_config_path(tmp_path: Path) -> None:
+    custom = tmp_path / "elsewhere.yaml"
+    custom.write_text("api:\n  port: 4242\n")
+    settings = Settings.open(tmp_path / "data", custom)
+    assert settings.config_path == custom
+    assert settings.config.api.port == 4242
+    assert not (tmp_path / "data" / "config.yaml").exists()
+    assert (tmp_path / "data" / "secrets.yaml").exists()
+    assert (tmp_path / "data" / "node.id").exists()
+
+
+def test_explicit_config_path_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        Settings.open(tmp_path / "data", tmp_path / "missing.yaml")
+
+
+def test_stale_health_check_in_file_is_derived_in_memory(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text(
+        "health_checks: {interval: 3s, timeout: 3s}\n"
+        "timeouts: {health_check: {timeout: 4s, interval: 5s}}\n")
+    settings = Settings.open(tmp_path)
+    assert settings.config.timeouts.health_check == HealthCheckTimeouts(timeout=2.0, interval=3.0)
+
+
+# ---------------------------------------------------------------------------------- update
+
+
+def test_update_writes_and_publishes(fresh: Settings) -> None:
+    seen: list[Config] = []
+    fresh.subscribe(seen.append)
+    new = attrs.evolve(fresh.config, health_checks=HealthChecksConfig(interval=10.0, timeout=20.0))
+    stored = fresh.update(new)
+    assert stored.timeouts.health_check == HealthCheckTimeouts(timeout=9.0, interval=10.0)
+    assert fresh.config == stored
+    assert seen == [stored]
+    assert parse_config_text(fresh.config_path.read_text()) == stored
+    assert fresh.config_path.read_text() == dump_config_yaml(stored)
+    assert sorted(p.name for p in fresh.data_dir.iterdir()) == ["config.yaml", "node.id",
+                                                                "secrets.yaml"]
+
+
+def test_update_uses_fsync_and_rename(fresh: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append("fsync")
+        real_fsync(fd)
+
+    def replace(src: str, dst: Path) -> None:
+        calls.append(f"replace->{Path(dst).name}")
+        assert Path(src).parent == Path(dst).parent
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    fresh.update(attrs.evolve(fresh.config, api=attrs.evolve(fresh.config.api, port=4000)))
+    assert calls == ["fsync", "replace->config.yaml", "fsync"]
+
+
+def test_failed_write_leaves_the_old_file(fresh: Settings,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    before = fresh.config_path.read_bytes()
+
+    def broken_replace(src: str, dst: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="No space"):
+        fresh.update(attrs.evolve(fresh.config, api=attrs.evolve(fresh.config.api, port=4000)))
+    assert fresh.config_path.read_bytes() == before
+    assert fresh.config == default_config()
+    assert sorted(p.name for p in fresh.data_dir.iterdir()) == ["config.yaml", "node.id",
+                                                                "secrets.yaml"]
+
+
+def test_update_refuses_invalid_without_touching_anything(fresh: Settings) -> None:
+    seen: list[Config] = []
+    fresh.subscribe(seen.append)
+    before = fresh.config_path.read_bytes()
+    stat_before = fresh.config_path.stat()
+    t = fresh.config.timeouts
+    bad = attrs.evolve(fresh.config, timeouts=attrs.evolve(t, request=attrs.evolve(
+        t.request, streaming=attrs.evolve(t.request.streaming, total=1201.0))))
+    with pytest.raises(ConfigError) as info:
+        fresh.update(bad)
+    assert info.value.path == "timeouts.request.streaming.total"
+    assert fresh.config_path.read_bytes() == before
+    assert fresh.config_path.stat().st_ino == stat_before.st_ino
+    assert fresh.config == default_config()
+    assert seen == []
+
+
+def test_unsubscribe(fresh: Settings) -> None:
+    seen: list[Config] = []
+    unsubscribe = fresh.subscribe(seen.append)
+    unsubscribe()
+    fresh.update(fresh.config)
+    assert seen == []
+
+
+def test_update_through_symlink_keeps_the_link(tmp_path: Path) -> None:
+    real = tmp_path / "real.yaml"
+    real.write_text("")
+    (tmp_path / "data").mkdir()
+    link = tmp_path / "data" / "config.yaml"
+    link.symlink_to(real)
+    settings = Settings.open(tmp_path / "data")
+    settings.update(attrs.evolve(settings.config,
+                                 api=attrs.evolve(settings.config.api, port=5000)))
+    assert link.is_symlink()
+    assert parse_config_text(real.read_text()).api.port == 5000
+
+
+# ---------------------------------------------------------------------------- check-config
+
+
+def test_check_config_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config_yaml(default_config()))
+    assert check_config(path) == 0
+    assert capsys.readouterr().out == f"ok: {path}\n"
+
+
+def test_check_config_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("nodes:\n  - {fingerprint: a, name: a, base_url: 'http://h', priority: 0}\n")
+    assert check_config(path) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert "nodes[0].priority" in out.err
+    assert "255" in out.err
+
+
+def test_check_config_malformed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("api: [\n")
+    assert check_config(path) == 2
+    assert "line 2, column 1" in capsys.readouterr().err
+
+
+def test_check_config_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_config(tmp_path / "nope.yaml") == 2
+    assert "not found" in capsys.readouterr().err
