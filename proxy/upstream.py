@@ -155,12 +155,16 @@ class UpstreamConnection:
 
     def looks_alive(self) -> bool:
         """False when an idle connection has been closed or has unsolicited bytes."""
+        # A non-blocking peek through a borrowed stdlib socket (trio's recv is async).
+        probe = socket.socket(fileno=self.stream.socket.fileno())
         try:
-            data = self.stream.socket.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            data = probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
             return True
         except OSError:
             return False
+        finally:
+            probe.detach()
         del data  # EOF (b"") or bytes nobody asked for: either way the connection is spent
         return False
 

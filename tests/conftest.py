@@ -1,0 +1,134 @@
+"""Shared fixtures: short socket folders, fake upstreams and in-process gateways."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from protocol.config import (
+    BackendConfig,
+    Config,
+    PhaseTimeouts,
+    StreamingTimeouts,
+    default_config,
+    dump_config_yaml,
+)
+from proxy.server import Gateway
+from proxy.settings import Settings
+from tests.fakeupstream import FakeUpstream
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A folder with a short path: Unix socket paths are limited to 103 bytes."""
+    folder = Path(tempfile.mkdtemp(prefix="sl-", dir="/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def gateway_config(
+    backends: list[tuple[str, str]],
+    *,
+    socket_dir: Path,
+    connection: float | None = None,
+    first_byte: float | None = None,
+    chunk_interval: float | None = None,
+    stream_total: float | None = None,
+    standard_total: float | None = None,
+    image_total: float | None = None,
+    **api: Any,
+) -> Config:
+    cfg = default_config()
+    t = cfg.timeouts
+    st = t.request.streaming
+    streaming = StreamingTimeouts(
+        first_byte=first_byte or st.first_byte,
+        chunk_interval=chunk_interval or st.chunk_interval,
+        total=stream_total or st.total,
+    )
+    standard = attrs.evolve(t.request.standard, total=standard_total or t.request.standard.total)
+    images: PhaseTimeouts = attrs.evolve(
+        t.request.image_generation, total=image_total or t.request.image_generation.total)
+    timeouts = attrs.evolve(
+        t,
+        connection=connection or t.connection,
+        request=attrs.evolve(t.request, streaming=streaming, standard=standard,
+                             image_generation=images),
+    )
+    return attrs.evolve(
+        cfg,
+        api=attrs.evolve(cfg.api, port=0, **api),
+        local=attrs.evolve(cfg.local, socket_dir=str(socket_dir)),
+        backends=tuple(BackendConfig(name=n, url=u, kind="llm") for n, u in backends),
+        timeouts=timeouts,
+    )
+
+
+def open_settings(data_dir: Path, cfg: Config) -> Settings:
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (data_dir / "config.yaml").write_text(dump_config_yaml(cfg))
+    return Settings.open(data_dir)
+
+
+class RunningGateway:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    @property
+    def tcp(self) -> str:
+        return f"127.0.0.1:{self.gateway.ctx.tcp_port}"
+
+    @property
+    def unix(self) -> str:
+        return f"unix:{self.gateway.ctx.socket_path}"
+
+    def address(self, transport: str) -> str:
+        return self.tcp if transport == "tcp" else self.unix
+
+
+StartGateway = Callable[..., Awaitable[RunningGateway]]
+
+
+@pytest.fixture
+async def start_gateway(nursery: trio.Nursery, short_tmp: Path) -> StartGateway:
+    count = 0
+
+    async def start(backends: list[tuple[str, str]], **options: Any) -> RunningGateway:
+        nonlocal count
+        count += 1
+        drain = options.pop("drain_timeout", 5.0)
+        folder = short_tmp / f"g{count}"
+        cfg = gateway_config(backends, socket_dir=folder / "s", **options)
+        gateway = Gateway(open_settings(folder / "data", cfg), drain_timeout=drain)
+        await nursery.start(gateway.run)
+        return RunningGateway(gateway)
+
+    return start
+
+
+@pytest.fixture
+async def upstream(nursery: trio.Nursery) -> AsyncIterator[FakeUpstream]:
+    up = FakeUpstream()
+    await nursery.start(up.serve)
+    yield up
+
+
+@pytest.fixture
+async def unix_upstream(nursery: trio.Nursery, short_tmp: Path) -> AsyncIterator[FakeUpstream]:
+    up = FakeUpstream(unix_path=str(short_tmp / "up.sock"))
+    await nursery.start(up.serve)
+    yield up
+
+
+@pytest.fixture(params=["tcp", "unix"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)

@@ -1,0 +1,140 @@
+"""A client that goes away cancels its upstream request at once, in every phase (SPEC §6):
+the fake upstream must see its connection closed within 100 ms of the client closing."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import h11
+import pytest
+import trio
+
+from tests.client import Client, chat_body
+from tests.conftest import StartGateway
+from tests.fakeupstream import (
+    FakeUpstream,
+    Handler,
+    sse_events,
+    stall_before_first_chunk,
+    stall_before_head,
+    stall_between_chunks,
+)
+
+CHAT = "/v1/chat/completions"
+LIMIT = 0.1  # seconds, SPEC §6
+
+
+async def wait_for_request(up: FakeUpstream, path: str) -> int:
+    """The connection id of the first request the upstream got on ``path``."""
+    with trio.fail_after(5):
+        while not up.requests_to(path):
+            await trio.sleep(0.002)
+    return up.requests_to(path)[0].conn_id
+
+
+async def close_abruptly(client: Client) -> None:
+    """Close like a killed client: RST on TCP, plain close on a Unix socket."""
+    sock = client.stream.socket
+    if sock.family == socket.AF_INET:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await client.aclose()
+
+
+PHASES: dict[str, tuple[Handler, bool, int]] = {
+    # phase: (upstream behaviour, stream?, events the client reads before closing)
+    "waiting-for-head": (stall_before_head(), True, 0),
+    "waiting-for-first-chunk": (stall_before_first_chunk(), True, 0),
+    "mid-stream": (stall_between_chunks(2), True, 2),
+    "non-streaming": (stall_before_head(), False, 0),
+}
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+@pytest.mark.parametrize("abrupt", [False, True], ids=["close", "reset"])
+async def test_disconnect_cancels_upstream(phase: str, abrupt: bool, upstream: FakeUpstream,
+                                           start_gateway: StartGateway, transport: str) -> None:
+    handler, stream, read_events = PHASES[phase]
+    upstream.on("POST", CHAT, handler)
+    gw = await start_gateway([("fake", upstream.url)])
+    client = await Client.open(gw.address(transport))
+    await client.send_request("POST", CHAT, chat_body(stream=stream))
+    conn_id = await wait_for_request(upstream, CHAT)
+    if read_events:
+        with trio.fail_after(5):
+            await client.read_head()
+            got = b""
+            while got.count(b"\n\n") < read_events:
+                event = client.h11.next_event()
+                if event is h11.NEED_DATA:
+                    client.h11.receive_data(await client.stream.receive_some(65536))
+                elif isinstance(event, h11.Data):
+                    got += event.data
+    await trio.sleep(0.02)  # let the gateway settle into waiting
+    closed = trio.current_time()
+    if abrupt:
+        await close_abruptly(client)
+    else:
+        await client.aclose()
+    with trio.fail_after(2):
+        seen = await upstream.wait_connection_closed(conn_id)
+    assert seen - closed < LIMIT
+    with trio.fail_after(2):  # and the gateway has let go of the client connection
+        while gw.gateway.ctx.connection_count:
+            await trio.sleep(0.002)
+
+
+async def test_disconnect_while_connecting(nursery: trio.Nursery, upstream: FakeUpstream,
+                                           start_gateway: StartGateway) -> None:
+    listener = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(8):
+            sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            fillers.append(sock)
+            with trio.move_on_after(0.2) as scope:
+                await sock.connect(("127.0.0.1", port))
+            if scope.cancelled_caught:
+                break
+        gw = await start_gateway([("fake", upstream.url),
+                                  ("hole", f"http://127.0.0.1:{port}")])
+        hole = gw.gateway.backends.backends[1]
+        hole.online, hole.models = True, [{"id": "hole-model"}]
+        gw.gateway.backends.reindex()
+        client = await Client.open(gw.tcp)
+        await client.send_request("POST", CHAT, chat_body("hole-model"))
+        await trio.sleep(0.05)
+        assert gw.gateway.ctx.connection_count == 1
+        closed = trio.current_time()
+        await client.aclose()
+        with trio.fail_after(2):
+            while gw.gateway.ctx.connection_count:
+                await trio.sleep(0.002)
+        assert trio.current_time() - closed < LIMIT
+    finally:
+        for sock in fillers:
+            sock.close()
+        listener.close()
+
+
+async def test_slot_is_reused_after_disconnect(upstream: FakeUpstream,
+                                               start_gateway: StartGateway) -> None:
+    """After a cancelled request the next one is served normally (no stuck state)."""
+    upstream.on("POST", CHAT, stall_between_chunks(1))
+    gw = await start_gateway([("fake", upstream.url)])
+    client = await Client.open(gw.tcp)
+    await client.send_request("POST", CHAT, chat_body(stream=True))
+    with trio.fail_after(5):
+        await client.read_head()
+    await client.aclose()
+    from tests.fakeupstream import sse_stream
+
+    upstream.on("POST", CHAT, sse_stream(sse_events(3)))
+    from tests.client import request
+
+    with trio.fail_after(5):
+        reply = await request(gw.tcp, "POST", CHAT, chat_body(stream=True))
+    assert reply.body == b"".join(sse_events(3))
