@@ -102,4 +102,4 @@ def header_value(headers: Iterable[Header], name: bytes) -> bytes | None:
 
 def is_event_stream(headers: Iterable[Header]) -> bool:
     value = header_value(headers, b"content-type")
-    return value is not None and value.lstrip().lower().startswith(b"text/event-stream")
+    return value is not None and value.split(b";", 1)[0].strip().lower() == b"text/event-stream"

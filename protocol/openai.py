@@ -30,7 +30,7 @@ def model_entry(raw: dict[str, Any], default_owner: str) -> dict[str, Any]:
     return {
         "id": raw["id"],
         "object": "model",
-        "created": created if isinstance(created, int) else 0,
+        "created": created if type(created) is int else 0,
         "owned_by": owner if isinstance(owner, str) and owner else default_owner,
     }
 

@@ -45,6 +45,8 @@ def parse_request_body(path: str, body: bytes) -> RequestInfo:
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}",
                           code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(doc, dict):
         raise bad_request("the request body must be a JSON object", code="invalid_json")
     model = doc.get("model")

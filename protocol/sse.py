@@ -84,7 +84,7 @@ class SSEObserver:
                 if value[:1] == b" ":
                     value = value[1:]
                 if not self._has_data:
-                    self._data_in_event = value
+                    self._data_in_event = value[:_PREFIX_CAP]
                 else:
                     self._data_in_event = b"\n"  # multi-line data is never [DONE]
                 self._has_data = True

@@ -1,0 +1,142 @@
+"""The ``sluice`` command as a user runs it: real processes, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+import yaml
+
+from protocol.config import default_config, dump_config_yaml
+from tests.client import chat_body, request
+from tests.conftest import gateway_config
+from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
+
+SLUICE = [sys.executable, "-m", "proxy"]
+
+
+def sluice(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SLUICE, *args], capture_output=True, text=True, timeout=30,
+                          env=env, check=False)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_check_config(short_tmp: Path) -> None:
+    good = short_tmp / "good.yaml"
+    good.write_text(dump_config_yaml(default_config()))
+    result = sluice("check-config", "--config", str(good))
+    assert result.returncode == 0, result.stderr
+    bad = short_tmp / "bad.yaml"
+    bad.write_text("timeouts:\n  request:\n    streaming:\n      chunk_interval: 61s\n")
+    result = sluice("check-config", "--config", str(bad))
+    assert result.returncode == 2
+    assert "timeouts.request.streaming.chunk_interval" in result.stderr
+    typo = short_tmp / "typo.yaml"
+    typo.write_text("api:\n  prot: 8080\n")
+    result = sluice("check-config", "--config", str(typo))
+    assert result.returncode == 2
+    assert "api.prot" in result.stderr
+    broken = short_tmp / "broken.yaml"
+    broken.write_text("api:\n  port: [1,\n")
+    result = sluice("check-config", "--config", str(broken))
+    assert result.returncode == 2
+    assert "line" in result.stderr
+
+
+def test_serve_refuses_invalid_config_before_binding(short_tmp: Path) -> None:
+    port = free_port()
+    sockets = short_tmp / "s"
+    data = short_tmp / "data"
+    data.mkdir(mode=0o700)
+    cfg = gateway_config([], socket_dir=sockets)
+    text = dump_config_yaml(attrs.evolve(cfg, api=attrs.evolve(cfg.api, port=port)))
+    (data / "config.yaml").write_text(text.replace("connection: 10s", "connection: 16s"))
+    result = sluice("serve", "--data-dir", str(data))
+    assert result.returncode == 2
+    assert "timeouts.connection" in result.stderr
+    assert not sockets.exists() or not any(sockets.iterdir())
+    import socket
+
+    with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+        probe.connect(("127.0.0.1", port))
+
+
+async def test_serve_writes_config_and_drains_on_sigterm(nursery: trio.Nursery,
+                                                         short_tmp: Path) -> None:
+    events = sse_events(10)
+    up = FakeUpstream()
+    up.on("POST", "/v1/chat/completions", sse_stream(events, gap=0.1))
+    await nursery.start(up.serve)
+    data = short_tmp / "data"
+    env = {**os.environ, "SLUICE_DATA_DIR": str(data)}
+    # First start on an empty data dir: a complete config.yaml appears.
+    port = free_port()
+    proc = await trio.lowlevel.open_process([*SLUICE, "serve"], env=env,
+                                            stderr=subprocess.PIPE)
+    try:
+        with trio.fail_after(15):
+            while not (data / "config.yaml").exists():
+                await trio.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(15):
+            await proc.wait()
+    written = yaml.safe_load((data / "config.yaml").read_text())
+    assert set(written) == {"api", "local", "backends", "models", "load_balancing", "nodes",
+                            "health_checks", "circuit_breaker", "timeouts"}
+    assert set(written["timeouts"]) == {"connection", "request", "health_check"}
+    assert oct((data / "secrets.yaml").stat().st_mode & 0o777) == "0o600"
+    assert oct(data.stat().st_mode & 0o777) == "0o700"
+    admin = yaml.safe_load((data / "secrets.yaml").read_text())["admin_token"]
+    assert admin not in (data / "config.yaml").read_text()
+
+    # Second start with a backend: SIGTERM lets the running stream finish, then exits 0.
+    cfg = gateway_config([("fake", up.url)], socket_dir=short_tmp / "s")
+    cfg = attrs.evolve(cfg, api=attrs.evolve(cfg.api, port=port))
+    (data / "config.yaml").write_text(dump_config_yaml(cfg))
+    proc = await trio.lowlevel.open_process([*SLUICE, "serve"], env=env,
+                                            stderr=subprocess.PIPE)
+    sock = short_tmp / "s" / "sluice.sock"
+    try:
+        with trio.fail_after(15):
+            while not sock.exists():
+                await trio.sleep(0.05)
+        replies = []
+
+        async def stream() -> None:
+            replies.append(await request(f"unix:{sock}", "POST", "/v1/chat/completions",
+                                         chat_body(stream=True)))
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(stream)
+            with trio.fail_after(5):
+                while not up.requests_to("/v1/chat/completions"):
+                    await trio.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(15):
+            code = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert code == 0
+    assert replies[0].complete
+    assert replies[0].body == b"".join(events)
+    assert not sock.exists()
+    assert proc.stderr is not None
+    log = (await proc.stderr.receive_some(1 << 20)).decode()
+    assert "draining" in log
+    assert admin not in log
