@@ -24,7 +24,7 @@ from protocol.errors import (
 from protocol.headers import Header, header_value
 from protocol.request_info import parse_request_body
 from protocol.sse import SSEObserver
-from proxy.api.routes import route
+from proxy.api.routes import NEEDS_MODELS, route
 from proxy.context import GatewayContext
 from proxy.relay import Relay, error_event
 
@@ -152,6 +152,16 @@ class ClientConnection:
             raise version_not_supported(event.http_version.decode("ascii", "replace"))
         if len(event.headers) > MAX_HEADER_LINES:
             raise headers_too_large(f"request has more than {MAX_HEADER_LINES} header lines")
+        # h11 bounds only heads that arrive in pieces; measure one that came whole too.
+        size = len(event.method) + len(event.target) + 12
+        for name, value in event.headers:
+            size += len(name) + len(value) + 4
+        if size > MAX_HEAD_SIZE:
+            raise headers_too_large("request head is larger than 16 KiB")
+        if header_value(event.headers, b"transfer-encoding") is not None and \
+                header_value(event.headers, b"content-length") is not None:
+            raise bad_request("a request must not carry both Transfer-Encoding and "
+                              "Content-Length", code="bad_http_request")
         return event
 
     async def _read_body(self, request: h11.Request) -> bytes:
@@ -189,13 +199,17 @@ class ClientConnection:
         path = target.split(b"?", 1)[0].decode("latin-1")
         handler = route(request.method, path)  # raises 404 / 405
         if handler is not None:
+            if handler in NEEDS_MODELS and not self.ctx.backends.ready.is_set():
+                await self.ctx.backends.ready.wait()
             status, payload = handler(self.ctx, path)
             await self.send_json(status, payload)
             return
         info = parse_request_body(path, body)
         backend = self.ctx.backends.holder_of(info.model)
         if backend is None:
-            raise model_not_available(info.model)
+            backend = await self.ctx.backends.wait_for_holder(info.model)
+            if backend is None:
+                raise model_not_available(info.model)
         await self.watched(Relay(self, backend, request, body, info).run)
 
     async def watched(self, work: Callable[[], Awaitable[None]]) -> None:

@@ -31,6 +31,7 @@ log = logging.getLogger("sluice.server")
 
 DRAIN_TIMEOUT = 30.0  # seconds running answers get to finish after a stop signal
 _ACCEPT_RETRY = 0.1  # pause after EMFILE and friends before accepting again
+_REFUSE_DRAIN = 64 * 1024  # request bytes read (and dropped) from a refused connection
 _FD_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
@@ -59,8 +60,8 @@ class Gateway:
             async with trio.open_nursery() as background:
                 if handle_signals:
                     background.start_soon(self._watch_signals, background.cancel_scope)
-                # Clients queue in the listen backlog until the first health round is done,
-                # so the first request already finds its model.
+                # Requests that come before a backend's first check wait for it
+                # (BackendRegistry.wait_for_holder), so the first request finds its model.
                 await background.start(run_health_checks, self.backends, self.pool,
                                        lambda: self.settings.config)
                 async with trio.open_nursery() as connections:
@@ -174,7 +175,13 @@ class Gateway:
         with trio.move_on_after(1):
             try:
                 await stream.send_all(head + body)
-            except (trio.BrokenResourceError, OSError):
+                # Closing with unread request bytes would send a reset that can destroy the
+                # 503 in flight: finish our side, then drain briefly before closing.
+                await stream.send_eof()
+                drained = 0
+                while drained < _REFUSE_DRAIN and (data := await stream.receive_some(65536)):
+                    drained += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
         stream.socket.close()
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,25 +111,67 @@ async def start_gateway(nursery: trio.Nursery, short_tmp: Path) -> StartGateway:
         cfg = gateway_config(backends, socket_dir=folder / "s", **options)
         gateway = Gateway(open_settings(folder / "data", cfg), drain_timeout=drain)
         await nursery.start(gateway.run)
+        await gateway.backends.ready.wait()  # every backend checked once
         return RunningGateway(gateway)
 
     return start
 
 
 @pytest.fixture
-async def upstream(nursery: trio.Nursery) -> AsyncIterator[FakeUpstream]:
+async def upstream(nursery: trio.Nursery) -> FakeUpstream:
     up = FakeUpstream()
     await nursery.start(up.serve)
-    yield up
+    return up
 
 
 @pytest.fixture
-async def unix_upstream(nursery: trio.Nursery, short_tmp: Path) -> AsyncIterator[FakeUpstream]:
+async def unix_upstream(nursery: trio.Nursery, short_tmp: Path) -> FakeUpstream:
     up = FakeUpstream(unix_path=str(short_tmp / "up.sock"))
     await nursery.start(up.serve)
-    yield up
+    return up
 
 
 @pytest.fixture(params=["tcp", "unix"])
 def transport(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def inject_backend(gw: RunningGateway, name: str, url: str, models: list[str]) -> None:
+    """Add a backend that holds ``models`` right now, without waiting for a health check
+    (for upstreams that never answer one)."""
+    from proxy.pool.backends import LocalBackend
+
+    backend = LocalBackend(BackendConfig(name=name, url=url, kind="llm"), None)
+    backend.online, backend.models = True, [{"id": m} for m in models]
+    registry = gw.gateway.backends
+    registry.backends.append(backend)
+    registry.reindex()
+
+
+def blackhole_listener() -> tuple[socket.socket, list[socket.socket]]:
+    """A TCP listener whose accept queue is full, so connecting to it hangs. Filled with
+    blocking stdlib connects in real time, so a test's mock clock cannot cut them short."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    for _ in range(16):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.settimeout(0.3)
+        fillers.append(sock)
+        try:
+            sock.connect(listener.getsockname())
+        except TimeoutError:
+            return listener, fillers
+    raise RuntimeError("could not fill the accept queue")
+
+
+@pytest.fixture
+def blackhole() -> Iterator[str]:
+    listener, fillers = blackhole_listener()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        for sock in fillers:
+            sock.close()
+        listener.close()

@@ -3,6 +3,8 @@ pooled, and a pooled connection the server has dropped is retried once on a fres
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import trio
 import trio.testing
 
@@ -26,26 +28,29 @@ async def model_ids(address: str) -> list[str]:
     return [m["id"] for m in (await request(address, "GET", "/v1/models")).json()["data"]]
 
 
+# Under the autojump clock every hop is a Unix socket (no bytes in flight when it jumps).
+
+
 async def test_health_poll_follows_the_backend(autojump_clock: trio.testing.MockClock,
-                                               upstream: FakeUpstream,
+                                               unix_upstream: FakeUpstream,
                                                start_gateway: StartGateway) -> None:
-    gw = await start_gateway([("fake", upstream.url)])
-    assert await model_ids(gw.tcp) == ["fake-model"]
-    polls = len(upstream.requests_to("/v1/models"))
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    assert await model_ids(gw.unix) == ["fake-model"]
+    polls = len(unix_upstream.requests_to("/v1/models"))
     await trio.sleep(INTERVAL * 3 + 0.1)
-    assert len(upstream.requests_to("/v1/models")) == polls + 3  # once per interval
-    upstream.models = ["other"]
+    assert len(unix_upstream.requests_to("/v1/models")) == polls + 3  # once per interval
+    unix_upstream.models = ["other"]
     await trio.sleep(INTERVAL)
-    assert await model_ids(gw.tcp) == ["other"]
-    reply = await request(gw.tcp, "POST", CHAT, chat_body("fake-model"))
+    assert await model_ids(gw.unix) == ["other"]
+    reply = await request(gw.unix, "POST", CHAT, chat_body("fake-model"))
     assert reply.status == 503
     assert reply.json()["error"]["code"] == "model_not_available"
 
 
 async def test_offline_backend_leaves_the_list(autojump_clock: trio.testing.MockClock,
                                                start_gateway: StartGateway,
-                                               nursery: trio.Nursery) -> None:
-    up = FakeUpstream(models=["m"])
+                                               nursery: trio.Nursery, short_tmp: Path) -> None:
+    up = FakeUpstream(models=["m"], unix_path=str(short_tmp / "m.sock"))
 
     # Serve in a scope we can cancel: the server "dies".
     async def serve_until(scope: trio.CancelScope, task_status: trio.TaskStatus[None]) -> None:
@@ -55,24 +60,25 @@ async def test_offline_backend_leaves_the_list(autojump_clock: trio.testing.Mock
     scope = trio.CancelScope()
     await nursery.start(serve_until, scope)
     gw = await start_gateway([("fake", up.url)])
-    assert await model_ids(gw.tcp) == ["m"]
+    assert await model_ids(gw.unix) == ["m"]
     scope.cancel()
     await trio.sleep(INTERVAL + 0.1)
-    assert await model_ids(gw.tcp) == []
+    assert await model_ids(gw.unix) == []
     backend = gw.gateway.backends.backends[0]
     assert not backend.online
     assert backend.last_error
 
 
 async def test_health_check_timeout(autojump_clock: trio.testing.MockClock,
-                                    upstream: FakeUpstream, start_gateway: StartGateway) -> None:
+                                    unix_upstream: FakeUpstream,
+                                    start_gateway: StartGateway) -> None:
     async def slow_models(req: ReceivedRequest, w: ResponseWriter) -> None:
         await trio.sleep(60)
 
-    gw = await start_gateway([("fake", upstream.url)])
-    upstream.on("GET", "/v1/models", slow_models)
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    unix_upstream.on("GET", "/v1/models", slow_models)
     await trio.sleep(INTERVAL + default_config().timeouts.health_check.timeout + 0.1)
-    assert await model_ids(gw.tcp) == []
+    assert await model_ids(gw.unix) == []
     assert "did not answer" in str(gw.gateway.backends.backends[0].last_error)
 
 

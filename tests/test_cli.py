@@ -82,14 +82,16 @@ async def test_serve_writes_config_and_drains_on_sigterm(nursery: trio.Nursery,
     up.on("POST", "/v1/chat/completions", sse_stream(events, gap=0.1))
     await nursery.start(up.serve)
     data = short_tmp / "data"
-    env = {**os.environ, "SLUICE_DATA_DIR": str(data)}
+    runtime = short_tmp / "run"
+    runtime.mkdir(mode=0o700)
+    env = {**os.environ, "SLUICE_DATA_DIR": str(data), "XDG_RUNTIME_DIR": str(runtime)}
     # First start on an empty data dir: a complete config.yaml appears.
     port = free_port()
     proc = await trio.lowlevel.open_process([*SLUICE, "serve"], env=env,
                                             stderr=subprocess.PIPE)
     try:
-        with trio.fail_after(15):
-            while not (data / "config.yaml").exists():
+        with trio.fail_after(15):  # listening (or exited: port 39080 may be taken here)
+            while not (runtime / "sluice" / "sluice.sock").exists() and proc.poll() is None:
                 await trio.sleep(0.05)
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -10,12 +10,13 @@ import h11
 import pytest
 import trio
 
-from tests.client import Client, chat_body
-from tests.conftest import StartGateway
+from tests.client import Client, chat_body, request
+from tests.conftest import StartGateway, inject_backend
 from tests.fakeupstream import (
     FakeUpstream,
     Handler,
     sse_events,
+    sse_stream,
     stall_before_first_chunk,
     stall_before_head,
     stall_between_chunks,
@@ -84,40 +85,20 @@ async def test_disconnect_cancels_upstream(phase: str, abrupt: bool, upstream: F
             await trio.sleep(0.002)
 
 
-async def test_disconnect_while_connecting(nursery: trio.Nursery, upstream: FakeUpstream,
+async def test_disconnect_while_connecting(blackhole: str, upstream: FakeUpstream,
                                            start_gateway: StartGateway) -> None:
-    listener = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    await listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    try:
-        for _ in range(8):
-            sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            fillers.append(sock)
-            with trio.move_on_after(0.2) as scope:
-                await sock.connect(("127.0.0.1", port))
-            if scope.cancelled_caught:
-                break
-        gw = await start_gateway([("fake", upstream.url),
-                                  ("hole", f"http://127.0.0.1:{port}")])
-        hole = gw.gateway.backends.backends[1]
-        hole.online, hole.models = True, [{"id": "hole-model"}]
-        gw.gateway.backends.reindex()
-        client = await Client.open(gw.tcp)
-        await client.send_request("POST", CHAT, chat_body("hole-model"))
-        await trio.sleep(0.05)
-        assert gw.gateway.ctx.connection_count == 1
-        closed = trio.current_time()
-        await client.aclose()
-        with trio.fail_after(2):
-            while gw.gateway.ctx.connection_count:
-                await trio.sleep(0.002)
-        assert trio.current_time() - closed < LIMIT
-    finally:
-        for sock in fillers:
-            sock.close()
-        listener.close()
+    gw = await start_gateway([("fake", upstream.url)])
+    inject_backend(gw, "hole", blackhole, ["hole-model"])
+    client = await Client.open(gw.tcp)
+    await client.send_request("POST", CHAT, chat_body("hole-model"))
+    await trio.sleep(0.05)
+    assert gw.gateway.ctx.connection_count == 1  # still connecting upstream
+    closed = trio.current_time()
+    await client.aclose()
+    with trio.fail_after(2):
+        while gw.gateway.ctx.connection_count:
+            await trio.sleep(0.002)
+    assert trio.current_time() - closed < LIMIT
 
 
 async def test_slot_is_reused_after_disconnect(upstream: FakeUpstream,
@@ -130,11 +111,7 @@ async def test_slot_is_reused_after_disconnect(upstream: FakeUpstream,
     with trio.fail_after(5):
         await client.read_head()
     await client.aclose()
-    from tests.fakeupstream import sse_stream
-
     upstream.on("POST", CHAT, sse_stream(sse_events(3)))
-    from tests.client import request
-
     with trio.fail_after(5):
         reply = await request(gw.tcp, "POST", CHAT, chat_body(stream=True))
     assert reply.body == b"".join(sse_events(3))

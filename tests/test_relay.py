@@ -8,8 +8,14 @@ import trio
 
 from tests.client import Client, chat_body, request
 from tests.conftest import StartGateway
-from tests.fakeupstream import FakeUpstream, ReceivedRequest, ResponseWriter, sse_events, \
-    sse_stream, status
+from tests.fakeupstream import (
+    FakeUpstream,
+    ReceivedRequest,
+    ResponseWriter,
+    sse_events,
+    sse_stream,
+    status,
+)
 
 
 async def test_non_streaming_chat_is_relayed_unchanged(

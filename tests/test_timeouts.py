@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import AsyncIterator
 
 import pytest
 import trio
 import trio.testing
 
 from tests.client import Reply, chat_body, request
-from tests.conftest import StartGateway
+from tests.conftest import StartGateway, inject_backend
 from tests.fakeupstream import (
     FakeUpstream,
     ReceivedRequest,
@@ -45,41 +44,18 @@ def trailing_error_event(reply: Reply) -> dict[str, object]:
     return dict(event["error"])
 
 
-@pytest.fixture
-async def blackhole(nursery: trio.Nursery) -> AsyncIterator[str]:
-    """A TCP listener whose accept queue is full: connecting to it hangs."""
-    listener = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    await listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    for _ in range(8):  # fill the queue until a connect no longer completes
-        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        fillers.append(sock)
-        with trio.move_on_after(0.2) as scope:
-            await sock.connect(("127.0.0.1", port))
-        if scope.cancelled_caught:
-            break
-    else:
-        pytest.fail("could not fill the accept queue")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        for sock in fillers:
-            sock.close()
-        listener.close()
-
-
 # ------------------------------------------------------------------ MockClock: exact limits
+# Under the autojump clock every hop is a Unix socket: its bytes are in the peer's buffer
+# when send returns, so the clock can never jump ahead of data still in flight.
 
 
 async def test_first_byte_before_head(autojump_clock: trio.testing.MockClock,
-                                      upstream: FakeUpstream,
+                                      unix_upstream: FakeUpstream,
                                       start_gateway: StartGateway) -> None:
-    upstream.on("POST", CHAT, stall_before_head())
-    gw = await start_gateway([("fake", upstream.url)], first_byte=7, stream_total=100)
+    unix_upstream.on("POST", CHAT, stall_before_head())
+    gw = await start_gateway([("fake", unix_upstream.url)], first_byte=7, stream_total=100)
     start = trio.current_time()
-    reply = await request(gw.tcp, "POST", CHAT, chat_body(stream=True))
+    reply = await request(gw.unix, "POST", CHAT, chat_body(stream=True))
     assert reply.status == 504
     assert 7 - 1e-6 <= trio.current_time() - start < 7.5
     err = error_of(reply)
@@ -88,12 +64,12 @@ async def test_first_byte_before_head(autojump_clock: trio.testing.MockClock,
 
 
 async def test_first_byte_after_head_before_first_chunk(
-        autojump_clock: trio.testing.MockClock, upstream: FakeUpstream,
+        autojump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
         start_gateway: StartGateway) -> None:
-    upstream.on("POST", CHAT, stall_before_first_chunk())
-    gw = await start_gateway([("fake", upstream.url)], first_byte=5)
+    unix_upstream.on("POST", CHAT, stall_before_first_chunk())
+    gw = await start_gateway([("fake", unix_upstream.url)], first_byte=5)
     start = trio.current_time()
-    reply = await request(gw.tcp, "POST", CHAT, chat_body(stream=True))
+    reply = await request(gw.unix, "POST", CHAT, chat_body(stream=True))
     # Nothing was committed yet (the head waits for the first chunk): a clean 504.
     assert reply.status == 504
     assert 5 - 1e-6 <= trio.current_time() - start < 5.5
@@ -101,13 +77,13 @@ async def test_first_byte_after_head_before_first_chunk(
 
 
 async def test_chunk_interval_after_commit(autojump_clock: trio.testing.MockClock,
-                                           upstream: FakeUpstream,
+                                           unix_upstream: FakeUpstream,
                                            start_gateway: StartGateway) -> None:
     events = sse_events(3)
-    upstream.on("POST", CHAT, stall_between_chunks(2, events))
-    gw = await start_gateway([("fake", upstream.url)], chunk_interval=3)
+    unix_upstream.on("POST", CHAT, stall_between_chunks(2, events))
+    gw = await start_gateway([("fake", unix_upstream.url)], chunk_interval=3)
     start = trio.current_time()
-    reply = await request(gw.tcp, "POST", CHAT, chat_body(stream=True))
+    reply = await request(gw.unix, "POST", CHAT, chat_body(stream=True))
     assert reply.status == 200
     assert 3 - 1e-6 <= trio.current_time() - start < 3.5
     assert reply.body.startswith(events[0] + events[1])
@@ -117,23 +93,23 @@ async def test_chunk_interval_after_commit(autojump_clock: trio.testing.MockCloc
 
 
 async def test_chunk_interval_resets_on_every_chunk(autojump_clock: trio.testing.MockClock,
-                                                    upstream: FakeUpstream,
+                                                    unix_upstream: FakeUpstream,
                                                     start_gateway: StartGateway) -> None:
     events = sse_events(6)
-    upstream.on("POST", CHAT, sse_stream(events, gap=2.5))  # 5 gaps of 2.5 s: 12.5 s in all
-    gw = await start_gateway([("fake", upstream.url)], chunk_interval=3)
-    reply = await request(gw.tcp, "POST", CHAT, chat_body(stream=True))
+    unix_upstream.on("POST", CHAT, sse_stream(events, gap=2.5))  # 5 gaps of 2.5 s: 12.5 s in all
+    gw = await start_gateway([("fake", unix_upstream.url)], chunk_interval=3)
+    reply = await request(gw.unix, "POST", CHAT, chat_body(stream=True))
     assert reply.complete
     assert reply.body == b"".join(events)
 
 
-async def test_streaming_total(autojump_clock: trio.testing.MockClock, upstream: FakeUpstream,
+async def test_streaming_total(autojump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
                                start_gateway: StartGateway) -> None:
     events = sse_events(50)
-    upstream.on("POST", CHAT, sse_stream(events, gap=2))
-    gw = await start_gateway([("fake", upstream.url)], chunk_interval=5, stream_total=21)
+    unix_upstream.on("POST", CHAT, sse_stream(events, gap=2))
+    gw = await start_gateway([("fake", unix_upstream.url)], chunk_interval=5, stream_total=21)
     start = trio.current_time()
-    reply = await request(gw.tcp, "POST", CHAT, chat_body(stream=True))
+    reply = await request(gw.unix, "POST", CHAT, chat_body(stream=True))
     assert 21 - 1e-6 <= trio.current_time() - start < 21.5
     err = trailing_error_event(reply)
     assert "timeouts.request.streaming.total" in str(err["message"])
@@ -141,31 +117,31 @@ async def test_streaming_total(autojump_clock: trio.testing.MockClock, upstream:
 
 
 async def test_non_streaming_total_only(autojump_clock: trio.testing.MockClock,
-                                        upstream: FakeUpstream,
+                                        unix_upstream: FakeUpstream,
                                         start_gateway: StartGateway) -> None:
     async def slow(req: ReceivedRequest, w: ResponseWriter) -> None:
         await trio.sleep(8)  # longer than first_byte, shorter than total
         await json_completion()(req, w)
 
-    upstream.on("POST", CHAT, slow)
-    gw = await start_gateway([("fake", upstream.url)], first_byte=2, standard_total=10)
-    reply = await request(gw.tcp, "POST", CHAT, chat_body())
+    unix_upstream.on("POST", CHAT, slow)
+    gw = await start_gateway([("fake", unix_upstream.url)], first_byte=2, standard_total=10)
+    reply = await request(gw.unix, "POST", CHAT, chat_body())
     assert reply.status == 200  # first_byte does nothing for non-streaming requests
-    upstream.on("POST", CHAT, stall_before_head())
+    unix_upstream.on("POST", CHAT, stall_before_head())
     start = trio.current_time()
-    reply = await request(gw.tcp, "POST", CHAT, chat_body())
+    reply = await request(gw.unix, "POST", CHAT, chat_body())
     assert reply.status == 504
     assert 10 - 1e-6 <= trio.current_time() - start < 10.5
     assert "timeouts.request.standard.total" in str(error_of(reply)["message"])
 
 
 async def test_image_generation_total(autojump_clock: trio.testing.MockClock,
-                                      upstream: FakeUpstream,
+                                      unix_upstream: FakeUpstream,
                                       start_gateway: StartGateway) -> None:
-    upstream.on("POST", "/v1/images/generations", stall_before_head())
-    gw = await start_gateway([("fake", upstream.url)], standard_total=5, image_total=40)
+    unix_upstream.on("POST", "/v1/images/generations", stall_before_head())
+    gw = await start_gateway([("fake", unix_upstream.url)], standard_total=5, image_total=40)
     start = trio.current_time()
-    reply = await request(gw.tcp, "POST", "/v1/images/generations",
+    reply = await request(gw.unix, "POST", "/v1/images/generations",
                           b'{"model":"fake-model","prompt":"a cat"}')
     assert reply.status == 504
     assert 40 - 1e-6 <= trio.current_time() - start < 40.5
@@ -173,14 +149,11 @@ async def test_image_generation_total(autojump_clock: trio.testing.MockClock,
 
 
 async def test_connection_timeout(autojump_clock: trio.testing.MockClock, blackhole: str,
-                                  upstream: FakeUpstream, start_gateway: StartGateway) -> None:
-    gw = await start_gateway([("fake", upstream.url), ("hole", blackhole)], connection=4)
-    # The blackhole holds no model (its health check fails); route a model to it by hand.
-    hole = gw.gateway.backends.backends[1]
-    hole.online, hole.models = True, [{"id": "hole-model"}]
-    gw.gateway.backends.reindex()
+                                  unix_upstream: FakeUpstream, start_gateway: StartGateway) -> None:
+    gw = await start_gateway([("fake", unix_upstream.url)], connection=4)
+    inject_backend(gw, "hole", blackhole, ["hole-model"])
     start = trio.current_time()
-    reply = await request(gw.tcp, "POST", CHAT, chat_body("hole-model"))
+    reply = await request(gw.unix, "POST", CHAT, chat_body("hole-model"))
     assert reply.status == 504
     assert 4 - 1e-6 <= trio.current_time() - start < 4.5
     assert "timeouts.connection" in str(error_of(reply)["message"])
@@ -273,10 +246,8 @@ async def test_real_totals(upstream: FakeUpstream, start_gateway: StartGateway) 
 
 async def test_real_connection_timeout(blackhole: str, upstream: FakeUpstream,
                                        start_gateway: StartGateway) -> None:
-    gw = await start_gateway([("fake", upstream.url), ("hole", blackhole)], connection=0.3)
-    hole = gw.gateway.backends.backends[1]
-    hole.online, hole.models = True, [{"id": "hole-model"}]
-    gw.gateway.backends.reindex()
+    gw = await start_gateway([("fake", upstream.url)], connection=0.3)
+    inject_backend(gw, "hole", blackhole, ["hole-model"])
     with trio.fail_after(5):
         reply = await request(gw.tcp, "POST", CHAT, chat_body("hole-model"))
     assert reply.status == 504

@@ -40,6 +40,8 @@ ROUTES: dict[str, dict[bytes, Handler]] = {
     "/api/v1/inference/models": {b"GET": list_models},
 }
 
+NEEDS_MODELS: frozenset[Handler] = frozenset({list_models, get_model})
+
 _RELAYED: dict[bytes, Handler | None] = {b"POST": None}
 
 

@@ -48,12 +48,21 @@ class BackendRegistry:
         self.backends = [LocalBackend(cfg, keys.get(cfg.name)) for cfg in configs]
         self._by_model: dict[str, LocalBackend] = {}
         self.on_change: Callable[[], None] = lambda: None
+        self.ready = trio.Event()  # every backend has been checked once
+        self._changed = trio.Event()  # replaced on every reindex
 
     def __repr__(self) -> str:
         return f"BackendRegistry({self.backends!r})"
 
     def holder_of(self, model: str) -> LocalBackend | None:
         return self._by_model.get(model)
+
+    async def wait_for_holder(self, model: str) -> LocalBackend | None:
+        """Like holder_of, but right after start waits for the backends' first checks (each
+        bounded by the health-check timeout) before saying nobody holds the model."""
+        while (backend := self._by_model.get(model)) is None and not self.ready.is_set():
+            await self._changed.wait()
+        return backend
 
     def model_entries(self) -> list[dict[str, Any]]:
         return merge_model_lists(
@@ -67,6 +76,8 @@ class BackendRegistry:
                 for entry in backend.models:
                     index.setdefault(entry["id"], backend)
         self._by_model = index
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
         self.on_change()
 
 
@@ -108,15 +119,20 @@ async def run_health_checks(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Poll every backend each ``health_checks.interval``; ready after the first round."""
-    first = True
+    """Poll every backend each ``health_checks.interval``. Each backend's answer is indexed
+    as soon as it comes, so one slow backend delays nobody else's models."""
+
+    async def check(backend: LocalBackend, timeout: float) -> None:
+        await check_backend(backend, pool, timeout)
+        registry.reindex()
+
+    task_status.started()
     while True:
-        check = get_config().timeouts.health_check
+        config = get_config().timeouts.health_check
         async with trio.open_nursery() as nursery:
             for backend in registry.backends:
-                nursery.start_soon(check_backend, backend, pool, check.timeout)
-        registry.reindex()
-        if first:
-            task_status.started()
-            first = False
-        await trio.sleep(check.interval)
+                nursery.start_soon(check, backend, config.timeout)
+        if not registry.ready.is_set():
+            registry.ready.set()
+            registry.reindex()  # wake waiters: the answer is now final
+        await trio.sleep(config.interval)

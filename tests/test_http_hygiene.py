@@ -1,0 +1,638 @@
+"""HTTP hygiene at the client edge (SPEC §6, §6.1): head and body limits, framing errors,
+unsupported versions, client deadlines, max_connections, and the graceful drain.
+
+Exact framing matters here, so most tests speak raw bytes over ``tests.client.connect``.
+Deadline tests run under a jumping MockClock (all I/O is loopback inside the process)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from proxy.connection import BODY_GAP_TIMEOUT, HEAD_TIMEOUT, IDLE_TIMEOUT
+from proxy.server import Gateway
+from tests.client import Client, chat_body, connect, request
+from tests.conftest import StartGateway, gateway_config, open_settings
+from tests.fakeupstream import (
+    FakeUpstream,
+    json_completion,
+    sse_events,
+    sse_stream,
+    stall_between_chunks,
+)
+
+T = 5  # real-time budget for any single wait in a real-clock test
+
+
+@pytest.fixture
+def jump_clock() -> trio.testing.MockClock:
+    """The autojump clock. Tests that use it talk over Unix sockets only: loopback TCP can
+    deliver a few ms late under load, and the clock could then jump past a deadline that the
+    pending bytes would have met; a Unix socket's bytes are in the peer's buffer when send
+    returns. pytest-trio uses any Clock fixture."""
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+# --------------------------------------------------------------------------- raw helpers
+
+
+class Raw:
+    """One raw connection: exact bytes out, a buffered reader of exact bytes in."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buf = bytearray()
+        self.eof = False
+
+    @classmethod
+    async def open(cls, address: str) -> Raw:
+        return cls(await connect(address))
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def _fill(self) -> bool:
+        if self.eof:
+            return False
+        try:
+            data = await self.stream.receive_some(65536)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""  # a reset counts as closed
+        if not data:
+            self.eof = True
+            return False
+        self.buf += data
+        return True
+
+    async def response(self) -> RawResponse:
+        """One response (status line, headers, Content-Length body); AssertionError on EOF."""
+        while b"\r\n\r\n" not in self.buf:
+            if not await self._fill():
+                raise AssertionError(f"connection closed before a response head: "
+                                     f"{bytes(self.buf)!r}")
+        end = self.buf.index(b"\r\n\r\n") + 4
+        head = bytes(self.buf[:end])
+        del self.buf[:end]
+        lines = head[:-4].split(b"\r\n")
+        version, code, *_ = lines[0].split(b" ", 2)
+        headers: list[tuple[str, str]] = []
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            headers.append((name.strip().lower().decode(), value.strip().decode()))
+        status = int(code)
+        length = 0
+        for name, value in headers:
+            if name == "content-length":
+                length = int(value)
+        if status < 200:
+            length = 0
+        while len(self.buf) < length:
+            if not await self._fill():
+                raise AssertionError(f"connection closed mid-body: {bytes(self.buf)!r}")
+        body = bytes(self.buf[:length])
+        del self.buf[:length]
+        return RawResponse(version, status, headers, body)
+
+    async def rest(self) -> bytes:
+        """Every byte until the peer closes the connection."""
+        while await self._fill():
+            pass
+        data = bytes(self.buf)
+        self.buf.clear()
+        return data
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+class RawResponse:
+    def __init__(self, version: bytes, status: int, headers: list[tuple[str, str]],
+                 body: bytes) -> None:
+        self.version = version
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    def __repr__(self) -> str:
+        return f"RawResponse({self.status}, {self.headers}, {self.body[:200]!r})"
+
+
+def assert_openai_error(body: bytes, code: str | None = None) -> dict[str, Any]:
+    doc = json.loads(body)
+    assert set(doc) == {"error"}, doc
+    err = doc["error"]
+    assert set(err) == {"message", "type", "code", "param"}, err
+    assert isinstance(err["message"], str)
+    assert err["message"]
+    assert isinstance(err["type"], str)
+    if code is not None:
+        assert err["code"] == code, err
+    return dict(err)
+
+
+async def exchange(address: str, data: bytes) -> tuple[RawResponse, bytes]:
+    """Send ``data``, read one response and then everything until the server closes."""
+    raw = await Raw.open(address)
+    try:
+        with trio.fail_after(T):
+            await raw.send(data)
+            resp = await raw.response()
+            rest = await raw.rest()
+    finally:
+        await raw.aclose()
+    return resp, rest
+
+
+async def assert_refused_with_close(address: str, data: bytes, status: int,
+                                    code: str | None = None) -> RawResponse:
+    """The request gets ``status`` with an OpenAI-shaped body, then the connection closes."""
+    raw = await Raw.open(address)
+    try:
+        with trio.fail_after(T):
+            await raw.send(data)
+            resp = await raw.response()
+            assert resp.status == status, resp
+            rest = await raw.rest()
+    finally:
+        await raw.aclose()
+    assert resp.header("content-type") == "application/json"
+    assert_openai_error(resp.body, code)
+    assert rest == b""  # closed right after the error, nothing more
+    return resp
+
+
+def chat_head(extra: bytes = b"", host: bytes = b"localhost") -> bytes:
+    return b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + host + b"\r\n" + extra
+
+
+# --------------------------------------------------------------------------- head limits
+
+
+async def test_incomplete_head_over_16k_is_431(upstream: FakeUpstream,
+                                               start_gateway: StartGateway,
+                                               transport: str) -> None:
+    gw = await start_gateway([("fake", upstream.url)])
+    # No blank line: the head is still incomplete when it passes 16 KiB.
+    data = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * (17 * 1024) + b"\r\n"
+    await assert_refused_with_close(gw.address(transport), data, 431,
+                                    "request_header_fields_too_large")
+
+
+async def test_complete_head_over_16k_is_431(upstream: FakeUpstream,
+                                             start_gateway: StartGateway,
+                                             transport: str) -> None:
+    gw = await start_gateway([("fake", upstream.url)])
+    # A complete head that arrives in one piece is just as much over the limit.
+    data = (b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * (17 * 1024)
+            + b"\r\n\r\n")
+    await assert_refused_with_close(gw.address(transport), data, 431,
+                                    "request_header_fields_too_large")
+
+
+async def test_more_than_100_header_lines_is_431(upstream: FakeUpstream,
+                                                 start_gateway: StartGateway,
+                                                 transport: str) -> None:
+    gw = await start_gateway([("fake", upstream.url)])
+    addr = gw.address(transport)
+    lines = b"".join(b"X-H%d: v\r\n" % i for i in range(100))  # + Host = 101 lines
+    await assert_refused_with_close(
+        addr, b"GET /health HTTP/1.1\r\nHost: localhost\r\n" + lines + b"\r\n", 431,
+        "request_header_fields_too_large")
+    # Exactly 100 lines is within the limit.
+    resp, _ = await exchange(addr, b"GET /health HTTP/1.1\r\nHost: localhost\r\n"
+                             + lines[: lines.index(b"X-H98")] + b"Connection: close\r\n\r\n")
+    assert resp.status == 200, resp
+
+
+# --------------------------------------------------------------------------- framing
+
+
+_CHAT = chat_body()
+FRAMING_CASES = {
+    # A valid chat body either way it is framed: only the double framing is wrong.
+    "te-and-cl": chat_head(b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           % len(_CHAT) + b"%x\r\n%b\r\n0\r\n\r\n" % (len(_CHAT), _CHAT)),
+    "cl-abc": chat_head(b"Content-Length: abc\r\n\r\nhello"),
+    "cl-conflict": chat_head(b"Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"),
+    "cl-conflict-list": chat_head(b"Content-Length: 5, 6\r\n\r\nhello!"),
+    "chunk-size-not-hex": chat_head(b"Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n"),
+}
+
+
+@pytest.mark.parametrize("case", list(FRAMING_CASES))
+async def test_bad_framing_is_400_and_nothing_is_forwarded(
+    case: str, upstream: FakeUpstream, start_gateway: StartGateway, transport: str
+) -> None:
+    upstream.on("POST", "/v1/chat/completions", json_completion())
+    gw = await start_gateway([("fake", upstream.url)])
+    await assert_refused_with_close(gw.address(transport), FRAMING_CASES[case], 400)
+    assert upstream.requests_to("/v1/chat/completions") == []
+
+
+# --------------------------------------------------------------------------- versions
+
+
+async def test_http2_preface_is_505_or_closed(upstream: FakeUpstream,
+                                              start_gateway: StartGateway,
+                                              transport: str) -> None:
+    gw = await start_gateway([("fake", upstream.url)])
+    raw = await Raw.open(gw.address(transport))
+    try:
+        with trio.fail_after(T):
+            await raw.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            data = await raw.rest()
+    finally:
+        await raw.aclose()
+    if data:  # either a 505 then close, or just a close
+        assert data.startswith(b"HTTP/1.1 505 "), data
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert b"content-type: application/json" in head.lower()
+        assert_openai_error(body, "http_version_not_supported")
+
+
+async def test_http3_request_line_is_505(upstream: FakeUpstream,
+                                         start_gateway: StartGateway, transport: str) -> None:
+    gw = await start_gateway([("fake", upstream.url)])
+    await assert_refused_with_close(gw.address(transport),
+                                    b"GET /health HTTP/3.0\r\nHost: localhost\r\n\r\n", 505,
+                                    "http_version_not_supported")
+
+
+# --------------------------------------------------------------------------- body limits
+
+
+async def test_content_length_over_limit_is_413_before_the_body(
+    upstream: FakeUpstream, start_gateway: StartGateway, transport: str
+) -> None:
+    upstream.on("POST", "/v1/chat/completions", json_completion())
+    gw = await start_gateway([("fake", upstream.url)], max_body_size=1024)
+    # Only the head is sent: the answer must not wait for the body.
+    resp = await assert_refused_with_close(
+        gw.address(transport), chat_head(b"Content-Length: 2000\r\n\r\n"), 413,
+        "request_too_large")
+    assert resp.header("connection") == "close"
+    # With Expect: 100-continue the refusal comes instead of the 100.
+    resp = await assert_refused_with_close(
+        gw.address(transport),
+        chat_head(b"Content-Length: 2000\r\nExpect: 100-continue\r\n\r\n"), 413,
+        "request_too_large")
+    assert upstream.requests_to("/v1/chat/completions") == []
+
+
+async def test_chunked_body_growing_over_limit_is_413(
+    upstream: FakeUpstream, start_gateway: StartGateway, transport: str
+) -> None:
+    upstream.on("POST", "/v1/chat/completions", json_completion())
+    gw = await start_gateway([("fake", upstream.url)], max_body_size=1024)
+    chunk = b"258\r\n" + b"x" * 600 + b"\r\n"  # 0x258 = 600
+    # Two chunks (1200 bytes) and no terminating chunk: the limit is hit mid-body.
+    await assert_refused_with_close(
+        gw.address(transport), chat_head(b"Transfer-Encoding: chunked\r\n\r\n" + chunk * 2),
+        413, "request_too_large")
+    assert upstream.requests_to("/v1/chat/completions") == []
+
+
+async def test_expect_100_continue(upstream: FakeUpstream, start_gateway: StartGateway,
+                                   transport: str) -> None:
+    upstream.on("POST", "/v1/chat/completions", json_completion("yes"))
+    gw = await start_gateway([("fake", upstream.url)])
+    body = chat_body()
+    raw = await Raw.open(gw.address(transport))
+    try:
+        with trio.fail_after(T):
+            await raw.send(chat_head(b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n"
+                                     % len(body)))
+            cont = await raw.response()
+            assert cont.version == b"HTTP/1.1"
+            assert cont.status == 100
+            await raw.send(body)
+            resp = await raw.response()
+    finally:
+        await raw.aclose()
+    assert resp.status == 200, resp
+    assert json.loads(resp.body)["choices"][0]["message"]["content"] == "yes"
+    assert upstream.requests_to("/v1/chat/completions")[0].body == body
+
+
+# --------------------------------------------------------------------------- Host handling
+
+
+async def test_http10_without_host_over_tcp(upstream: FakeUpstream,
+                                            start_gateway: StartGateway) -> None:
+    gw = await start_gateway([("fake", upstream.url)])
+    resp, rest = await exchange(gw.tcp, b"GET /health HTTP/1.0\r\n\r\n")
+    assert resp.status == 200, resp
+    assert json.loads(resp.body) == {"status": "ok"}
+    assert rest == b""  # HTTP/1.0 without keep-alive: closed after the answer
+
+
+async def test_odd_host_is_accepted_on_unix_socket(upstream: FakeUpstream,
+                                                   start_gateway: StartGateway) -> None:
+    gw = await start_gateway([("fake", upstream.url)])
+    raw = await Raw.open(gw.unix)
+    try:
+        with trio.fail_after(T):
+            await raw.send(b"GET /health HTTP/1.1\r\nHost: :39080\r\n\r\n")
+            resp = await raw.response()
+            assert resp.status == 200, resp
+            assert json.loads(resp.body) == {"status": "ok"}
+            # Still a keep-alive connection: a second request on it is served too.
+            await raw.send(b"GET /health HTTP/1.1\r\nHost: evil.example:39080\r\n\r\n")
+            assert (await raw.response()).status == 200
+    finally:
+        await raw.aclose()
+
+
+# --------------------------------------------------------------------------- deadlines
+
+
+async def test_half_head_gets_408_after_head_timeout(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+    start_gateway: StartGateway
+) -> None:
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    raw = await Raw.open(gw.unix)
+    try:
+        with trio.fail_after(HEAD_TIMEOUT + 20):
+            t0 = trio.current_time()
+            await raw.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
+            resp = await raw.response()
+            elapsed = trio.current_time() - t0
+            rest = await raw.rest()
+    finally:
+        await raw.aclose()
+    assert resp.status == 408, resp
+    assert_openai_error(resp.body, "request_timeout")
+    assert rest == b""
+    assert HEAD_TIMEOUT <= elapsed < HEAD_TIMEOUT + 1
+
+
+async def test_body_gap_over_30s_gets_408(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+    start_gateway: StartGateway
+) -> None:
+    unix_upstream.on("POST", "/v1/chat/completions", json_completion())
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    raw = await Raw.open(gw.unix)
+    try:
+        with trio.fail_after(BODY_GAP_TIMEOUT + 20):
+            await raw.send(chat_head(b"Content-Length: 100\r\n\r\n{\"model\":"))
+            t0 = trio.current_time()
+            resp = await raw.response()
+            elapsed = trio.current_time() - t0
+            rest = await raw.rest()
+    finally:
+        await raw.aclose()
+    assert resp.status == 408, resp
+    assert_openai_error(resp.body, "request_timeout")
+    assert rest == b""
+    assert BODY_GAP_TIMEOUT <= elapsed < BODY_GAP_TIMEOUT + 1
+    assert unix_upstream.requests_to("/v1/chat/completions") == []
+
+
+async def test_slow_body_with_short_gaps_is_accepted(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+    start_gateway: StartGateway
+) -> None:
+    unix_upstream.on("POST", "/v1/chat/completions", json_completion())
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    body = chat_body()
+    raw = await Raw.open(gw.unix)
+    try:
+        with trio.fail_after(200):
+            await raw.send(chat_head(b"Content-Length: %d\r\n\r\n" % len(body)))
+            for i in range(0, len(body), 20):  # every gap is under 30 s, the sum is not
+                await trio.sleep(BODY_GAP_TIMEOUT - 5)
+                await raw.send(body[i:i + 20])
+            resp = await raw.response()
+    finally:
+        await raw.aclose()
+    assert resp.status == 200, resp
+    assert unix_upstream.requests_to("/v1/chat/completions")[0].body == body
+
+
+async def test_idle_keep_alive_connection_is_closed_after_60s(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+    start_gateway: StartGateway
+) -> None:
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    raw = await Raw.open(gw.unix)
+    try:
+        with trio.fail_after(IDLE_TIMEOUT + 20):
+            await raw.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert (await raw.response()).status == 200
+            t0 = trio.current_time()
+            rest = await raw.rest()
+            elapsed = trio.current_time() - t0
+    finally:
+        await raw.aclose()
+    assert rest == b""  # a plain close, no response bytes
+    assert IDLE_TIMEOUT <= elapsed < IDLE_TIMEOUT + 1
+
+
+async def test_fresh_connection_without_request_is_closed_after_60s(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+    start_gateway: StartGateway
+) -> None:
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    raw = await Raw.open(gw.unix)
+    try:
+        with trio.fail_after(IDLE_TIMEOUT + 20):
+            t0 = trio.current_time()
+            rest = await raw.rest()
+            elapsed = trio.current_time() - t0
+    finally:
+        await raw.aclose()
+    assert rest == b""
+    assert IDLE_TIMEOUT <= elapsed < IDLE_TIMEOUT + 1
+
+
+async def test_next_request_at_59s_is_served(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+    start_gateway: StartGateway
+) -> None:
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    client = await Client.open(gw.unix)
+    try:
+        with trio.fail_after(200):
+            assert (await client.request("GET", "/health")).status == 200
+            await trio.sleep(IDLE_TIMEOUT - 1)
+            assert (await client.request("GET", "/health")).status == 200
+            await trio.sleep(IDLE_TIMEOUT - 1)  # the idle clock restarted with that request
+            assert (await client.request("GET", "/health")).status == 200
+    finally:
+        await client.aclose()
+
+
+# --------------------------------------------------------------------------- max_connections
+
+
+async def _wait_for_connection_count(gw: Any, count: int) -> None:
+    # Loopback delivery is asynchronous in the kernel: poll rather than assume.
+    for _ in range(2000):
+        if gw.gateway.ctx.connection_count == count:
+            return
+        await trio.sleep(0.001)
+    raise AssertionError(f"connection_count stayed {gw.gateway.ctx.connection_count}")
+
+
+async def test_max_connections(upstream: FakeUpstream, start_gateway: StartGateway,
+                               transport: str) -> None:
+    gw = await start_gateway([("fake", upstream.url)], max_connections=2)
+    addr = gw.address(transport)
+    first = await Raw.open(addr)
+    second = await Raw.open(addr)
+    try:
+        with trio.fail_after(T):
+            await _wait_for_connection_count(gw, 2)
+            third = await Raw.open(addr)
+            try:
+                resp = await third.response()
+                rest = await third.rest()
+            finally:
+                await third.aclose()
+            assert resp.status == 503, resp
+            assert resp.header("connection") == "close"
+            assert_openai_error(resp.body, "server_overloaded")
+            assert rest == b""
+            # The two idle connections are untouched: the first is still served.
+            await first.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert (await first.response()).status == 200
+            await first.aclose()
+            await _wait_for_connection_count(gw, 1)  # the gateway saw the close
+            reply = await request(addr, "GET", "/health")
+            assert reply.status == 200
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+# --------------------------------------------------------------------------- routing errors
+
+
+async def test_unknown_path_and_wrong_method(upstream: FakeUpstream,
+                                             start_gateway: StartGateway,
+                                             transport: str) -> None:
+    gw = await start_gateway([("fake", upstream.url)])
+    raw = await Raw.open(gw.address(transport))
+    try:
+        with trio.fail_after(T):
+            await raw.send(b"GET /nope HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            resp = await raw.response()
+            assert resp.status == 404, resp
+            assert_openai_error(resp.body, "not_found")
+            # Same connection: these are not framing errors, keep-alive goes on.
+            await raw.send(b"DELETE /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            resp = await raw.response()
+            assert resp.status == 405, resp
+            assert resp.header("allow") == "GET"
+            assert_openai_error(resp.body, "method_not_allowed")
+            await raw.send(b"GET /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            resp = await raw.response()
+            assert resp.status == 405, resp
+            assert resp.header("allow") == "POST"
+            assert_openai_error(resp.body, "method_not_allowed")
+    finally:
+        await raw.aclose()
+
+
+# --------------------------------------------------------------------------- graceful drain
+
+
+async def _run_to_end(gateway: Gateway, ended: trio.Event, *,
+                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    try:
+        await gateway.run(task_status=task_status)
+    finally:
+        ended.set()
+
+
+@pytest.fixture
+async def own_gateway(short_tmp: Path) -> AsyncIterator[Any]:
+    """Start a Gateway in a nursery of the test's own, so the test can see ``run`` return."""
+    async with trio.open_nursery() as nursery:
+
+        async def start(backends: list[tuple[str, str]], drain_timeout: float,
+                        **options: Any) -> tuple[Gateway, trio.Event]:
+            cfg = gateway_config(backends, socket_dir=short_tmp / "s", **options)
+            gateway = Gateway(open_settings(short_tmp / "data", cfg),
+                              drain_timeout=drain_timeout)
+            ended = trio.Event()
+            await nursery.start(_run_to_end, gateway, ended)
+            return gateway, ended
+
+        yield start
+        nursery.cancel_scope.cancel()
+
+
+async def test_shutdown_lets_a_running_stream_finish(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream, own_gateway: Any
+) -> None:
+    events = sse_events(6)
+    unix_upstream.on("POST", "/v1/chat/completions", sse_stream(events, gap=1.0))
+    gateway, ended = await own_gateway([("fake", unix_upstream.url)], drain_timeout=30)
+    socket_path = Path(gateway.ctx.socket_path)
+    tcp = f"127.0.0.1:{gateway.ctx.tcp_port}"
+    assert await trio.Path(socket_path).exists()
+    client = await Client.open(tcp)
+    try:
+        with trio.fail_after(60):
+            await client.send_request("POST", "/v1/chat/completions", chat_body(stream=True))
+            head = await client.read_head()
+            assert head.status_code == 200
+            t0 = trio.current_time()
+            gateway.shutdown()
+            await trio.sleep(0.1)  # the stream is still running (gap=1)
+            with pytest.raises(OSError, match="connect"):
+                await connect(tcp)
+            with pytest.raises(FileNotFoundError):
+                await connect(f"unix:{socket_path}")
+            assert not await trio.Path(socket_path).exists()
+            reply = await client.read_reply(head)
+            assert trio.current_time() - t0 < len(events)  # not the drain deadline
+            await ended.wait()
+    finally:
+        await client.aclose()
+    assert reply.complete
+    assert reply.body == b"".join(events)
+    assert not await trio.Path(socket_path).exists()
+
+
+async def test_shutdown_cancels_a_stalled_stream_at_the_drain_deadline(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream, own_gateway: Any
+) -> None:
+    events = sse_events(4)
+    unix_upstream.on("POST", "/v1/chat/completions", stall_between_chunks(1, events))
+    gateway, ended = await own_gateway([("fake", unix_upstream.url)], drain_timeout=1)
+    socket_path = Path(gateway.ctx.socket_path)
+    client = await Client.open(f"unix:{socket_path}")
+    try:
+        with trio.fail_after(60):
+            await client.send_request("POST", "/v1/chat/completions", chat_body(stream=True))
+            head = await client.read_head()
+            assert head.status_code == 200
+            t0 = trio.current_time()
+            gateway.shutdown()
+            reply = await client.read_reply(head)
+            elapsed = trio.current_time() - t0
+            await ended.wait()  # gateway.run returned
+            conn_id = unix_upstream.requests_to("/v1/chat/completions")[0].conn_id
+            await unix_upstream.wait_connection_closed(conn_id)
+    finally:
+        await client.aclose()
+    assert not reply.complete  # cut off: no terminating chunk
+    assert reply.body == events[0]
+    assert 1 <= elapsed < 2
+    assert not await trio.Path(socket_path).exists()
