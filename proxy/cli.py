@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
@@ -19,11 +20,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", help="data folder (default: $SLUICE_DATA_DIR, "
                        "$XDG_DATA_HOME/sluice or ~/.local/share/sluice)")
     serve.add_argument("--config", help="config file instead of <data dir>/config.yaml")
+    serve.add_argument("--demo", action="store_true",
+                       help="also serve the demo model smollm2-135m (downloaded on first use)")
     serve.add_argument("--log-level", default="INFO",
                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     check = sub.add_parser("check-config", help="validate the config file")
     check.add_argument("--data-dir", help="data folder holding config.yaml")
     check.add_argument("--config", help="config file to check")
+    status = sub.add_parser("status", help="show the running gateway's state")
+    status.add_argument("--data-dir", help="data folder of the gateway")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
     return parser
 
 
@@ -36,6 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = getattr(args, "config", None)
     if command == "check-config":
         return check_config(Path(config) if config else data_dir / "config.yaml")
+    if command == "status":
+        from proxy.status import status_main
+
+        return status_main(data_dir, args.json)
     logging.basicConfig(
         level=getattr(args, "log_level", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -48,6 +58,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"sluice: cannot use data folder {data_dir}: {exc}", file=sys.stderr)
         return 2
+    extra = []
+    if getattr(args, "demo", False):
+        from proxy.demo import DemoError, demo_model_config, ensure_demo_model
+        from proxy.models.launcher import INSTALL_HINT
+
+        if importlib.util.find_spec("xllamacpp") is None:
+            print(f"sluice: --demo: {INSTALL_HINT}", file=sys.stderr)
+            return 2
+        try:
+            ensure_demo_model(settings.data_dir)
+        except (DemoError, OSError) as exc:
+            print(f"sluice: cannot prepare the demo model: {exc}", file=sys.stderr)
+            return 2
+        extra.append(demo_model_config())
     from proxy.server import serve
 
-    return serve(settings)
+    return serve(settings, extra)

@@ -11,6 +11,7 @@ from proxy.pool.backends import BackendRegistry
 from proxy.upstream import UpstreamPool
 
 if TYPE_CHECKING:
+    from proxy.models.supervisor import Supervisor
     from proxy.settings import Settings
 
 
@@ -23,7 +24,9 @@ class GatewayContext:
         self.idle_scopes: set[trio.CancelScope] = set()  # connections waiting for a request
         self.connection_count = 0
         self.socket_path: str | None = None
+        self.local_tcp_port: int | None = None  # the local listener when no socket folder works
         self.tcp_port: int | None = None
+        self.supervisor: Supervisor | None = None
 
     def __repr__(self) -> str:
         return (f"GatewayContext(connections={self.connection_count}, "

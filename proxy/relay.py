@@ -146,6 +146,9 @@ class Relay:
         else:
             total, total_limit = timeouts.request.standard.total, "timeouts.request.standard.total"
         address = self.backend.address
+        if address is None:  # a managed server that died a moment ago
+            raise UpstreamFailure(f"model server {self.backend.name} is restarting",
+                                  connect=True)
         with trio.CancelScope() as scope:
             deadline = Deadline(scope, trio.current_time() + total, total_limit, total)
 

@@ -5,13 +5,17 @@ drain deadline, then cancel them; remove the socket file."""
 from __future__ import annotations
 
 import errno
+import importlib.util
+import json
 import logging
 import os
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 import trio
 
+from protocol.config import ModelConfig
 from protocol.errors import overloaded
 from proxy.connection import ClientConnection
 from proxy.context import GatewayContext
@@ -23,28 +27,42 @@ from proxy.listeners import (
     open_tcp_listener,
     open_unix_listener,
 )
+from proxy.models.launcher import INSTALL_HINT
+from proxy.models.supervisor import Supervisor
 from proxy.pool.backends import BackendRegistry, run_health_checks
 from proxy.settings import Settings
 from proxy.upstream import UpstreamPool
 
 log = logging.getLogger("sluice.server")
 
+STATE_FILE = "state.json"  # where the running gateway listens (for the CLI)
 DRAIN_TIMEOUT = 30.0  # seconds running answers get to finish after a stop signal
 _ACCEPT_RETRY = 0.1  # pause after EMFILE and friends before accepting again
 _REFUSE_DRAIN = 64 * 1024  # request bytes read (and dropped) from a refused connection
 _FD_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
+class StartupError(Exception):
+    """The gateway cannot start; the message says why (exit code 2)."""
+
+
 class Gateway:
-    def __init__(self, settings: Settings, *, drain_timeout: float = DRAIN_TIMEOUT) -> None:
+    def __init__(self, settings: Settings, *, drain_timeout: float = DRAIN_TIMEOUT,
+                 extra_models: Sequence[ModelConfig] = ()) -> None:
         self.settings = settings
         self.drain_timeout = drain_timeout
         self.pool = UpstreamPool()
         self.backends = BackendRegistry(settings.config.backends, settings.secrets.backend_keys)
         self.ctx = GatewayContext(settings, self.pool, self.backends)
+        configured = {m.name for m in settings.config.models}
+        self.models = [*settings.config.models,
+                       *(m for m in extra_models if m.name not in configured)]
+        if self.models and importlib.util.find_spec("xllamacpp") is None:
+            raise StartupError(INSTALL_HINT)
         self._stop = trio.Event()
         self._drained = trio.Event()
         self._socket_path: Path | None = None
+        self._state_file = settings.data_dir / STATE_FILE
 
     def __repr__(self) -> str:
         return f"Gateway(socket={self.ctx.socket_path}, port={self.ctx.tcp_port}, {self.ctx!r})"
@@ -60,6 +78,13 @@ class Gateway:
             async with trio.open_nursery() as background:
                 if handle_signals:
                     background.start_soon(self._watch_signals, background.cancel_scope)
+                if self.models:
+                    supervisor = Supervisor(
+                        self.models, self.settings.data_dir,
+                        None if self._socket_path is None else self._socket_path.parent,
+                        self.backends, self.pool)
+                    self.ctx.supervisor = supervisor
+                    background.start_soon(supervisor.run)
                 # Requests that come before a backend's first check wait for it
                 # (BackendRegistry.wait_for_holder), so the first request finds its model.
                 await background.start(run_health_checks, self.backends, self.pool,
@@ -86,6 +111,7 @@ class Gateway:
                 listener.socket.close()
             self.pool.close()
             self._remove_socket()
+            self._state_file.unlink(missing_ok=True)
         log.info("stopped")
 
     async def _watch_signals(self, everything: trio.CancelScope) -> None:
@@ -119,8 +145,9 @@ class Gateway:
             else:
                 listener = await open_tcp_listener("127.0.0.1", cfg.local.fallback_port)
                 out.append((listener, "local-tcp"))
+                self.ctx.local_tcp_port = bound_port(listener)
                 log.warning("no socket folder works: local listener on 127.0.0.1:%d",
-                            bound_port(listener))
+                            self.ctx.local_tcp_port)
             if cfg.api.enabled:
                 listener = await open_tcp_listener("127.0.0.1", cfg.api.port)
                 self.ctx.tcp_port = bound_port(listener)
@@ -134,7 +161,16 @@ class Gateway:
         if self.ctx.tcp_port is not None:
             where.append(f"http://127.0.0.1:{self.ctx.tcp_port}")
         log.info("sluice listening on %s", " and ".join(where))
+        self._write_state()
         return out
+
+    def _write_state(self) -> None:
+        """Where this gateway listens, for the CLI (``sluice status``) to find it."""
+        state = {"pid": os.getpid(), "socketPath": self.ctx.socket_path,
+                 "localTcpPort": self.ctx.local_tcp_port, "tcpPort": self.ctx.tcp_port}
+        tmp = self._state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self._state_file)
 
     def _remove_socket(self) -> None:
         path, self._socket_path = self._socket_path, None
@@ -186,12 +222,12 @@ class Gateway:
         stream.socket.close()
 
 
-def serve(settings: Settings) -> int:
+def serve(settings: Settings, extra_models: Sequence[ModelConfig] = ()) -> int:
     """Run the gateway until a stop signal; the process exit code."""
-    gateway = Gateway(settings)
     try:
+        gateway = Gateway(settings, extra_models=extra_models)
         trio.run(lambda: gateway.run(handle_signals=True))
-    except ListenerError as exc:
+    except (ListenerError, StartupError) as exc:
         log.error("%s", exc)
         return 2
     return 0

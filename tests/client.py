@@ -124,3 +124,17 @@ def chat_body(model: str = "fake-model", stream: bool = False, **extra: Any) -> 
     doc = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
     doc.update(extra)
     return json.dumps(doc).encode()
+
+
+async def read_events(client: Client, count: int) -> bytes:
+    """Body bytes of a streamed reply (after its head) until ``count`` SSE events are in."""
+    got = b""
+    while got.count(b"\n\n") < count:
+        event = client.h11.next_event()
+        if event is h11.NEED_DATA:
+            client.h11.receive_data(await client.stream.receive_some(65536))
+        elif isinstance(event, h11.Data):
+            got += event.data
+        else:
+            raise AssertionError(f"stream ended early: {event!r}")
+    return got

@@ -6,11 +6,10 @@ from __future__ import annotations
 import socket
 import struct
 
-import h11
 import pytest
 import trio
 
-from tests.client import Client, chat_body, request
+from tests.client import Client, chat_body, read_events, request
 from tests.conftest import StartGateway, inject_backend
 from tests.fakeupstream import (
     FakeUpstream,
@@ -55,22 +54,16 @@ PHASES: dict[str, tuple[Handler, bool, int]] = {
 @pytest.mark.parametrize("abrupt", [False, True], ids=["close", "reset"])
 async def test_disconnect_cancels_upstream(phase: str, abrupt: bool, upstream: FakeUpstream,
                                            start_gateway: StartGateway, transport: str) -> None:
-    handler, stream, read_events = PHASES[phase]
+    handler, stream, events_before_close = PHASES[phase]
     upstream.on("POST", CHAT, handler)
     gw = await start_gateway([("fake", upstream.url)])
     client = await Client.open(gw.address(transport))
     await client.send_request("POST", CHAT, chat_body(stream=stream))
     conn_id = await wait_for_request(upstream, CHAT)
-    if read_events:
+    if events_before_close:
         with trio.fail_after(5):
             await client.read_head()
-            got = b""
-            while got.count(b"\n\n") < read_events:
-                event = client.h11.next_event()
-                if event is h11.NEED_DATA:
-                    client.h11.receive_data(await client.stream.receive_some(65536))
-                elif isinstance(event, h11.Data):
-                    got += event.data
+            await read_events(client, events_before_close)
     await trio.sleep(0.02)  # let the gateway settle into waiting
     closed = trio.current_time()
     if abrupt:

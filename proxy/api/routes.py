@@ -34,10 +34,43 @@ def get_model(ctx: GatewayContext, path: str) -> tuple[int, Any]:
                       code="model_not_found", param="model")
 
 
+def inference_status(ctx: GatewayContext, path: str) -> tuple[int, Any]:
+    """SPEC §8: what is loaded and where the gateway listens, plus each local backend and
+    managed model server (state, pid, address, restarts)."""
+    kinds: dict[str, list[str]] = {"llm": [], "diffusion": [], "embedding": []}
+    loaded: list[str] = []
+    backends = []
+    for backend in ctx.backends.backends:
+        live = backend.online and backend.address is not None
+        ids = [m["id"] for m in backend.models] if live else []
+        for model_id in ids:
+            if model_id not in loaded:
+                loaded.append(model_id)
+                kinds.setdefault(backend.kind, []).append(model_id)
+        backends.append({"name": backend.name, "kind": backend.kind, "online": live,
+                         "models": ids, "lastError": backend.last_error})
+    body: dict[str, Any] = {
+        "available": bool(loaded),
+        "routerRunning": True,
+        "routerPort": ctx.tcp_port,
+        "loadedModels": loaded,
+        "llmModels": kinds["llm"],
+        "diffusionModels": kinds["diffusion"],
+    }
+    if ctx.socket_path is not None:
+        body["socketPath"] = ctx.socket_path
+    else:
+        body["localTcp"] = f"127.0.0.1:{ctx.local_tcp_port}"
+    body["backends"] = backends
+    body["managedModels"] = ctx.supervisor.status() if ctx.supervisor else []
+    return 200, body
+
+
 ROUTES: dict[str, dict[bytes, Handler]] = {
     "/health": {b"GET": health},
     "/v1/models": {b"GET": list_models},
     "/api/v1/inference/models": {b"GET": list_models},
+    "/api/v1/inference/status": {b"GET": inference_status},
 }
 
 NEEDS_MODELS: frozenset[Handler] = frozenset({list_models, get_model})

@@ -20,11 +20,15 @@ log = logging.getLogger("sluice.backends")
 class LocalBackend:
     """One configured local model server and what its last health check found."""
 
-    def __init__(self, cfg: BackendConfig, api_key: str | None) -> None:
+    def __init__(self, cfg: BackendConfig, api_key: str | None, *,
+                 pinned_model: str | None = None) -> None:
         self.name = cfg.name
         self.kind = cfg.kind
         self.url = cfg.url
-        self.address: UpstreamAddress = parse_upstream_url(cfg.url)
+        # None while a managed server is down: then it is neither polled nor routed to.
+        self.address: UpstreamAddress | None = parse_upstream_url(cfg.url) if cfg.url else None
+        # A managed llama.cpp server answers to any model id; it serves exactly this one.
+        self.pinned_model = pinned_model
         self.served_by = f"local:{cfg.name}".encode()
         self._api_key = api_key
         self.models: list[dict[str, Any]] = []
@@ -37,7 +41,8 @@ class LocalBackend:
         return self._api_key
 
     def __repr__(self) -> str:  # never shows the key
-        return (f"LocalBackend({self.name!r}, {self.address.key}, online={self.online}, "
+        where = self.address.key if self.address is not None else "down"
+        return (f"LocalBackend({self.name!r}, {where}, online={self.online}, "
                 f"models={[m['id'] for m in self.models]})")
 
 
@@ -49,6 +54,7 @@ class BackendRegistry:
         self._by_model: dict[str, LocalBackend] = {}
         self.on_change: Callable[[], None] = lambda: None
         self.ready = trio.Event()  # every backend has been checked once
+        self.starting: set[str] = set()  # models of managed servers on their first start
         self._changed = trio.Event()  # replaced on every reindex
 
     def __repr__(self) -> str:
@@ -60,19 +66,23 @@ class BackendRegistry:
     async def wait_for_holder(self, model: str) -> LocalBackend | None:
         """Like holder_of, but right after start waits for the backends' first checks (each
         bounded by the health-check timeout) before saying nobody holds the model."""
-        while (backend := self._by_model.get(model)) is None and not self.ready.is_set():
+        while (backend := self._by_model.get(model)) is None and (
+                not self.ready.is_set() or model in self.starting):
             await self._changed.wait()
         return backend
 
+    def add(self, backend: LocalBackend) -> None:
+        self.backends.append(backend)
+        self.reindex()
+
     def model_entries(self) -> list[dict[str, Any]]:
         return merge_model_lists(
-            (b.name, b.models) for b in self.backends if b.online
-        )
+            (b.name, b.models) for b in self.backends if b.online and b.address is not None)
 
     def reindex(self) -> None:
         index: dict[str, LocalBackend] = {}
         for backend in self.backends:  # config order: the first holder wins
-            if backend.online:
+            if backend.online and backend.address is not None:
                 for entry in backend.models:
                     index.setdefault(entry["id"], backend)
         self._by_model = index
@@ -81,19 +91,29 @@ class BackendRegistry:
         self.on_change()
 
 
+def pin(models: list[dict[str, Any]], pinned: str | None) -> list[dict[str, Any]]:
+    """The model list of a managed server: exactly its configured id, whatever it reports."""
+    if pinned is None:
+        return models
+    reported = models[0] if models else {}
+    return [{**reported, "id": pinned}]
+
+
 async def check_backend(backend: LocalBackend, pool: UpstreamPool, timeout: float) -> None:
     """Fetch the backend's ``/v1/models`` within ``timeout``; record online state and models."""
+    address = backend.address
+    if address is None:
+        return
     started = trio.current_time()
     error: str | None = None
     models: list[dict[str, Any]] = []
     with trio.move_on_after(timeout) as scope:
         try:
-            status, body = await fetch(pool, backend.address, b"/v1/models",
-                                       api_key=backend.api_key)
+            status, body = await fetch(pool, address, b"/v1/models", api_key=backend.api_key)
             if status != 200:
                 error = f"GET /v1/models answered {status}"
             else:
-                models = parse_model_list(body)
+                models = pin(parse_model_list(body), backend.pinned_model)
         except UpstreamFailure as exc:
             error = str(exc)
         except ValueError as exc:

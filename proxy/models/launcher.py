@@ -1,0 +1,89 @@
+"""Runs one llama.cpp server (the ``xllamacpp`` wheel) in this process.
+
+``python -m proxy.models.launcher --model PATH --alias ID --listen ADDR ...`` where ADDR is a
+``*.sock`` path or ``127.0.0.1:PORT`` (port 0 = any free one). It prints one line,
+``listening <url>``, on stdout once the server accepts connections, then waits for SIGTERM or
+SIGINT and exits 0. llama.cpp's own log goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+INSTALL_HINT = ("llama.cpp support is not installed: run  pip install 'sluice[llama]'  "
+                "(or scripts/serve, which installs it)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m proxy.models.launcher")
+    parser.add_argument("--model", required=True, help="path of the GGUF file")
+    parser.add_argument("--alias", required=True, help="the model id to serve")
+    parser.add_argument("--listen", required=True, help="a *.sock path or 127.0.0.1:PORT")
+    parser.add_argument("--context", type=int, default=2048)
+    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="0 = all cores")
+    return parser
+
+
+def listen_url(address: str) -> str:
+    """The URL sluice uses to reach what llama.cpp reports as its listening address."""
+    if address.startswith("unix://"):
+        return "unix:" + address[len("unix://"):]
+    return address
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM us if the gateway dies without stopping us (no orphans)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the supervisor's stop still applies
+        pass
+    if os.getppid() == 1:  # the parent is already gone
+        raise SystemExit(0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _die_with_parent()
+    try:
+        import xllamacpp
+    except ImportError:
+        print(INSTALL_HINT, file=sys.stderr)
+        return 3
+    params = xllamacpp.CommonParams()
+    params.model.path = args.model
+    params.model_alias = {args.alias}
+    if args.listen.endswith(".sock"):
+        params.hostnames = [args.listen]
+    else:
+        host, _, port = args.listen.rpartition(":")
+        params.hostnames = [host]
+        params.port = int(port)
+    params.n_ctx = args.context
+    params.n_parallel = args.parallel
+    threads = args.threads or (os.cpu_count() or 1)
+    params.cpuparams.n_threads = threads
+    params.cpuparams_batch.n_threads = threads
+    # Block the stop signals before llama.cpp starts its threads (they inherit the mask), so
+    # they are taken here by sigwait and not by whichever thread the kernel picks.
+    stop = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    server = xllamacpp.Server(params)  # returns once it listens
+    print(f"listening {listen_url(server.listening_address)}", flush=True)
+    signal.sigwait(stop)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # llama.cpp's worker threads are not joinable from Python; leave at once and cleanly.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

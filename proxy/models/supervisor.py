@@ -1,0 +1,271 @@
+"""Starts, watches, restarts and stops the managed llama.cpp servers (``models:``).
+
+Each model runs as a child process (:mod:`proxy.models.launcher`) listening on
+``<socket dir>/m-<name>.sock`` — or on a loopback TCP port when that path would be too long or
+no socket folder works. Once its ``/health`` answers it becomes a local backend serving exactly
+its configured model id; when it dies the model is unavailable until the restart (exponential
+back-off) has it healthy again. On shutdown: SIGTERM, then SIGKILL after a deadline.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from protocol.config import BackendConfig, ModelConfig
+from protocol.upstream_url import parse_upstream_url
+from proxy.listeners import MAX_SOCKET_PATH
+from proxy.models.logs import RotatingLog
+from proxy.pool.backends import BackendRegistry, LocalBackend
+from proxy.upstream import UpstreamFailure, UpstreamPool, fetch
+
+log = logging.getLogger("sluice.models")
+
+START_TIMEOUT = 120.0  # a server must load its model and answer /health within this
+HEALTH_POLL = 0.1  # seconds between /health tries while starting
+STOP_TIMEOUT = 10.0  # SIGTERM grace before SIGKILL
+BACKOFF_FIRST = 1.0
+BACKOFF_MAX = 60.0
+STABLE_AFTER = 60.0  # a server that ran this long restarts with the first back-off again
+
+
+class ModelState(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    BACKOFF = "backoff"  # died; waiting to restart
+    STOPPED = "stopped"
+
+
+def next_backoff(previous: float | None, ran_for: float) -> float:
+    """Seconds to wait before the next start: doubling, capped, reset after a stable run."""
+    if previous is None or ran_for >= STABLE_AFTER:
+        return BACKOFF_FIRST
+    return min(previous * 2, BACKOFF_MAX)
+
+
+def socket_file_name(model: str) -> str:
+    return "m-" + re.sub(r"[^A-Za-z0-9._-]", "_", model) + ".sock"
+
+
+def remove_stale_socket(path: Path) -> None:
+    """llama.cpp leaves its socket file behind, and a stale one makes the next bind fail.
+    Only a socket is ever removed."""
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class ManagedModel:
+    def __init__(self, cfg: ModelConfig, data_dir: Path, socket_dir: Path | None) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        model_path = Path(cfg.path)
+        self.model_path = model_path if model_path.is_absolute() else data_dir / model_path
+        self.log_path = data_dir / "logs" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', cfg.name)}.log"
+        self.socket_path: Path | None = None
+        if socket_dir is not None:
+            candidate = socket_dir / socket_file_name(cfg.name)
+            if len(os.fsencode(candidate)) <= MAX_SOCKET_PATH:
+                self.socket_path = candidate
+        self.state = ModelState.STOPPED
+        self.pid: int | None = None
+        self.url: str | None = None
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.backend = LocalBackend(BackendConfig(name=cfg.name, url="", kind="llm"), None,
+                                    pinned_model=cfg.name)
+
+    def __repr__(self) -> str:
+        return (f"ManagedModel({self.name!r}, {self.state.value}, pid={self.pid}, "
+                f"url={self.url}, restarts={self.restarts})")
+
+    @property
+    def listen_arg(self) -> str:
+        return os.fspath(self.socket_path) if self.socket_path else "127.0.0.1:0"
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "pid": self.pid,
+            "address": self.url,
+            "transport": None if self.url is None else
+            ("unix" if self.url.startswith("unix:") else "tcp"),
+            "restarts": self.restarts,
+            "lastError": self.last_error,
+            "log": os.fspath(self.log_path),
+        }
+
+    def command(self) -> list[str]:
+        cfg = self.cfg
+        return [sys.executable, "-m", "proxy.models.launcher",
+                "--model", os.fspath(self.model_path), "--alias", cfg.name,
+                "--listen", self.listen_arg, "--context", str(cfg.context),
+                "--parallel", str(cfg.parallel), "--threads", str(cfg.threads)]
+
+
+class Supervisor:
+    def __init__(self, models: Sequence[ModelConfig], data_dir: Path, socket_dir: Path | None,
+                 registry: BackendRegistry, pool: UpstreamPool) -> None:
+        self.models = [ManagedModel(cfg, data_dir, socket_dir) for cfg in models]
+        self.registry = registry
+        self.pool = pool
+        for model in self.models:
+            registry.starting.add(model.name)
+            registry.add(model.backend)
+
+    def __repr__(self) -> str:
+        return f"Supervisor({self.models!r})"
+
+    def status(self) -> list[dict[str, Any]]:
+        return [m.status() for m in self.models]
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for model in self.models:
+                nursery.start_soon(self._supervise, model)
+
+    async def _supervise(self, model: ManagedModel) -> None:
+        backoff: float | None = None
+        try:
+            while True:
+                started = trio.current_time()
+                await self._run_once(model)
+                self._first_start_over(model)
+                backoff = next_backoff(backoff, trio.current_time() - started)
+                model.state = ModelState.BACKOFF
+                log.warning("model server %s is down (%s); restarting in %gs", model.name,
+                            model.last_error, backoff)
+                await trio.sleep(backoff)
+                model.restarts += 1
+        finally:
+            model.state = ModelState.STOPPED
+            self._first_start_over(model)
+
+    def _first_start_over(self, model: ManagedModel) -> None:
+        if model.name in self.registry.starting:
+            self.registry.starting.discard(model.name)
+            self.registry.reindex()
+
+    def _set_down(self, model: ManagedModel) -> None:
+        model.backend.address = None
+        model.backend.online = False
+        model.backend.last_error = model.last_error
+        model.backend.models = []
+        model.pid = None
+        model.url = None
+        self.registry.reindex()
+
+    async def _run_once(self, model: ManagedModel) -> None:
+        """Start the server, serve until it dies (or we are cancelled, then stop it)."""
+        model.state = ModelState.STARTING
+        if not model.model_path.is_file():
+            model.last_error = f"model file not found: {model.model_path}"
+            return
+        if model.socket_path is not None:
+            remove_stale_socket(model.socket_path)
+        logfile = RotatingLog(model.log_path)
+        proc = await trio.lowlevel.open_process(
+            model.command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True)
+        model.pid = proc.pid
+        try:
+            async with trio.open_nursery() as nursery:
+                assert proc.stderr is not None
+                nursery.start_soon(_pump, proc.stderr, logfile)
+                with trio.move_on_after(START_TIMEOUT) as starting:
+                    url = await self._wait_until_healthy(model, proc)
+                if starting.cancelled_caught:
+                    url = None
+                    model.last_error = f"did not become healthy within {START_TIMEOUT:g}s"
+                if url is not None:
+                    self._set_running(model, url)
+                    await proc.wait()
+                    model.last_error = f"exited with status {proc.returncode}"
+                else:
+                    await _stop(proc)
+                    tail = logfile.tail(3)
+                    if tail and model.last_error and model.last_error.startswith("exited"):
+                        model.last_error += f": {tail}"
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await _stop(proc)
+                self._set_down(model)
+                logfile.close()
+                if model.socket_path is not None:
+                    remove_stale_socket(model.socket_path)
+
+    async def _wait_until_healthy(self, model: ManagedModel,
+                                  proc: trio.Process) -> str | None:
+        """The server's URL once it listens and /health says ok; None if it exits first."""
+        assert proc.stdout is not None
+        line = await _read_line(proc.stdout)
+        if not line.startswith("listening "):
+            await proc.wait()
+            model.last_error = f"exited with status {proc.returncode} before listening"
+            return None
+        url = line[len("listening "):].strip()
+        address = parse_upstream_url(url)
+        while proc.poll() is None:
+            try:
+                status, _ = await fetch(self.pool, address, b"/health")
+                if status == 200:
+                    return url
+            except UpstreamFailure:
+                pass
+            await trio.sleep(HEALTH_POLL)
+        model.last_error = f"exited with status {proc.returncode} while loading"
+        return None
+
+    def _set_running(self, model: ManagedModel, url: str) -> None:
+        model.url = url
+        model.state = ModelState.RUNNING
+        model.last_error = None
+        backend = model.backend
+        backend.address = parse_upstream_url(url)
+        backend.url = url
+        backend.online = True
+        backend.models = [{"id": model.name, "object": "model", "owned_by": "llamacpp"}]
+        self._first_start_over(model)
+        self.registry.reindex()
+        log.info("model server %s running (pid %s) on %s", model.name, model.pid, url)
+
+
+async def _read_line(stream: trio.abc.ReceiveStream, cap: int = 4096) -> str:
+    data = b""
+    while b"\n" not in data and len(data) < cap:
+        chunk = await stream.receive_some(cap)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+
+async def _pump(stream: trio.abc.ReceiveStream, logfile: RotatingLog) -> None:
+    while chunk := await stream.receive_some(65536):
+        logfile.write(chunk)
+
+
+async def _stop(proc: trio.Process) -> None:
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT; always reaps the child."""
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        with trio.move_on_after(STOP_TIMEOUT):
+            await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

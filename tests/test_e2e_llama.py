@@ -1,0 +1,189 @@
+"""End to end with the real demo model: SmolLM2-135M on llama.cpp (xllamacpp), supervised by
+the gateway. The GGUF is fetched once into .cache/ (or $SLUICE_TEST_CACHE) and reused."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import openai
+import pytest
+import trio
+
+from protocol.config import ModelConfig
+from proxy.demo import DEMO_MODEL, ensure_demo_model
+from proxy.server import Gateway
+from tests.client import Client, chat_body, read_events, request
+from tests.conftest import RunningGateway, gateway_config, open_settings
+
+pytest.importorskip("xllamacpp")
+
+CACHE = Path(os.environ.get("SLUICE_TEST_CACHE", Path(__file__).parents[1] / ".cache"))
+CHAT = "/v1/chat/completions"
+PROMPT = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="session")
+def gguf() -> Path:
+    return ensure_demo_model(CACHE)
+
+
+@pytest.fixture
+async def llama_gateway(nursery: trio.Nursery, short_tmp: Path, gguf: Path,
+                        request: pytest.FixtureRequest) -> RunningGateway:
+    parallel = getattr(request, "param", 2)
+    cfg = gateway_config([], socket_dir=short_tmp / "s")
+    cfg = attrs.evolve(cfg, models=(ModelConfig(name=DEMO_MODEL, path=str(gguf), context=1024,
+                                                parallel=parallel, threads=2),))
+    gateway = Gateway(open_settings(short_tmp / "data", cfg))
+    await nursery.start(gateway.run)
+    with trio.fail_after(120):
+        await wait_running(gateway, restarts=0)
+    return RunningGateway(gateway)
+
+
+def managed(gateway: Gateway) -> dict[str, Any]:
+    assert gateway.ctx.supervisor is not None
+    return gateway.ctx.supervisor.status()[0]
+
+
+async def wait_running(gateway: Gateway, restarts: int) -> dict[str, Any]:
+    while True:
+        status = managed(gateway)
+        if status["state"] == "running" and status["restarts"] == restarts:
+            return status
+        await trio.sleep(0.05)
+
+
+def sdk(gw: RunningGateway, transport: str) -> openai.OpenAI:
+    if transport == "tcp":
+        return openai.OpenAI(base_url=f"http://{gw.tcp}/v1", api_key="unused", max_retries=0)
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=gw.gateway.ctx.socket_path))
+    return openai.OpenAI(base_url="http://localhost/v1", api_key="unused", max_retries=0,
+                         http_client=http)
+
+
+async def test_chat_with_the_openai_sdk(llama_gateway: RunningGateway, transport: str) -> None:
+    def chat() -> tuple[Any, list[Any]]:
+        with sdk(llama_gateway, transport) as client:
+            whole = client.chat.completions.create(model=DEMO_MODEL, messages=PROMPT,
+                                                   temperature=0, max_tokens=12)
+            chunks = list(client.chat.completions.create(
+                model=DEMO_MODEL, messages=PROMPT, temperature=0, max_tokens=12, stream=True,
+                stream_options={"include_usage": True}))
+            return whole, chunks
+
+    with trio.fail_after(60):
+        whole, chunks = await trio.to_thread.run_sync(chat)
+    assert whole.object == "chat.completion"
+    assert whole.model == DEMO_MODEL
+    assert isinstance(whole.choices[0].message.content, str)
+    assert whole.choices[0].message.content
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens <= 12
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] in ("stop", "length")
+    assert chunks[-1].choices == []  # the usage chunk
+    assert chunks[-1].usage is not None
+
+
+async def test_only_the_configured_id_is_served(llama_gateway: RunningGateway) -> None:
+    models = (await request(llama_gateway.tcp, "GET", "/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == [DEMO_MODEL]
+    # llama.cpp itself would answer any model id; the gateway routes only its own name.
+    reply = await request(llama_gateway.tcp, "POST", CHAT, chat_body("gpt-4o"))
+    assert reply.status == 503
+    assert reply.json()["error"]["code"] == "model_not_available"
+
+
+def normalise(body: bytes) -> bytes:
+    """Mask what differs between two runs of the same greedy request: ids, clocks, timings."""
+    body = re.sub(rb'"id":"chatcmpl-[^"]*"', b'"id":"X"', body)
+    body = re.sub(rb'"created":\d+', b'"created":0', body)
+    return re.sub(rb'"timings":\{[^}]*\}', b'"timings":{}', body)
+
+
+async def test_relayed_stream_equals_the_direct_one(llama_gateway: RunningGateway) -> None:
+    body = json.dumps({"model": DEMO_MODEL, "messages": PROMPT, "stream": True,
+                       "temperature": 0, "max_tokens": 24, "cache_prompt": False}).encode()
+    direct_address = managed(llama_gateway.gateway)["address"]
+    assert direct_address.startswith("unix:")
+    with trio.fail_after(60):
+        direct = await request(direct_address, "POST", CHAT, body)
+        relayed = await request(llama_gateway.unix, "POST", CHAT, body)
+    assert direct.status == relayed.status == 200
+    assert relayed.complete
+    assert relayed.header("x-sluice-served-by") == f"local:{DEMO_MODEL}"
+    assert relayed.body.endswith(b"data: [DONE]\n\n")
+    assert normalise(relayed.body) == normalise(direct.body)
+    assert relayed.body.count(b"\n\n") == direct.body.count(b"\n\n") > 3
+
+
+@pytest.mark.parametrize("llama_gateway", [1], indirect=True)
+async def test_client_disconnect_frees_the_slot(llama_gateway: RunningGateway) -> None:
+    long = json.dumps({"model": DEMO_MODEL, "messages": PROMPT, "stream": True,
+                       "max_tokens": 900, "ignore_eos": True}).encode()
+    client = await Client.open(llama_gateway.tcp)
+    await client.send_request("POST", CHAT, long)
+    with trio.fail_after(30):
+        await client.read_head()
+        await read_events(client, 4)
+    await client.aclose()
+    direct = managed(llama_gateway.gateway)["address"]
+    with trio.fail_after(10):  # the single slot goes idle, long before 900 tokens are out
+        while any(slot["is_processing"]
+                  for slot in (await request(direct, "GET", "/slots")).json()):
+            await trio.sleep(0.05)
+    with trio.fail_after(60):  # and the next request is served
+        reply = await request(llama_gateway.tcp, "POST", CHAT,
+                              chat_body(DEMO_MODEL, max_tokens=8, temperature=0))
+    assert reply.status == 200
+    assert reply.json()["usage"]["completion_tokens"] <= 8
+
+
+async def test_killed_model_server_is_restarted(llama_gateway: RunningGateway) -> None:
+    before = managed(llama_gateway.gateway)
+    os.kill(before["pid"], signal.SIGKILL)
+    with trio.fail_after(60):
+        after = await wait_running(llama_gateway.gateway, restarts=1)
+    assert after["pid"] != before["pid"]
+    status = (await request(llama_gateway.tcp, "GET", "/api/v1/inference/status")).json()
+    assert status["loadedModels"] == [DEMO_MODEL]
+    assert status["managedModels"][0]["restarts"] == 1
+    with trio.fail_after(60):
+        reply = await request(llama_gateway.unix, "POST", CHAT,
+                              chat_body(DEMO_MODEL, max_tokens=8, temperature=0))
+    assert reply.status == 200
+
+
+async def test_launcher_stops_cleanly_on_sigterm(gguf: Path, short_tmp: Path) -> None:
+    import subprocess
+    import sys
+
+    sock = short_tmp / "m-direct.sock"
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "proxy.models.launcher", "--model", str(gguf), "--alias", "x",
+         "--listen", str(sock), "--context", "512", "--parallel", "1", "--threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        with trio.fail_after(60):
+            line = await proc.stdout.receive_some(4096)
+        assert line.decode().strip() == f"listening unix:{sock}"
+        assert (await request(f"unix:{sock}", "GET", "/health")).status == 200
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(20):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()

@@ -1,0 +1,117 @@
+"""The model supervisor's parts that need no model: back-off, socket hygiene, log rotation,
+the launcher's exit on SIGTERM, a missing model file, a missing llama.cpp install."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from protocol.config import ModelConfig
+from proxy.models.logs import RotatingLog
+from proxy.models.supervisor import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    STABLE_AFTER,
+    ModelState,
+    next_backoff,
+    remove_stale_socket,
+    socket_file_name,
+)
+from proxy.server import Gateway, StartupError
+from tests.client import chat_body, request
+from tests.conftest import RunningGateway, gateway_config, open_settings
+
+
+def test_backoff_doubles_caps_and_resets() -> None:
+    waits = []
+    wait = None
+    for _ in range(10):
+        wait = next_backoff(wait, ran_for=0.5)
+        waits.append(wait)
+    assert waits[:4] == [BACKOFF_FIRST, 2 * BACKOFF_FIRST, 4 * BACKOFF_FIRST, 8 * BACKOFF_FIRST]
+    assert max(waits) == BACKOFF_MAX
+    assert next_backoff(BACKOFF_MAX, ran_for=STABLE_AFTER) == BACKOFF_FIRST
+
+
+def test_socket_names_are_safe() -> None:
+    assert socket_file_name("smollm2-135m") == "m-smollm2-135m.sock"
+    assert socket_file_name("org/model:q4") == "m-org_model_q4.sock"
+
+
+def test_only_sockets_are_removed(short_tmp: Path) -> None:
+    sock_path = short_tmp / "m-x.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    sock.close()  # llama.cpp leaves exactly this behind
+    remove_stale_socket(sock_path)
+    assert not sock_path.exists()
+    plain = short_tmp / "m-y.sock"
+    plain.write_text("not a socket")
+    remove_stale_socket(plain)
+    assert plain.read_text() == "not a socket"
+    remove_stale_socket(short_tmp / "missing.sock")  # nothing there: no error
+
+
+def test_log_rotation(tmp_path: Path) -> None:
+    log = RotatingLog(tmp_path / "logs" / "m.log", max_bytes=100, keep=2)
+    for i in range(10):
+        log.write(f"line {i:02d} ".encode() * 4)  # 32 bytes a write
+    log.close()
+    names = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert names == ["m.log", "m.log.1", "m.log.2"]
+    assert all((tmp_path / "logs" / n).stat().st_size <= 100 for n in names)
+    assert b"line 09" in (tmp_path / "logs" / "m.log").read_bytes()
+    assert oct((tmp_path / "logs" / "m.log").stat().st_mode & 0o777) == "0o600"
+
+
+def test_missing_llama_cpp_is_one_clear_error(short_tmp: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "xllamacpp" else real(name, *a))
+    cfg = gateway_config([], socket_dir=short_tmp / "s")
+    cfg = attrs.evolve(cfg, models=(ModelConfig(name="m", path="models/m.gguf"),))
+    with pytest.raises(StartupError, match=r"pip install 'sluice\[llama\]'"):
+        Gateway(open_settings(short_tmp / "data", cfg))
+
+
+def test_launcher_without_llama_cpp_says_how_to_install(short_tmp: Path) -> None:
+    # Run the launcher with xllamacpp hidden from it.
+    code = ("import sys; sys.modules['xllamacpp'] = None; "
+            "from proxy.models.launcher import main; "
+            "raise SystemExit(main(['--model', 'x.gguf', '--alias', 'm', '--listen', "
+            "'127.0.0.1:0']))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 3
+    assert "pip install 'sluice[llama]'" in result.stderr
+
+
+async def test_missing_model_file_backs_off_and_reports(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Path) -> None:
+    if importlib.util.find_spec("xllamacpp") is None:
+        pytest.skip("the gateway refuses managed models without llama.cpp installed")
+    cfg = gateway_config([], socket_dir=short_tmp / "s")
+    cfg = attrs.evolve(cfg, models=(ModelConfig(name="ghost", path="models/none.gguf"),))
+    gateway = Gateway(open_settings(short_tmp / "data", cfg))
+    await nursery.start(gateway.run)
+    gw = RunningGateway(gateway)
+    reply = await request(gw.unix, "POST", "/v1/chat/completions", chat_body("ghost"))
+    assert reply.status == 503  # no waiting forever for a server that cannot start
+    assert gateway.ctx.supervisor is not None
+    await trio.sleep(BACKOFF_FIRST + 2 * BACKOFF_FIRST + 0.5)
+    status = gateway.ctx.supervisor.status()[0]
+    assert status["state"] in (ModelState.BACKOFF.value, ModelState.STARTING.value)
+    assert status["restarts"] >= 2
+    assert "model file not found" in status["lastError"]
+    info = (await request(gw.unix, "GET", "/api/v1/inference/status")).json()
+    assert info["available"] is False
+    assert info["managedModels"][0]["name"] == "ghost"
