@@ -187,3 +187,22 @@ async def test_launcher_stops_cleanly_on_sigterm(gguf: Path, short_tmp: Path) ->
     finally:
         if proc.returncode is None:
             proc.kill()
+
+
+async def test_model_server_falls_back_to_loopback_tcp(nursery: trio.Nursery, short_tmp: Path,
+                                                       gguf: Path) -> None:
+    name = "smollm2-" + "x" * 100  # <socket dir>/m-<name>.sock would pass 103 bytes
+    cfg = gateway_config([], socket_dir=short_tmp / "s")
+    cfg = attrs.evolve(cfg, models=(ModelConfig(name=name, path=str(gguf), context=512,
+                                                parallel=1, threads=2),))
+    gateway = Gateway(open_settings(short_tmp / "data", cfg))
+    await nursery.start(gateway.run)
+    with trio.fail_after(120):
+        status = await wait_running(gateway, restarts=0)
+    assert status["transport"] == "tcp"
+    assert status["address"].startswith("http://127.0.0.1:")
+    gw = RunningGateway(gateway)
+    with trio.fail_after(60):
+        reply = await request(gw.unix, "POST", CHAT, chat_body(name, max_tokens=4))
+    assert reply.status == 200
+    assert reply.header("x-sluice-served-by") == f"local:{name}"
