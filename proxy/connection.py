@@ -23,7 +23,6 @@ from protocol.errors import (
 )
 from protocol.headers import Header, header_value
 from protocol.request_info import parse_request_body
-from protocol.sse import SSEObserver
 from proxy.api.routes import NEEDS_MODELS, route
 from proxy.context import GatewayContext
 from proxy.relay import Relay, error_event
@@ -279,8 +278,8 @@ class ClientConnection:
         headers = [(b"content-type", b"application/json"), *err.headers]
         await self.send_whole(err.status, headers, err.body())
 
-    async def send_error_event(self, err: SluiceError, observer: SSEObserver | None) -> None:
+    async def send_error_event(self, err: SluiceError, *, at_boundary: bool) -> None:
         """After commit: one SSE error event, then the connection ends without the final
         chunk, so the client can tell the answer is incomplete."""
         self.must_close = True
-        await self.send(self.h11.send(h11.Data(data=error_event(err, observer))) or b"")
+        await self.send(self.h11.send(h11.Data(data=error_event(err, at_boundary))) or b"")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+from functools import partial
 from typing import TYPE_CHECKING
 
 import h11
@@ -22,12 +23,11 @@ from protocol.errors import (
 )
 from protocol.headers import (
     downstream_response_headers,
-    header_value,
     is_event_stream,
     upstream_request_headers,
 )
+from protocol.http1 import ResponseHead, ends_event
 from protocol.request_info import RequestInfo, TimeoutClass
-from protocol.sse import SSEObserver
 from proxy.upstream import UpstreamConnection, UpstreamFailure, exchange
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class Relay:
         self.body = body
         self.info = info
         self.state = RelayState.WAITING
-        self.observer: SSEObserver | None = None
+        self._tail = b""  # last payload bytes sent, when not passing chunked framing through
         self._conn: UpstreamConnection | None = None
 
     def __repr__(self) -> str:
@@ -170,8 +170,7 @@ class Relay:
                 address.target(self.request.target), headers, self.body,
                 on_connecting=connecting, on_connected=connected)
             self._conn = conn
-            if is_event_stream(head.headers) or (
-                    info.stream and header_value(head.headers, b"content-length") is None):
+            if is_event_stream(head.headers) or (info.stream and head.content_length is None):
                 await self._relay_stream(conn, head, deadline)
             else:
                 await self._relay_whole(conn, head)
@@ -185,31 +184,33 @@ class Relay:
                      else "the upstream stalled")
         raise _Timeout(deadline.error(phase))
 
-    async def _relay_whole(self, conn: UpstreamConnection, head: h11.Response) -> None:
+    async def _relay_whole(self, conn: UpstreamConnection, head: ResponseHead) -> None:
         body = await conn.receive_body(MAX_WHOLE_BODY)
         headers = downstream_response_headers(head.headers, served_by=self.backend.served_by,
                                               keep_length=False)
         await self.client.send_whole(head.status_code, headers, body, reason=head.reason)
         self._move(RelayState.DONE)
 
-    async def _relay_stream(self, conn: UpstreamConnection, head: h11.Response,
+    async def _relay_stream(self, conn: UpstreamConnection, head: ResponseHead,
                             deadline: Deadline) -> None:
+        """Forward the body as it arrives. A chunked upstream body going to an HTTP/1.1
+        client is forwarded with its own chunk framing, untouched; otherwise each read's
+        payload becomes one chunk (or raw bytes for an HTTP/1.0 client)."""
         client = self.client
         framer = client.h11
-        observer = self.observer = SSEObserver()
-        parts = await conn.receive_parts()
+        passthrough = head.chunked and framer.their_http_version == b"1.1"
+        receive = conn.receive_chunked_raw if passthrough else partial(self._framed_payload, conn)
         headers = downstream_response_headers(
             head.headers, served_by=self.backend.served_by,
-            keep_length=header_value(head.headers, b"content-length") is not None)
-        out = client.response_head(head.status_code, headers, reason=head.reason)
-        if parts is None:
-            out += framer.send(h11.EndOfMessage()) or b""
-            await client.send(out)
+            keep_length=head.content_length is not None)
+        out = b""
+        while not out and not conn.body_done():
+            out = await receive()
+        out = client.response_head(head.status_code, headers, reason=head.reason) + out
+        if conn.body_done():
+            await client.send(out + (framer.send(h11.EndOfMessage()) or b""))
             self._move(RelayState.DONE)
             return
-        for part in parts:
-            observer.feed(part)
-            out += framer.send(h11.Data(data=part)) or b""
         await client.send(out)
         self._move(RelayState.COMMITTED)
         stream = self.info.stream
@@ -217,22 +218,28 @@ class Relay:
         while True:
             if stream:
                 deadline.within(gap, "timeouts.request.streaming.chunk_interval")
-            parts = await conn.receive_parts()
+            out = await receive()
             if stream:  # the gap limit is the upstream's; a slow client is not a stall
                 deadline.to_total()
-            if parts is None:
-                await client.send(framer.send(h11.EndOfMessage()) or b"")
+            if conn.body_done():
+                await client.send(out + (framer.send(h11.EndOfMessage()) or b""))
                 self._move(RelayState.DONE)
                 return
-            if len(parts) == 1:
-                observer.feed(parts[0])
-                out = framer.send(h11.Data(data=parts[0])) or b""
-            else:
-                out = b""
-                for part in parts:
-                    observer.feed(part)
-                    out += framer.send(h11.Data(data=part)) or b""
-            await client.send(out)
+            if out:
+                await client.send(out)
+
+    async def _framed_payload(self, conn: UpstreamConnection) -> bytes:
+        part = await conn.receive_payload()
+        if not part:
+            return b""
+        self._tail = (self._tail + part[-4:])[-4:]
+        return self.client.h11.send(h11.Data(data=part)) or b""
+
+    @property
+    def at_event_boundary(self) -> bool:
+        conn = self._conn
+        tail = conn.tail if conn is not None and conn.tail else self._tail
+        return ends_event(tail)
 
     async def _fail(self, err: SluiceError) -> None:
         if self.state is RelayState.WAITING:
@@ -240,7 +247,7 @@ class Relay:
             raise err
         if self.state is RelayState.COMMITTED:
             self._move(RelayState.ABORTED)
-            await self.client.send_error_event(err, self.observer)
+            await self.client.send_error_event(err, at_boundary=self.at_event_boundary)
             return
         raise AssertionError(f"relay failure in state {self.state.value}")  # pragma: no cover
 
@@ -251,8 +258,8 @@ class _Timeout(Exception):
         self.error = error
 
 
-def error_event(err: SluiceError, observer: SSEObserver | None) -> bytes:
+def error_event(err: SluiceError, at_boundary: bool) -> bytes:
     """One SSE event carrying the error, on a fresh event boundary."""
-    prefix = b"" if observer is None or observer.at_boundary else b"\n\n"
+    prefix = b"" if at_boundary else b"\n\n"
     payload = json.dumps({"error": err.to_dict()}, separators=(",", ":")).encode()
     return prefix + b"data: " + payload + b"\n\n"

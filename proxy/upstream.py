@@ -1,6 +1,7 @@
-"""The upstream side: a small h11 client on trio sockets with a keep-alive pool per address.
+"""The upstream side: a lean HTTP/1.1 client (:mod:`protocol.http1`) on trio sockets with a
+keep-alive pool per address.
 
-Timeouts belong to the caller (cancel scopes around these calls). Every OS and h11 failure
+Timeouts belong to the caller (cancel scopes around these calls). Every OS and protocol failure
 is translated here, once, into a :class:`UpstreamFailure` that says whether any response
 byte had arrived, because only a failure before that may be retried on a fresh connection.
 """
@@ -12,10 +13,16 @@ import socket
 from collections import deque
 from collections.abc import Callable, Sequence
 
-import h11
 import trio
 
 from protocol.headers import Header
+from protocol.http1 import (
+    ChunkedScanner,
+    ProtocolError,
+    ResponseHead,
+    build_request_head,
+    parse_response_head,
+)
 from protocol.upstream_url import UpstreamAddress
 
 RECEIVE_SIZE = 256 * 1024  # bytes asked of the kernel per read
@@ -40,21 +47,29 @@ def _describe(exc: BaseException) -> str:
 
 
 class UpstreamConnection:
-    """One HTTP/1.1 connection to a model server."""
+    """One HTTP/1.1 connection to a model server, spoken with :mod:`protocol.http1`."""
 
-    __slots__ = ("_eom", "_responded", "address", "h11", "reused", "stream")
+    __slots__ = ("_buffer", "_eof", "_length_left", "_mode", "_responded", "_scanner",
+                 "address", "head", "reused", "stream")
 
     def __init__(self, stream: trio.SocketStream, address: UpstreamAddress) -> None:
         self.stream = stream
         self.address = address
-        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_SIZE)
         self.reused = False
-        self._eom = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.head: ResponseHead | None = None
+        self._buffer = b""  # received bytes not yet handed out
+        self._eof = False
         self._responded = False
+        self._mode = _NO_BODY
+        self._length_left = 0
+        self._scanner: ChunkedScanner | None = None
 
     def __repr__(self) -> str:
         return (f"UpstreamConnection({self.address.key}, reused={self.reused}, "
-                f"state={self.h11.our_state}/{self.h11.their_state})")
+                f"head={self.head!r})")
 
     @property
     def responded(self) -> bool:
@@ -62,18 +77,13 @@ class UpstreamConnection:
 
     async def send_request(self, method: bytes, target: bytes, headers: Sequence[Header],
                            body: bytes) -> None:
-        h = self.h11
-        data = h.send(h11.Request(method=method, target=target, headers=list(headers)))
-        assert data is not None
-        if body:
-            data += h.send(h11.Data(data=body)) or b""
-        data += h.send(h11.EndOfMessage()) or b""
+        data = build_request_head(method, target, list(headers))
         try:
-            await self.stream.send_all(data)
+            await self.stream.send_all(data + body if body else data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"sending the request failed: {_describe(exc)}") from None
 
-    async def _read(self) -> None:
+    async def _read(self) -> bytes:
         try:
             data = await self.stream.receive_some(RECEIVE_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -81,65 +91,112 @@ class UpstreamConnection:
                                   responded=self._responded) from None
         if data:
             self._responded = True
-        self.h11.receive_data(data)
+        else:
+            self._eof = True
+        return bytes(data)
 
-    def _next_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
-        try:
-            return self.h11.next_event()
-        except h11.RemoteProtocolError as exc:
-            if not self._responded or self.h11.their_state is h11.SEND_RESPONSE:
-                what = "closed the connection before answering" if not self._responded \
-                    else f"sent an invalid response head: {exc}"
-            else:
-                what = f"broke the response: {exc}"
-            raise UpstreamFailure(f"upstream {what}", responded=self._responded) from None
-
-    async def receive_head(self) -> h11.Response:
+    async def receive_head(self, *, request_method: bytes = b"POST") -> ResponseHead:
+        buffer = self._buffer
         while True:
-            event = self._next_event()
-            if event is h11.NEED_DATA:
-                await self._read()
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buffer) > MAX_HEAD_SIZE:
+                    raise UpstreamFailure("upstream response head is too large", responded=True)
+                data = await self._read()
+                if not data:
+                    what = "closed the connection before answering" if not buffer \
+                        else "closed the connection in the middle of the response head"
+                    raise UpstreamFailure(f"upstream {what}", responded=self._responded)
+                buffer += data
                 continue
-            if isinstance(event, h11.Response):
-                return event
-            if isinstance(event, h11.InformationalResponse):
+            try:
+                head = parse_response_head(buffer[:end], request_method=request_method)
+            except ProtocolError as exc:
+                raise UpstreamFailure(f"upstream sent an invalid response head: {exc}",
+                                      responded=True) from None
+            buffer = buffer[end + 4:]
+            if 100 <= head.status_code < 200:
                 continue  # 100 Continue and friends are not relayed
-            if isinstance(event, h11.ConnectionClosed):
-                raise UpstreamFailure("upstream closed the connection before answering",
-                                      responded=self._responded)
-            raise UpstreamFailure(f"unexpected upstream event {type(event).__name__}",
-                                  responded=True)
+            self._buffer = buffer
+            self.head = head
+            if head.chunked:
+                self._mode = _CHUNKED
+                self._scanner = ChunkedScanner()
+            elif head.content_length is not None:
+                self._mode = _LENGTH if head.content_length else _NO_BODY
+                self._length_left = head.content_length
+            else:
+                self._mode = _UNTIL_CLOSE
+            return head
 
-    async def receive_parts(self) -> list[bytes] | None:
-        """The body bytes available after at most one read, as the upstream's own chunks;
-        None once the response is complete."""
-        if self._eom:
-            return None
-        parts: list[bytes] = []
-        while True:
-            event = self._next_event()
-            if event is h11.NEED_DATA:
-                if parts:
-                    return parts
-                await self._read()
-                continue
-            if type(event) is h11.Data:
-                parts.append(bytes(event.data))
-                continue
-            if isinstance(event, h11.EndOfMessage):
-                self._eom = True
-                return parts or None
-            raise UpstreamFailure(f"unexpected upstream event {type(event).__name__}",
+    async def _next_data(self) -> bytes:
+        if self._buffer:
+            data, self._buffer = self._buffer, b""
+            return data
+        data = await self._read()
+        if not data and self._mode != _UNTIL_CLOSE:
+            raise UpstreamFailure("upstream closed the connection in the middle of the body",
                                   responded=True)
+        return data
+
+    def body_done(self) -> bool:
+        """The whole response body has been received."""
+        return self._mode == _NO_BODY
+
+    @property
+    def tail(self) -> bytes:
+        """The last few payload bytes of a chunked body (for an SSE boundary check)."""
+        return self._scanner.tail if self._scanner is not None else b""
+
+    async def receive_chunked_raw(self) -> bytes:
+        """Chunked bodies only: the bytes of the next read that belong to data chunks, with
+        their framing, to forward verbatim (b"" when a read held none); ``body_done()`` is
+        True once the terminating chunk was seen (it is not returned)."""
+        scanner = self._scanner
+        assert scanner is not None
+        data = await self._next_data()
+        try:
+            out = scanner.feed(data)
+        except ProtocolError as exc:
+            raise UpstreamFailure(f"upstream broke the chunked body: {exc}",
+                                  responded=True) from None
+        if scanner.done:
+            self._mode = _NO_BODY
+            self._buffer = scanner.leftover
+        return out
+
+    async def receive_payload(self) -> bytes | None:
+        """The body bytes of the next read, decoded; None once the body is complete."""
+        mode = self._mode
+        if mode == _NO_BODY:
+            return None
+        if mode == _CHUNKED:
+            scanner = self._scanner
+            assert scanner is not None
+            scanner.collect = True
+            await self.receive_chunked_raw()
+            parts, scanner.parts = scanner.parts, []
+            return b"".join(parts)
+        data = await self._next_data()
+        if mode == _UNTIL_CLOSE:
+            if not data:
+                self._mode = _NO_BODY
+                return None
+            return data
+        if len(data) >= self._length_left:
+            data, self._buffer = data[:self._length_left], data[self._length_left:]
+            self._mode = _NO_BODY
+        else:
+            self._length_left -= len(data)
+        return data
 
     async def receive_body(self, cap: int) -> bytes:
         """The rest of the body, whole; refuses bodies larger than ``cap``."""
         chunks: list[bytes] = []
         size = 0
-        while (parts := await self.receive_parts()) is not None:
-            for part in parts:
-                size += len(part)
-                chunks.append(part)
+        while (part := await self.receive_payload()) is not None:
+            size += len(part)
+            chunks.append(part)
             if size > cap:
                 raise UpstreamFailure(f"upstream response body is over {cap} bytes",
                                       responded=True)
@@ -147,7 +204,8 @@ class UpstreamConnection:
 
     @property
     def reusable(self) -> bool:
-        return self._eom and self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+        return (self._mode == _NO_BODY and self.head is not None and self.head.keep_alive
+                and not self._buffer and not self._eof)
 
     def close(self) -> None:
         """Close at once (synchronous, so it is safe in cancelled and finally blocks)."""
@@ -155,18 +213,22 @@ class UpstreamConnection:
 
     def looks_alive(self) -> bool:
         """False when an idle connection has been closed or has unsolicited bytes."""
-        # A non-blocking peek through a borrowed stdlib socket (trio's recv is async).
-        probe = socket.socket(fileno=self.stream.socket.fileno())
+        raw = getattr(self.stream.socket, "_sock", None)  # trio's stdlib socket, if exposed
+        probe = raw if isinstance(raw, socket.socket) else \
+            socket.socket(fileno=self.stream.socket.fileno())
         try:
-            data = probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
             return True
         except OSError:
             return False
         finally:
-            probe.detach()
-        del data  # EOF (b"") or bytes nobody asked for: either way the connection is spent
-        return False
+            if probe is not raw:
+                probe.detach()
+        return False  # EOF (b"") or bytes nobody asked for: either way the connection is spent
+
+
+_NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(4)
 
 
 class UpstreamPool:
@@ -209,9 +271,7 @@ class UpstreamPool:
         if not conn.reusable:
             conn.close()
             return
-        conn.h11.start_next_cycle()
-        conn._eom = False
-        conn._responded = False
+        conn._reset()
         conn.reused = True
         queue = self._idle.setdefault(conn.address.key, deque())
         queue.append(conn)
@@ -235,7 +295,7 @@ async def exchange(
     *,
     on_connecting: Callable[[], None] = lambda: None,
     on_connected: Callable[[], None] = lambda: None,
-) -> tuple[UpstreamConnection, h11.Response]:
+) -> tuple[UpstreamConnection, ResponseHead]:
     """Send one request and receive the response head.
 
     A pooled connection may have been closed by the server while idle (llama.cpp closes after
@@ -250,7 +310,7 @@ async def exchange(
         on_connected()
         try:
             await conn.send_request(method, target, headers, body)
-            return conn, await conn.receive_head()
+            return conn, await conn.receive_head(request_method=method)
         except UpstreamFailure as failure:
             conn.close()
             if attempt == 2 or not conn.reused or failure.responded:

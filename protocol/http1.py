@@ -1,0 +1,218 @@
+"""A lean HTTP/1.1 *client-side* codec for the hot path to model servers (RFC 9112).
+
+Sans-I/O: bytes in, values out. The gateway builds request heads itself and reads upstream
+responses with :func:`parse_response_head` and the body readers below; a chunked body can be
+walked with :class:`ChunkedScanner` so its framing is forwarded verbatim instead of being
+decoded and re-encoded. Anything malformed raises :class:`ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from protocol.headers import Header
+
+MAX_CHUNK_LINE = 4096  # longest chunk-size line (with extensions) accepted
+MAX_TRAILERS = 16 * 1024  # trailer section bytes accepted (and dropped)
+
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: (.*))?")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+
+
+class ProtocolError(Exception):
+    """The peer broke HTTP/1.1 framing."""
+
+
+class ResponseHead:
+    __slots__ = ("chunked", "content_length", "headers", "http_minor", "keep_alive", "reason",
+                 "status_code")
+
+    def __init__(self, status_code: int, reason: bytes, headers: list[Header], http_minor: int,
+                 content_length: int | None, chunked: bool, keep_alive: bool) -> None:
+        self.status_code = status_code
+        self.reason = reason
+        self.headers = headers
+        self.http_minor = http_minor
+        self.content_length = content_length
+        self.chunked = chunked
+        self.keep_alive = keep_alive
+
+    def __repr__(self) -> str:
+        framing = "chunked" if self.chunked else (
+            f"length={self.content_length}" if self.content_length is not None else "close")
+        return f"ResponseHead({self.status_code}, {framing}, keep_alive={self.keep_alive})"
+
+
+def build_request_head(method: bytes, target: bytes, headers: list[Header]) -> bytes:
+    """The request line and headers. Names and values must already be valid (they come from
+    a parsed client request or from the gateway's own settings)."""
+    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
+    for name, value in headers:
+        parts += (name, b": ", value, b"\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+def parse_response_head(head: bytes, *, request_method: bytes = b"POST") -> ResponseHead:
+    """Parse a response head (status line and header lines, without the blank line)."""
+    lines = head.split(b"\n")
+    status_line = lines[0].rstrip(b"\r")
+    match = _STATUS_LINE.fullmatch(status_line)
+    if match is None:
+        raise ProtocolError(f"invalid status line {status_line[:80]!r}")
+    minor = int(match.group(1))
+    status = int(match.group(2))
+    reason = match.group(3) or b""
+    headers: list[Header] = []
+    content_length: int | None = None
+    transfer_encoding: bytes | None = None
+    connection = b""
+    for raw in lines[1:]:
+        line = raw[:-1] if raw.endswith(b"\r") else raw
+        if not line:
+            continue
+        if line[0] in b" \t":
+            raise ProtocolError("obsolete header line folding")
+        name, sep, value = line.partition(b":")
+        if not sep or _TOKEN.fullmatch(name) is None:
+            raise ProtocolError(f"invalid header line {line[:80]!r}")
+        value = value.strip(b" \t")
+        if _BAD_VALUE.search(value) is not None:
+            raise ProtocolError(f"invalid character in header {name[:40]!r}")
+        name = name.lower()
+        if name == b"content-length":
+            if not value.isdigit() or len(value) > 18:
+                raise ProtocolError(f"invalid Content-Length {value[:40]!r}")
+            if content_length is not None and content_length != int(value):
+                raise ProtocolError("conflicting Content-Length headers")
+            content_length = int(value)
+        elif name == b"transfer-encoding":
+            transfer_encoding = value.lower() if transfer_encoding is None \
+                else transfer_encoding + b", " + value.lower()
+        elif name == b"connection":
+            connection += b"," + value.lower()
+        headers.append((name, value))
+    chunked = False
+    if status < 200 or status in (204, 304) or request_method == b"HEAD":
+        content_length, transfer_encoding = 0, None
+    if transfer_encoding is not None:
+        codings = [c.strip() for c in transfer_encoding.split(b",")]
+        chunked = codings[-1] == b"chunked"
+        content_length = None  # RFC 9112 §6.3: Transfer-Encoding overrides Content-Length
+    tokens = {t.strip() for t in connection.split(b",")}
+    keep_alive = (minor == 1 and b"close" not in tokens) or (minor == 0 and b"keep-alive" in tokens)
+    if not chunked and content_length is None:
+        keep_alive = False  # the body ends when the connection does
+    return ResponseHead(status, reason, headers, minor, content_length, chunked, keep_alive)
+
+
+_SIZE, _DATA, _DATA_END, _TRAILER, _DONE = range(5)
+
+
+class ChunkedScanner:
+    """Walks a chunked body as it arrives.
+
+    :meth:`feed` returns the bytes that belong to data chunks, framing included, so they can be
+    forwarded verbatim; the terminating zero-size chunk and any trailers are consumed and not
+    returned (the caller writes its own ``0\\r\\n\\r\\n``). A chunk-size line split across
+    reads is held back until it is complete. With ``collect=True`` the decoded payload is also
+    appended to ``parts``. ``tail`` keeps the last payload bytes (for an SSE boundary check),
+    ``leftover`` any bytes after the body.
+    """
+
+    __slots__ = ("_line", "_remaining", "_state", "_trailer_bytes", "collect", "leftover",
+                 "parts", "tail")
+
+    def __init__(self, *, collect: bool = False) -> None:
+        self._state = _SIZE
+        self._remaining = 0  # payload bytes left in the chunk, or CRLF bytes left after it
+        self._line = b""  # an unfinished chunk-size line
+        self._trailer_bytes = 0
+        self.collect = collect
+        self.parts: list[bytes] = []
+        self.tail = b""
+        self.leftover = b""
+
+    def __repr__(self) -> str:
+        names = ("size", "data", "data-end", "trailer", "done")
+        return f"ChunkedScanner({names[self._state]}, remaining={self._remaining})"
+
+    @property
+    def done(self) -> bool:
+        return self._state == _DONE
+
+    def feed(self, data: bytes) -> bytes:
+        """The bytes to forward for ``data`` (plus any held-back size line)."""
+        if self._line:
+            data = self._line + data
+            self._line = b""
+        pos = 0
+        end = len(data)
+        forward_to = 0
+        while pos < end:
+            state = self._state
+            if state == _DATA:
+                stop = min(pos + self._remaining, end)
+                self._remaining -= stop - pos
+                self.tail = (self.tail + data[max(pos, stop - 4):stop])[-4:]
+                if self.collect:
+                    self.parts.append(data[pos:stop])
+                pos = forward_to = stop
+                if not self._remaining:
+                    self._state, self._remaining = _DATA_END, 2
+            elif state == _DATA_END:
+                while self._remaining and pos < end:
+                    if data[pos] != b"\r\n"[2 - self._remaining]:
+                        raise ProtocolError("chunk data not followed by CRLF")
+                    pos += 1
+                    self._remaining -= 1
+                forward_to = pos
+                if not self._remaining:
+                    self._state = _SIZE
+            elif state == _SIZE:
+                newline = data.find(b"\n", pos)
+                if newline < 0:
+                    if end - pos > MAX_CHUNK_LINE:
+                        raise ProtocolError("chunk-size line too long")
+                    self._line = data[pos:]
+                    break
+                size_text = data[pos:newline].split(b";", 1)[0].strip(b" \t\r")
+                if _HEX.fullmatch(size_text) is None:
+                    raise ProtocolError(f"invalid chunk size {data[pos:newline][:40]!r}")
+                size = int(size_text, 16)
+                pos = newline + 1
+                if size:
+                    self._state, self._remaining = _DATA, size
+                    forward_to = pos
+                else:
+                    self._state = _TRAILER  # the last chunk: not forwarded
+            elif state == _TRAILER:
+                newline = data.find(b"\n", pos)
+                stop = end if newline < 0 else newline + 1
+                self._trailer_bytes += stop - pos
+                if self._trailer_bytes > MAX_TRAILERS:
+                    raise ProtocolError("trailer section too long")
+                if newline >= 0 and data[pos:newline] in (b"", b"\r"):
+                    self._state = _DONE
+                    self.leftover = data[stop:]
+                    pos = end
+                    break
+                pos = stop
+            else:  # _DONE
+                self.leftover += data[pos:]
+                break
+        return data if forward_to == end else data[:forward_to]
+
+
+def ends_event(tail: bytes) -> bool:
+    """Whether an SSE stream whose last bytes are ``tail`` stands on an event boundary
+    (its last line ended and the line before it was blank), or is empty."""
+    if not tail:
+        return True
+    for ending in (b"\r\n", b"\n", b"\r"):
+        if tail.endswith(ending):
+            rest = tail[: -len(ending)]
+            return not rest or rest.endswith((b"\n", b"\r"))
+    return False
