@@ -122,14 +122,15 @@ class ChunkedScanner:
     ``leftover`` any bytes after the body.
     """
 
-    __slots__ = ("_line", "_remaining", "_state", "_trailer_bytes", "collect", "leftover",
-                 "parts", "tail")
+    __slots__ = ("_line", "_remaining", "_state", "_trailer_bytes", "_trailer_line", "collect",
+                 "leftover", "parts", "tail")
 
     def __init__(self, *, collect: bool = False) -> None:
         self._state = _SIZE
         self._remaining = 0  # payload bytes left in the chunk, or CRLF bytes left after it
         self._line = b""  # an unfinished chunk-size line
         self._trailer_bytes = 0
+        self._trailer_line = b""  # start of a trailer line begun in an earlier read
         self.collect = collect
         self.parts: list[bytes] = []
         self.tail = b""
@@ -194,11 +195,16 @@ class ChunkedScanner:
                 self._trailer_bytes += stop - pos
                 if self._trailer_bytes > MAX_TRAILERS:
                     raise ProtocolError("trailer section too long")
-                if newline >= 0 and data[pos:newline] in (b"", b"\r"):
-                    self._state = _DONE
+                if newline < 0:
+                    self._trailer_line = (self._trailer_line + data[pos:end])[:2]
+                    pos = end
+                    break
+                if (self._trailer_line + data[pos:newline][:2]) in (b"", b"\r"):
+                    self._state = _DONE  # the blank line that ends the trailers
                     self.leftover = data[stop:]
                     pos = end
                     break
+                self._trailer_line = b""
                 pos = stop
             else:  # _DONE
                 self.leftover += data[pos:]

@@ -58,6 +58,10 @@ class ClientConnection:
         self.must_close = False
         self.gone = False
         self.requests = 0
+        self._unread = 0  # bytes the reader fed since the handler last asked for more
+        self._waiter: trio.Event | None = None  # set by the reader when it fed h11
+        self._resume: trio.Event | None = None  # set when a paused reader may read again
+        self._request_scope: trio.CancelScope | None = None  # cancelled if the client leaves
 
     def __repr__(self) -> str:
         return (f"ClientConnection({self.transport}, requests={self.requests}, "
@@ -66,6 +70,18 @@ class ClientConnection:
     # ----------------------------------------------------------------- the loop
 
     async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:  # one nursery per connection
+                nursery.start_soon(self._reader)
+                try:
+                    await self._serve()
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
+                await self.stream.aclose()
+
+    async def _serve(self) -> None:
         try:
             while await self._serve_one():
                 self.h11.start_next_cycle()
@@ -79,9 +95,6 @@ class ClientConnection:
                         await self.send_error(internal("internal gateway error"))
                     except (ClientGone, h11.LocalProtocolError):
                         pass
-        finally:
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
-                await self.stream.aclose()
 
     async def _serve_one(self) -> bool:
         """Answer one request; True when the connection may carry another."""
@@ -112,15 +125,40 @@ class ClientConnection:
 
     # ----------------------------------------------------------------- reading
 
-    async def _receive(self) -> bytes | bytearray:
-        try:
-            data = await self.stream.receive_some(RECEIVE_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            data = b""
-        if not data:
-            self.gone = True
-        self.h11.receive_data(data)  # type: ignore[arg-type]  # h11 accepts any buffer
-        return data
+    async def _reader(self) -> None:
+        """The connection's only reader: feeds h11 as bytes arrive, so a client that closes
+        is noticed at once whatever the request is waiting for (its scope is cancelled), and
+        pipelined requests are buffered (up to READ_AHEAD_CAP) while one is answered."""
+        while True:
+            if self._unread > READ_AHEAD_CAP:
+                self._resume = trio.Event()
+                await self._resume.wait()
+                continue
+            try:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
+            self.h11.receive_data(data)  # type: ignore[arg-type]  # h11 takes any buffer
+            self._unread += len(data)
+            waiter, self._waiter = self._waiter, None
+            if waiter is not None:
+                waiter.set()
+            if not data:
+                self.gone = True
+                if self._request_scope is not None:
+                    self._request_scope.cancel()
+                return
+
+    async def _receive(self) -> None:
+        """Wait until the reader has fed h11 more bytes (or the end of the stream)."""
+        if self.gone:
+            return
+        self._unread = 0
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            resume.set()
+        self._waiter = waiter = trio.Event()
+        await waiter.wait()
 
     async def _read_head(self) -> h11.Request:
         event = self.h11.next_event()
@@ -212,32 +250,18 @@ class ClientConnection:
         await self.watched(Relay(self, backend, request, body, info).run)
 
     async def watched(self, work: Callable[[], Awaitable[None]]) -> None:
-        """Run ``work`` while watching the client: if it closes, ``work`` is cancelled at
-        once, whatever it is waiting for. Pipelined bytes read meanwhile are kept for h11."""
-        failure: SluiceError | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch, nursery.cancel_scope)
-            try:
-                await work()
-            except SluiceError as err:
-                failure = err
-            except ClientGone:
-                self.gone = True
-            finally:
-                nursery.cancel_scope.cancel()
+        """Run ``work``, cancelled at once if the client closes the connection meanwhile."""
         if self.gone:
             raise ClientGone
-        if failure is not None:
-            raise failure
-
-    async def _watch(self, scope: trio.CancelScope) -> None:
-        budget = READ_AHEAD_CAP
-        while budget > 0:
-            data = await self._receive()
-            if not data:
-                scope.cancel()
-                return
-            budget -= len(data)
+        with trio.CancelScope() as scope:
+            self._request_scope = scope
+            try:
+                await work()
+            finally:
+                self._request_scope = None
+        if scope.cancelled_caught or self.gone:
+            self.gone = True
+            raise ClientGone
 
     # ----------------------------------------------------------------- writing
 
