@@ -23,8 +23,10 @@ from protocol.errors import (
 )
 from protocol.headers import Header, header_value
 from protocol.request_info import parse_request_body
+from proxy import sockio
 from proxy.api.routes import NEEDS_MODELS, route
 from proxy.context import GatewayContext
+from proxy.errors import ClientGone
 from proxy.relay import Relay, error_event
 
 log = logging.getLogger("sluice.connection")
@@ -40,18 +42,15 @@ READ_AHEAD_CAP = 1024 * 1024  # pipelined bytes buffered while a request is answ
 _CLOSE = (b"connection", b"close")
 
 
-class ClientGone(Exception):
-    """The client closed its connection or a send to it failed."""
-
-
 class _Close(Exception):
     """End the connection quietly (EOF, idle timeout, drain)."""
 
 
 class ClientConnection:
-    def __init__(self, stream: trio.abc.HalfCloseableStream, ctx: GatewayContext, *,
+    def __init__(self, stream: trio.SocketStream, ctx: GatewayContext, *,
                  transport: str) -> None:
         self.stream = stream
+        self.fd = stream.socket.fileno()
         self.ctx = ctx
         self.transport = transport
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_SIZE)
@@ -61,7 +60,7 @@ class ClientConnection:
         self._unread = 0  # bytes the reader fed since the handler last asked for more
         self._waiter: trio.Event | None = None  # set by the reader when it fed h11
         self._resume: trio.Event | None = None  # set when a paused reader may read again
-        self._request_scope: trio.CancelScope | None = None  # cancelled if the client leaves
+        self.request_scope: trio.CancelScope | None = None  # cancelled if the client leaves
 
     def __repr__(self) -> str:
         return (f"ClientConnection({self.transport}, requests={self.requests}, "
@@ -135,18 +134,18 @@ class ClientConnection:
                 await self._resume.wait()
                 continue
             try:
-                data = await self.stream.receive_some(RECEIVE_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = await sockio.recv(self.fd, RECEIVE_SIZE)
+            except (trio.ClosedResourceError, OSError):
                 data = b""
-            self.h11.receive_data(data)  # type: ignore[arg-type]  # h11 takes any buffer
+            self.h11.receive_data(data)
             self._unread += len(data)
             waiter, self._waiter = self._waiter, None
             if waiter is not None:
                 waiter.set()
             if not data:
                 self.gone = True
-                if self._request_scope is not None:
-                    self._request_scope.cancel()
+                if self.request_scope is not None:
+                    self.request_scope.cancel()
                 return
 
     async def _receive(self) -> None:
@@ -175,12 +174,13 @@ class ClientConnection:
             if idle.cancelled_caught:
                 raise _Close
             event = self.h11.next_event()
-        with trio.move_on_after(HEAD_TIMEOUT) as head_scope:
-            while event is h11.NEED_DATA:
-                await self._receive()
-                event = self.h11.next_event()
-        if head_scope.cancelled_caught:
-            raise request_timeout("the request head did not arrive within 10s")
+        if event is h11.NEED_DATA:  # the head came in pieces: it has HEAD_TIMEOUT in all
+            with trio.move_on_after(HEAD_TIMEOUT) as head_scope:
+                while event is h11.NEED_DATA:
+                    await self._receive()
+                    event = self.h11.next_event()
+            if head_scope.cancelled_caught:
+                raise request_timeout("the request head did not arrive within 10s")
         if isinstance(event, h11.ConnectionClosed) or (self.gone and event is h11.NEED_DATA):
             raise _Close
         if not isinstance(event, h11.Request):  # pragma: no cover - h11 yields nothing else
@@ -250,25 +250,23 @@ class ClientConnection:
         await self.watched(Relay(self, backend, request, body, info).run)
 
     async def watched(self, work: Callable[[], Awaitable[None]]) -> None:
-        """Run ``work``, cancelled at once if the client closes the connection meanwhile."""
+        """Run ``work``; if the client closes meanwhile, the reader cancels
+        ``request_scope`` (which ``work`` sets) at once, and this raises ClientGone."""
         if self.gone:
             raise ClientGone
-        with trio.CancelScope() as scope:
-            self._request_scope = scope
-            try:
-                await work()
-            finally:
-                self._request_scope = None
-        if scope.cancelled_caught or self.gone:
-            self.gone = True
+        try:
+            await work()
+        finally:
+            self.request_scope = None
+        if self.gone:
             raise ClientGone
 
     # ----------------------------------------------------------------- writing
 
     async def send(self, data: bytes) -> None:
         try:
-            await self.stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await sockio.send_all(self.fd, data)
+        except (trio.ClosedResourceError, OSError):
             self.gone = True
             raise ClientGone from None
 

@@ -28,6 +28,8 @@ from protocol.headers import (
 )
 from protocol.http1 import ResponseHead, ends_event
 from protocol.request_info import RequestInfo, TimeoutClass
+from proxy.errors import ClientGone
+from proxy.sockio import Fairness
 from proxy.upstream import UpstreamConnection, UpstreamFailure, exchange
 
 if TYPE_CHECKING:
@@ -150,6 +152,9 @@ class Relay:
             raise UpstreamFailure(f"model server {self.backend.name} is restarting",
                                   connect=True)
         with trio.CancelScope() as scope:
+            # One scope for the whole exchange: its deadline moves between the limits, and
+            # the connection's reader cancels it if the client goes away.
+            self.client.request_scope = scope
             deadline = Deadline(scope, trio.current_time() + total, total_limit, total)
 
             def connecting() -> None:
@@ -175,7 +180,9 @@ class Relay:
             else:
                 await self._relay_whole(conn, head)
             return
-        # Only reached when the deadline's scope was cancelled (an outer cancel propagates).
+        # Only reached when the scope was cancelled: by the client leaving, or a deadline.
+        if self.client.gone:
+            raise ClientGone
         phase = {
             "timeouts.connection": "could not connect to the upstream",
         }.get(deadline.limit)
@@ -215,7 +222,9 @@ class Relay:
         self._move(RelayState.COMMITTED)
         stream = self.info.stream
         gap = client.ctx.config.timeouts.request.streaming.chunk_interval
+        fairness = Fairness()
         while True:
+            await fairness.tick()
             if stream:
                 deadline.within(gap, "timeouts.request.streaming.chunk_interval")
             out = await receive()

@@ -24,8 +24,9 @@ from protocol.http1 import (
     parse_response_head,
 )
 from protocol.upstream_url import UpstreamAddress
+from proxy import sockio
 
-RECEIVE_SIZE = 256 * 1024  # bytes asked of the kernel per read
+RECEIVE_SIZE = 64 * 1024  # bytes asked of the kernel per read
 MAX_HEAD_SIZE = 64 * 1024  # an upstream response head larger than this is refused
 IDLE_PER_ADDRESS = 64  # idle keep-alive connections kept per upstream address
 
@@ -50,10 +51,11 @@ class UpstreamConnection:
     """One HTTP/1.1 connection to a model server, spoken with :mod:`protocol.http1`."""
 
     __slots__ = ("_buffer", "_eof", "_length_left", "_mode", "_responded", "_scanner",
-                 "address", "head", "reused", "stream")
+                 "address", "fd", "head", "reused", "stream")
 
     def __init__(self, stream: trio.SocketStream, address: UpstreamAddress) -> None:
         self.stream = stream
+        self.fd = stream.socket.fileno()
         self.address = address
         self.reused = False
         self._reset()
@@ -79,21 +81,21 @@ class UpstreamConnection:
                            body: bytes) -> None:
         data = build_request_head(method, target, list(headers))
         try:
-            await self.stream.send_all(data + body if body else data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            await sockio.send_all(self.fd, data + body if body else data)
+        except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"sending the request failed: {_describe(exc)}") from None
 
     async def _read(self) -> bytes:
         try:
-            data = await self.stream.receive_some(RECEIVE_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            data = await sockio.recv(self.fd, RECEIVE_SIZE)
+        except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"connection lost: {_describe(exc)}",
                                   responded=self._responded) from None
         if data:
             self._responded = True
         else:
             self._eof = True
-        return bytes(data)
+        return data
 
     async def receive_head(self, *, request_method: bytes = b"POST") -> ResponseHead:
         buffer = self._buffer

@@ -1,0 +1,61 @@
+"""Hot-path socket I/O on a trio socket's file descriptor.
+
+trio's SocketStream yields to the scheduler on every call, even when the kernel could take or
+give the bytes at once; on the relay path that costs more than the system call. These helpers
+try the call first and wait (a cancellable checkpoint) only when it would block. A loop that
+never blocks must still yield now and then: see :class:`Fairness`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import trio
+
+_read = os.read
+_write = os.write
+
+
+async def recv(fd: int, size: int) -> bytes:
+    """Up to ``size`` bytes; b"" at EOF. Raises OSError (e.g. ECONNRESET) as the kernel does,
+    and trio.ClosedResourceError if the socket is closed while waiting."""
+    while True:
+        try:
+            return _read(fd, size)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(fd)
+
+
+async def send_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``. Raises OSError (e.g. EPIPE) as the kernel does."""
+    try:
+        sent = _write(fd, data)
+    except BlockingIOError:
+        sent = 0
+    if sent == len(data):
+        return
+    view = memoryview(data)[sent:]
+    while view:
+        await trio.lowlevel.wait_writable(fd)
+        try:
+            sent = _write(fd, view)
+        except BlockingIOError:
+            continue
+        view = view[sent:]
+
+
+class Fairness:
+    """Counts calls that did not yield; every ``every`` of them, yields once, so a stream whose
+    bytes are always ready cannot starve the other connections (or dodge cancellation)."""
+
+    __slots__ = ("_count", "every")
+
+    def __init__(self, every: int = 16) -> None:
+        self.every = every
+        self._count = 0
+
+    async def tick(self) -> None:
+        self._count += 1
+        if self._count >= self.every:
+            self._count = 0
+            await trio.lowlevel.checkpoint()
