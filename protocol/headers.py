@@ -69,23 +69,13 @@ def upstream_request_headers(
     return out
 
 
-def downstream_response_headers(
-    headers: Sequence[Header],
-    *,
-    served_by: bytes,
-    keep_length: bool,
-) -> list[Header]:
-    """The headers relayed to the client.
-
-    ``keep_length`` keeps the upstream's ``Content-Length`` (a streamed body of known size);
-    otherwise the caller sets it (whole bodies) or h11 chooses chunked framing.
-    """
+def downstream_response_headers(headers: Sequence[Header], *, served_by: bytes) -> list[Header]:
+    """The headers relayed to the client. The body's framing (Content-Length or chunked) is
+    the gateway's own, so the upstream's Content-Length is dropped too."""
     listed = connection_tokens(headers)
     out: list[Header] = []
     for name, value in headers:
-        if _is_hop_by_hop(name, listed):
-            continue
-        if name in _REPLACED_DOWNSTREAM and not (keep_length and name == b"content-length"):
+        if name in _REPLACED_DOWNSTREAM or _is_hop_by_hop(name, listed):
             continue
         out.append((name, value))
     out.append((SERVED_BY, served_by))

@@ -222,3 +222,41 @@ def ends_event(tail: bytes) -> bool:
             rest = tail[: -len(ending)]
             return not rest or rest.endswith((b"\n", b"\r"))
     return False
+
+
+# ---------------------------------------------------------------- responses we write
+
+LAST_CHUNK = b"0\r\n\r\n"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def build_response_head(status: int, reason: bytes, headers: list[Header]) -> bytes:
+    """A response status line and headers (names and values already valid: relayed from a
+    parsed upstream head, or the gateway's own)."""
+    if not reason:
+        reason = _REASONS.get(status, b"")
+    parts = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
+    for name, value in headers:
+        parts += (name, b": ", value, b"\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+def frame_chunk(data: bytes) -> bytes:
+    """One chunk of a chunked body (empty data frames to nothing: it would end the body)."""
+    return b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+
+
+def body_allowed(status: int) -> bool:
+    return status >= 200 and status not in (204, 304)
+
+
+_REASONS = {
+    200: b"OK", 201: b"Created", 202: b"Accepted", 204: b"No Content",
+    400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",
+    405: b"Method Not Allowed", 408: b"Request Timeout", 409: b"Conflict",
+    413: b"Content Too Large", 422: b"Unprocessable Content", 429: b"Too Many Requests",
+    431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
+    501: b"Not Implemented", 502: b"Bad Gateway", 503: b"Service Unavailable",
+    504: b"Gateway Timeout", 505: b"HTTP Version Not Supported",
+}

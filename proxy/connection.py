@@ -21,7 +21,14 @@ from protocol.errors import (
     request_timeout,
     version_not_supported,
 )
-from protocol.headers import Header, header_value
+from protocol.headers import Header, connection_tokens, header_value
+from protocol.http1 import (
+    CONTINUE,
+    LAST_CHUNK,
+    body_allowed,
+    build_response_head,
+    frame_chunk,
+)
 from protocol.request_info import parse_request_body
 from proxy import sockio
 from proxy.api.routes import NEEDS_MODELS, route
@@ -42,6 +49,10 @@ READ_AHEAD_CAP = 1024 * 1024  # pipelined bytes buffered while a request is answ
 _CLOSE = (b"connection", b"close")
 
 
+def _parser() -> h11.Connection:
+    return h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_SIZE)
+
+
 class _Close(Exception):
     """End the connection quietly (EOF, idle timeout, drain)."""
 
@@ -53,7 +64,12 @@ class ClientConnection:
         self.fd = stream.socket.fileno()
         self.ctx = ctx
         self.transport = transport
-        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_SIZE)
+        self.h11 = _parser()  # parses requests only; responses are written by us
+        # The answer to the current request: not yet started, its body's framing, finished.
+        self.response_started = False
+        self.response_done = False
+        self.chunked = False  # the response body goes out in chunks (HTTP/1.1 client)
+        self.keep_alive = True
         self.must_close = False
         self.gone = False
         self.requests = 0
@@ -61,10 +77,12 @@ class ClientConnection:
         self._waiter: trio.Event | None = None  # set by the reader when it fed h11
         self._resume: trio.Event | None = None  # set when a paused reader may read again
         self.request_scope: trio.CancelScope | None = None  # cancelled if the client leaves
+        self._continued = False  # 100 Continue sent for the current request
 
     def __repr__(self) -> str:
         return (f"ClientConnection({self.transport}, requests={self.requests}, "
-                f"state={self.h11.our_state}/{self.h11.their_state}, gone={self.gone})")
+                f"request={self.h11.their_state}, responded={self.response_done}, "
+                f"gone={self.gone})")
 
     # ----------------------------------------------------------------- the loop
 
@@ -83,16 +101,16 @@ class ClientConnection:
     async def _serve(self) -> None:
         try:
             while await self._serve_one():
-                self.h11.start_next_cycle()
+                self._next_cycle()
         except (_Close, ClientGone):
             pass
         except Exception:
             log.exception("connection handler failed")
-            if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE) and not self.gone:
+            if not self.response_started and not self.gone:
                 with trio.move_on_after(1):
                     try:
                         await self.send_error(internal("internal gateway error"))
-                    except (ClientGone, h11.LocalProtocolError):
+                    except ClientGone:
                         pass
 
     async def _serve_one(self) -> bool:
@@ -118,9 +136,21 @@ class ClientConnection:
             await self._dispatch(request, body)
         except SluiceError as err:
             await self.send_error(err)
-        if self.gone or self.must_close or self.ctx.draining:
+        if self.gone or self.must_close or self.ctx.draining or not self.keep_alive:
             return False
-        return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+        return self.response_done and self.h11.their_state is h11.DONE
+
+    def _next_cycle(self) -> None:
+        """A fresh parser for the next request, holding the bytes already read after this
+        one (pipelining). Cheaper than h11's own cycle, which would need every response
+        byte to go through it."""
+        data, closed = self.h11.trailing_data
+        self.h11 = _parser()
+        if data:
+            self.h11.receive_data(data)
+        if closed:
+            self.h11.receive_data(b"")
+        self.response_started = self.response_done = self.chunked = False
 
     # ----------------------------------------------------------------- reading
 
@@ -199,6 +229,11 @@ class ClientConnection:
                 header_value(event.headers, b"content-length") is not None:
             raise bad_request("a request must not carry both Transfer-Encoding and "
                               "Content-Length", code="bad_http_request")
+        # HTTP/1.1 keeps the connection unless told otherwise; HTTP/1.0 gets one answer.
+        self.keep_alive = event.http_version == b"1.1" and \
+            b"close" not in connection_tokens(event.headers)
+        self.chunked = event.http_version == b"1.1"
+        self._continued = False
         return event
 
     async def _read_body(self, request: h11.Request) -> bytes:
@@ -211,9 +246,9 @@ class ClientConnection:
         while True:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
-                if self.h11.they_are_waiting_for_100_continue:
-                    await self.send(self.h11.send(h11.InformationalResponse(
-                        status_code=100, headers=[])) or b"")
+                if self.h11.they_are_waiting_for_100_continue and not self._continued:
+                    self._continued = True
+                    await self.send(CONTINUE)
                 with trio.move_on_after(BODY_GAP_TIMEOUT) as gap:
                     await self._receive()
                 if gap.cancelled_caught:
@@ -270,22 +305,38 @@ class ClientConnection:
             self.gone = True
             raise ClientGone from None
 
-    def response_head(self, status: int, headers: list[Header], reason: bytes = b"") -> bytes:
-        if self.must_close or self.ctx.draining:
+    def response_head(self, status: int, headers: list[Header], reason: bytes = b"", *,
+                      length: int | None = None) -> bytes:
+        """The head of our answer: with ``length`` a Content-Length body, else a streamed one
+        (chunked for HTTP/1.1, until close for HTTP/1.0)."""
+        self.response_started = True
+        if not body_allowed(status):
+            self.response_done = True
+        elif length is not None:
+            headers.append((b"content-length", b"%d" % length))
+        elif self.chunked:
+            headers.append((b"transfer-encoding", b"chunked"))
+        else:
+            self.keep_alive = False  # the body ends when the connection does
+        if self.must_close or self.ctx.draining or not self.keep_alive:
             headers.append(_CLOSE)
-        data = self.h11.send(h11.Response(status_code=status, headers=headers, reason=reason))
-        assert data is not None
-        return data
+        return build_response_head(status, reason, headers)
+
+    def frame(self, data: bytes) -> bytes:
+        """Body bytes of a streamed answer, framed for this client."""
+        return frame_chunk(data) if self.chunked else data
+
+    def end_of_body(self) -> bytes:
+        self.response_done = True
+        return LAST_CHUNK if self.chunked else b""
 
     async def send_whole(self, status: int, headers: list[Header], body: bytes,
                          reason: bytes = b"") -> None:
-        if status not in (204, 304):
-            headers.append((b"content-length", str(len(body)).encode()))
-        data = self.response_head(status, headers, reason)
-        if body and status not in (204, 304):
-            data += self.h11.send(h11.Data(data=body)) or b""
-        data += self.h11.send(h11.EndOfMessage()) or b""
-        await self.send(data)
+        if not body_allowed(status):
+            body = b""
+        data = self.response_head(status, headers, reason, length=len(body))
+        self.response_done = True
+        await self.send(data + body if body else data)
 
     async def send_json(self, status: int, payload: Any,
                         extra: Sequence[Header] = ()) -> None:
@@ -294,7 +345,7 @@ class ClientConnection:
         await self.send_whole(status, headers, body)
 
     async def send_error(self, err: SluiceError) -> None:
-        if self.gone or self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        if self.gone or self.response_started:
             self.must_close = True
             return
         headers = [(b"content-type", b"application/json"), *err.headers]
@@ -304,4 +355,4 @@ class ClientConnection:
         """After commit: one SSE error event, then the connection ends without the final
         chunk, so the client can tell the answer is incomplete."""
         self.must_close = True
-        await self.send(self.h11.send(h11.Data(data=error_event(err, at_boundary))) or b"")
+        await self.send(self.frame(error_event(err, at_boundary)))

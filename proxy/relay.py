@@ -193,8 +193,7 @@ class Relay:
 
     async def _relay_whole(self, conn: UpstreamConnection, head: ResponseHead) -> None:
         body = await conn.receive_body(MAX_WHOLE_BODY)
-        headers = downstream_response_headers(head.headers, served_by=self.backend.served_by,
-                                              keep_length=False)
+        headers = downstream_response_headers(head.headers, served_by=self.backend.served_by)
         await self.client.send_whole(head.status_code, headers, body, reason=head.reason)
         self._move(RelayState.DONE)
 
@@ -204,18 +203,15 @@ class Relay:
         client is forwarded with its own chunk framing, untouched; otherwise each read's
         payload becomes one chunk (or raw bytes for an HTTP/1.0 client)."""
         client = self.client
-        framer = client.h11
-        passthrough = head.chunked and framer.their_http_version == b"1.1"
+        passthrough = head.chunked and client.chunked
         receive = conn.receive_chunked_raw if passthrough else partial(self._framed_payload, conn)
-        headers = downstream_response_headers(
-            head.headers, served_by=self.backend.served_by,
-            keep_length=head.content_length is not None)
+        headers = downstream_response_headers(head.headers, served_by=self.backend.served_by)
         out = b""
         while not out and not conn.body_done():
             out = await receive()
         out = client.response_head(head.status_code, headers, reason=head.reason) + out
         if conn.body_done():
-            await client.send(out + (framer.send(h11.EndOfMessage()) or b""))
+            await client.send(out + client.end_of_body())
             self._move(RelayState.DONE)
             return
         await client.send(out)
@@ -231,7 +227,7 @@ class Relay:
             if stream:  # the gap limit is the upstream's; a slow client is not a stall
                 deadline.to_total()
             if conn.body_done():
-                await client.send(out + (framer.send(h11.EndOfMessage()) or b""))
+                await client.send(out + client.end_of_body())
                 self._move(RelayState.DONE)
                 return
             if out:
@@ -242,7 +238,7 @@ class Relay:
         if not part:
             return b""
         self._tail = (self._tail + part[-4:])[-4:]
-        return self.client.h11.send(h11.Data(data=part)) or b""
+        return self.client.frame(part)
 
     @property
     def at_event_boundary(self) -> bool:

@@ -26,9 +26,8 @@ def up(headers: list[Header], *, api_key: str | None = None, body_length: int = 
                                     api_key=api_key)
 
 
-def down(headers: list[Header], *, keep_length: bool = False,
-         served_by: bytes = b"local") -> list[Header]:
-    return downstream_response_headers(headers, served_by=served_by, keep_length=keep_length)
+def down(headers: list[Header], *, served_by: bytes = b"local") -> list[Header]:
+    return downstream_response_headers(headers, served_by=served_by)
 
 
 def names(headers: list[Header]) -> list[bytes]:
@@ -177,20 +176,12 @@ def test_served_by_set_once_replacing_the_upstreams() -> None:
     assert SERVED_BY == b"x-sluice-served-by"
 
 
-@pytest.mark.parametrize("keep_length", [True, False])
-def test_served_by_always_present(keep_length: bool) -> None:
-    assert down([], keep_length=keep_length, served_by=b"b") == [(SERVED_BY, b"b")]
+def test_served_by_always_present() -> None:
+    assert down([], served_by=b"b") == [(SERVED_BY, b"b")]
 
 
-def test_keep_length_true_keeps_upstream_content_length() -> None:
-    out = down([(b"content-length", b"1234"), (b"content-type", b"application/json")],
-               keep_length=True)
-    assert values(out, b"content-length") == [b"1234"]
-
-
-def test_keep_length_false_drops_upstream_content_length() -> None:
-    out = down([(b"content-length", b"1234"), (b"content-type", b"application/json")],
-               keep_length=False)
+def test_upstream_content_length_is_dropped() -> None:
+    out = down([(b"content-length", b"1234"), (b"content-type", b"application/json")])
     assert values(out, b"content-length") == []
     assert (b"content-type", b"application/json") in out
 
@@ -303,9 +294,9 @@ def test_upstream_properties(headers: list[Header], key: str | None, length: int
 
 
 @_SETTINGS
-@given(headers=header_lists, keep=st.booleans(), served=st.binary(min_size=1, max_size=10))
-def test_downstream_properties(headers: list[Header], keep: bool, served: bytes) -> None:
-    out = down(headers, keep_length=keep, served_by=served)
+@given(headers=header_lists, served=st.binary(min_size=1, max_size=10))
+def test_downstream_properties(headers: list[Header], served: bytes) -> None:
+    out = down(headers, served_by=served)
     listed = connection_tokens(headers)
     assert out[-1] == (SERVED_BY, served)
     assert values(out, SERVED_BY) == [served]
@@ -313,7 +304,4 @@ def test_downstream_properties(headers: list[Header], keep: bool, served: bytes)
         assert name not in HOP_BY_HOP
         assert not name.startswith(b"proxy-")
         assert name not in listed or name == SERVED_BY
-    if not keep:
-        assert b"content-length" not in names(out)
-    elif b"content-length" not in listed:
-        assert values(out, b"content-length") == values(headers, b"content-length")
+    assert b"content-length" not in names(out)
