@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from protocol.headers import Header
+from protocol.sse import TAIL
 
 MAX_CHUNK_LINE = 4096  # longest chunk-size line (with extensions) accepted
 MAX_TRAILERS = 16 * 1024  # trailer section bytes accepted (and dropped)
@@ -157,7 +158,7 @@ class ChunkedScanner:
             if state == _DATA:
                 stop = min(pos + self._remaining, end)
                 self._remaining -= stop - pos
-                self.tail = (self.tail + data[max(pos, stop - 4):stop])[-4:]
+                self.tail = (self.tail + data[max(pos, stop - TAIL):stop])[-TAIL:]
                 if self.collect:
                     self.parts.append(data[pos:stop])
                 pos = forward_to = stop
@@ -210,18 +211,6 @@ class ChunkedScanner:
                 self.leftover += data[pos:]
                 break
         return data if forward_to == end else data[:forward_to]
-
-
-def ends_event(tail: bytes) -> bool:
-    """Whether an SSE stream whose last bytes are ``tail`` stands on an event boundary
-    (its last line ended and the line before it was blank), or is empty."""
-    if not tail:
-        return True
-    for ending in (b"\r\n", b"\n", b"\r"):
-        if tail.endswith(ending):
-            rest = tail[: -len(ending)]
-            return not rest or rest.endswith((b"\n", b"\r"))
-    return False
 
 
 # ---------------------------------------------------------------- responses we write

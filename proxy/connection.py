@@ -298,9 +298,9 @@ class ClientConnection:
 
     # ----------------------------------------------------------------- writing
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: bytes, on_block: Callable[[], None] | None = None) -> None:
         try:
-            await sockio.send_all(self.fd, data)
+            await sockio.send_all(self.fd, data, on_block)
         except (trio.ClosedResourceError, OSError):
             self.gone = True
             raise ClientGone from None

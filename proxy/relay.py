@@ -26,8 +26,9 @@ from protocol.headers import (
     is_event_stream,
     upstream_request_headers,
 )
-from protocol.http1 import ResponseHead, ends_event
+from protocol.http1 import ResponseHead
 from protocol.request_info import RequestInfo, TimeoutClass
+from protocol.sse import TAIL, ends_event
 from proxy.errors import ClientGone
 from proxy.sockio import Fairness
 from proxy.upstream import UpstreamConnection, UpstreamFailure, exchange
@@ -224,20 +225,20 @@ class Relay:
             if stream:
                 deadline.within(gap, "timeouts.request.streaming.chunk_interval")
             out = await receive()
-            if stream:  # the gap limit is the upstream's; a slow client is not a stall
-                deadline.to_total()
             if conn.body_done():
                 await client.send(out + client.end_of_body())
                 self._move(RelayState.DONE)
                 return
             if out:
-                await client.send(out)
+                # The gap limit is the upstream's: while a slow client makes us wait, only the
+                # total applies.
+                await client.send(out, deadline.to_total if stream else None)
 
     async def _framed_payload(self, conn: UpstreamConnection) -> bytes:
         part = await conn.receive_payload()
         if not part:
             return b""
-        self._tail = (self._tail + part[-4:])[-4:]
+        self._tail = (self._tail + part[-TAIL:])[-TAIL:]
         return self.client.frame(part)
 
     @property

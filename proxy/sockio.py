@@ -9,6 +9,7 @@ never blocks must still yield now and then: see :class:`Fairness`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import trio
 
@@ -26,14 +27,17 @@ async def recv(fd: int, size: int) -> bytes:
             await trio.lowlevel.wait_readable(fd)
 
 
-async def send_all(fd: int, data: bytes) -> None:
-    """Write all of ``data``. Raises OSError (e.g. EPIPE) as the kernel does."""
+async def send_all(fd: int, data: bytes, on_block: Callable[[], None] | None = None) -> None:
+    """Write all of ``data``. Raises OSError (e.g. EPIPE) as the kernel does. ``on_block`` is
+    called once before the first wait, if the kernel cannot take everything at once."""
     try:
         sent = _write(fd, data)
     except BlockingIOError:
         sent = 0
     if sent == len(data):
         return
+    if on_block is not None:
+        on_block()
     view = memoryview(data)[sent:]
     while view:
         await trio.lowlevel.wait_writable(fd)

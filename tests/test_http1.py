@@ -11,7 +11,6 @@ from protocol.http1 import (
     ChunkedScanner,
     ProtocolError,
     build_request_head,
-    ends_event,
     parse_response_head,
 )
 
@@ -149,11 +148,3 @@ def test_chunked_garbage_raises_protocol_error_only(data: bytes) -> None:
         scan([data, data])
     except ProtocolError:
         pass
-
-
-@pytest.mark.parametrize(("tail", "boundary"), [
-    (b"", True), (b"x\n\n", True), (b"\r\n\r\n", True), (b"\n\r\n", True), (b"a\r\r", True),
-    (b"data: x\n", False), (b"data", False), (b"\n", True), (b"x\r\n", False),
-])
-def test_event_boundary(tail: bytes, boundary: bool) -> None:
-    assert ends_event(tail) is boundary
