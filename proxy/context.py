@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from protocol.config import Config
+from proxy.notifications import Notifications
 from proxy.pool.backends import BackendRegistry
 from proxy.upstream import UpstreamPool
 
@@ -27,6 +28,7 @@ class GatewayContext:
         self.local_tcp_port: int | None = None  # the local listener when no socket folder works
         self.tcp_port: int | None = None
         self.supervisor: Supervisor | None = None
+        self.notifications = Notifications()
 
     def __repr__(self) -> str:
         return (f"GatewayContext(connections={self.connection_count}, "
