@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import httpx
+import openai
 import pytest
 import trio
 
@@ -94,6 +96,15 @@ class RunningGateway:
 
     def address(self, transport: str) -> str:
         return self.tcp if transport == "tcp" else self.unix
+
+    def openai_client(self, transport: str) -> openai.OpenAI:
+        """The official SDK pointed at this gateway over TCP or over its Unix socket."""
+        if transport == "tcp":
+            return openai.OpenAI(base_url=f"http://{self.tcp}/v1", api_key="unused",
+                                 max_retries=0)
+        http = httpx.Client(transport=httpx.HTTPTransport(uds=self.gateway.ctx.socket_path))
+        return openai.OpenAI(base_url="http://localhost/v1", api_key="unused", max_retries=0,
+                             http_client=http)
 
 
 StartGateway = Callable[..., Awaitable[RunningGateway]]

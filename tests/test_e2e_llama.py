@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import httpx
-import openai
 import pytest
 import trio
 
@@ -61,17 +59,9 @@ async def wait_running(gateway: Gateway, restarts: int) -> dict[str, Any]:
         await trio.sleep(0.05)
 
 
-def sdk(gw: RunningGateway, transport: str) -> openai.OpenAI:
-    if transport == "tcp":
-        return openai.OpenAI(base_url=f"http://{gw.tcp}/v1", api_key="unused", max_retries=0)
-    http = httpx.Client(transport=httpx.HTTPTransport(uds=gw.gateway.ctx.socket_path))
-    return openai.OpenAI(base_url="http://localhost/v1", api_key="unused", max_retries=0,
-                         http_client=http)
-
-
 async def test_chat_with_the_openai_sdk(llama_gateway: RunningGateway, transport: str) -> None:
     def chat() -> tuple[Any, list[Any]]:
-        with sdk(llama_gateway, transport) as client:
+        with llama_gateway.openai_client(transport) as client:
             whole = client.chat.completions.create(model=DEMO_MODEL, messages=PROMPT,
                                                    temperature=0, max_tokens=12)
             chunks = list(client.chat.completions.create(

@@ -5,20 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import openai
 import trio
 
-from tests.conftest import RunningGateway, StartGateway
+from tests.conftest import StartGateway
 from tests.fakeupstream import FakeUpstream, json_completion, sse_events, sse_stream
-
-
-def sdk_client(gw: RunningGateway, transport: str) -> openai.OpenAI:
-    if transport == "tcp":
-        return openai.OpenAI(base_url=f"http://{gw.tcp}/v1", api_key="unused", max_retries=0)
-    http = httpx.Client(transport=httpx.HTTPTransport(uds=gw.gateway.ctx.socket_path))
-    return openai.OpenAI(base_url="http://localhost/v1", api_key="unused", max_retries=0,
-                         http_client=http)
 
 
 def stream_with_sdk(client: openai.OpenAI) -> dict[str, Any]:
@@ -43,7 +34,7 @@ async def test_openai_sdk(upstream: FakeUpstream, start_gateway: StartGateway,
         result: dict[str, Any] = {}
 
         def run() -> None:
-            client = sdk_client(gw, transport)
+            client = gw.openai_client(transport)
             with client:
                 result["models"] = [m.id for m in client.models.list()]
                 result["whole"] = client.chat.completions.create(
@@ -52,7 +43,7 @@ async def test_openai_sdk(upstream: FakeUpstream, start_gateway: StartGateway,
 
         await trio.to_thread.run_sync(run)
         upstream.on("POST", "/v1/chat/completions", sse_stream(sse_events(4)))
-        streamed = await trio.to_thread.run_sync(stream_with_sdk, sdk_client(gw, transport))
+        streamed = await trio.to_thread.run_sync(stream_with_sdk, gw.openai_client(transport))
     assert result["models"] == ["fake-model"]
     assert result["whole"].choices[0].message.content == "hello there"
     chunks = streamed["chunks"]
