@@ -215,9 +215,9 @@ class Relay:
             await client.send(out + client.end_of_body())
             self._move(RelayState.DONE)
             return
-        await client.send(out)
-        self._move(RelayState.COMMITTED)
         stream = self.info.stream
+        await client.send(out, deadline.to_total if stream else None)
+        self._move(RelayState.COMMITTED)
         gap = client.ctx.config.timeouts.request.streaming.chunk_interval
         fairness = Fairness()
         while True:
