@@ -24,8 +24,12 @@ from proxy.listeners import (
     ListenerError,
     bound_port,
     choose_socket_dir,
+    open_api_listeners,
     open_tcp_listener,
     open_unix_listener,
+    remove_stale_sockets,
+    socket_is_live,
+    tcp_port_is_live,
 )
 from proxy.models.launcher import INSTALL_HINT
 from proxy.models.supervisor import Supervisor
@@ -62,6 +66,7 @@ class Gateway:
         self._stop = trio.Event()
         self._drained = trio.Event()
         self._socket_path: Path | None = None
+        self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of our socket file
         self._state_file = settings.data_dir / STATE_FILE
 
     def __repr__(self) -> str:
@@ -133,48 +138,108 @@ class Gateway:
         accepting.cancel()
 
     async def _open_listeners(self) -> list[tuple[trio.SocketListener, str]]:
+        """Bind every listener (SPEC §4): the local socket in the first usable folder, else
+        127.0.0.1 on ``local.fallback_port``; then the API server unless disabled."""
         cfg = self.settings.config
         out: list[tuple[trio.SocketListener, str]] = []
+        api_hosts: list[str] = []
         try:
-            folder = choose_socket_dir(cfg.local.socket_dir, self.settings.data_dir)
-            if folder is not None:
-                path = folder / SOCKET_NAME
+            await self._refuse_if_running()
+            choice = choose_socket_dir(cfg.local.socket_dir, self.settings.data_dir)
+            await remove_stale_sockets(f for f in choice.candidates if f != choice.folder)
+            if choice.folder is not None:
+                path = choice.folder / SOCKET_NAME
                 out.append((await open_unix_listener(path), "unix"))
-                self._socket_path = path
+                info = os.lstat(path)
+                self._socket_path, self._socket_id = path, (info.st_dev, info.st_ino)
                 self.ctx.socket_path = os.fspath(path)
             else:
+                # Never a wildcard address, whatever allow_external_access says: this stands
+                # in for the private socket, it does not publish anything.
                 listener = await open_tcp_listener("127.0.0.1", cfg.local.fallback_port)
                 out.append((listener, "local-tcp"))
                 self.ctx.local_tcp_port = bound_port(listener)
-                log.warning("no socket folder works: local listener on 127.0.0.1:%d",
-                            self.ctx.local_tcp_port)
+                self.ctx.notifications.raise_("local_socket_unavailable", (
+                    "no folder works for the local socket ("
+                    f"{choice.reasons()}), so the local listener is on loopback TCP "
+                    f"127.0.0.1:{self.ctx.local_tcp_port} instead: any local process can "
+                    "reach it and the admin token is the only guard. Set local.socket_dir to "
+                    "a short private folder (or make /tmp writable) and restart."))
             if cfg.api.enabled:
-                listener = await open_tcp_listener("127.0.0.1", cfg.api.port)
-                self.ctx.tcp_port = bound_port(listener)
-                out.append((listener, "tcp"))
+                external = cfg.api.allow_external_access
+                api = await open_api_listeners(cfg.api.port, external=external)
+                out.extend((listener, "tcp") for listener in api)
+                self.ctx.tcp_port = bound_port(api[0])
+                api_hosts = [listener.socket.getsockname()[0] for listener in api]
+                if external and not self.settings.secrets.access_keys:
+                    self.ctx.notifications.raise_("external_access_without_keys", (
+                        "external access is on but no access key exists: remote clients "
+                        "will be refused until one is made (sluice keys create)"))
         except BaseException:
             for listener, _ in out:
                 listener.socket.close()
             self._remove_socket()
             raise
         where = [f"unix:{self.ctx.socket_path}"] if self.ctx.socket_path else []
-        if self.ctx.tcp_port is not None:
-            where.append(f"http://127.0.0.1:{self.ctx.tcp_port}")
+        if self.ctx.local_tcp_port is not None:
+            where.append(f"http://127.0.0.1:{self.ctx.local_tcp_port} (local fallback)")
+        where.extend(f"http://{host if ':' not in host else f'[{host}]'}:{self.ctx.tcp_port}"
+                     for host in api_hosts)
         log.info("sluice listening on %s", " and ".join(where))
         self._write_state()
         return out
 
+    async def _refuse_if_running(self) -> None:
+        """Another gateway on this data dir (its state file names a live process whose
+        local listener answers) means we must not start: exit 2 saying so."""
+        try:
+            state = json.loads(self._state_file.read_text())
+        except (OSError, ValueError):
+            return
+        pid = state.get("pid") if isinstance(state, dict) else None
+        if not isinstance(pid, int) or pid <= 0:
+            return
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass
+        path, port = state.get("socketPath"), state.get("localTcpPort")
+        where = None
+        if isinstance(path, str):
+            try:
+                if await socket_is_live(Path(path)):
+                    where = path
+            except OSError:
+                pass
+        if isinstance(port, int) and 0 < port < 65536 and await tcp_port_is_live(port):
+            where = f"127.0.0.1:{port}"
+        if where is not None:
+            raise ListenerError(f"another gateway (pid {pid}) is already running for "
+                                f"{self.settings.data_dir}: it answers on {where}")
+
     def _write_state(self) -> None:
-        """Where this gateway listens, for the CLI (``sluice status``) to find it."""
+        """Where this gateway listens, for the CLI (``sluice status``) to find it: the
+        socket path, or the fallback port when no socket folder works."""
         state = {"pid": os.getpid(), "socketPath": self.ctx.socket_path,
                  "localTcpPort": self.ctx.local_tcp_port, "tcpPort": self.ctx.tcp_port}
-        tmp = self._state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
+        tmp = self._state_file.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(state))
         os.replace(tmp, self._state_file)
 
     def _remove_socket(self) -> None:
+        """Remove our socket file, unless it is no longer ours (replaced meanwhile)."""
         path, self._socket_path = self._socket_path, None
-        if path is not None:
+        if path is None:
+            return
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if (info.st_dev, info.st_ino) == self._socket_id:
             path.unlink(missing_ok=True)
 
     async def _accept_loop(self, listener: trio.SocketListener, transport: str,
