@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from protocol.access import check_secret_maps
 from protocol.errors import ConfigError
 
 
@@ -30,6 +31,16 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show the running gateway's state")
     status.add_argument("--data-dir", help="data folder of the gateway")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    keys = sub.add_parser("keys", help="access keys for remote clients")
+    keys_sub = keys.add_subparsers(dest="action", required=True)
+    create = keys_sub.add_parser("create", help="make a key (printed once)")
+    create.add_argument("--name", help="a label, e.g. the client's name")
+    keys_sub.add_parser("list", help="list the keys (never the keys themselves)")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key")
+    revoke.add_argument("id", help="the key's id (see: sluice keys list)")
+    for command in (create, keys_sub.choices["list"], revoke):
+        command.add_argument("--data-dir", help="data folder of the gateway")
+        command.add_argument("--json", action="store_true", help="print the raw JSON")
     return parser
 
 
@@ -46,14 +57,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         from proxy.status import status_main
 
         return status_main(data_dir, args.json)
+    if command == "keys":
+        from proxy.status import keys_main
+
+        return keys_main(data_dir, args.action, name=getattr(args, "name", None),
+                         key_id=getattr(args, "id", None), as_json=args.json)
     logging.basicConfig(
         level=getattr(args, "log_level", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
         settings = Settings.open(data_dir, Path(config) if config else None)
+        check_secret_maps({"backend_keys": settings.secrets.backend_keys,
+                            "node_keys": settings.secrets.node_keys})
     except ConfigError as exc:
-        print(f"sluice: invalid configuration: {exc}", file=sys.stderr)
+        where = "secrets.yaml: " if "_keys." in exc.path else ""
+        print(f"sluice: invalid configuration: {where}{exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"sluice: cannot use data folder {data_dir}: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ from typing import Any
 import h11
 import trio
 
+from protocol.access import PREFLIGHT_METHODS, cors_headers, preflight_headers
 from protocol.errors import (
     SluiceError,
     bad_request,
@@ -30,8 +31,8 @@ from protocol.http1 import (
     frame_chunk,
 )
 from protocol.request_info import parse_request_body
-from proxy import sockio
-from proxy.api.routes import NEEDS_MODELS, route
+from proxy import auth, sockio
+from proxy.api.routes import NEEDS_MODELS, Call, route
 from proxy.context import GatewayContext
 from proxy.errors import ClientGone
 from proxy.relay import Relay, error_event
@@ -45,12 +46,35 @@ MAX_HEAD_SIZE = 16 * 1024  # larger request heads get 431
 MAX_HEADER_LINES = 100  # more header lines get 431
 RECEIVE_SIZE = 64 * 1024  # bytes asked of the kernel per read
 READ_AHEAD_CAP = 1024 * 1024  # pipelined bytes buffered while a request is answered
+REFUSED_BODY_CAP = 64 * 1024  # a refused request's body read (to keep the connection) up to
 
 _CLOSE = (b"connection", b"close")
 
 
 def _parser() -> h11.Connection:
     return h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_SIZE)
+
+
+def _path(request: h11.Request) -> str:
+    return request.target.split(b"?", 1)[0].decode("latin-1")
+
+
+def _small_body(request: h11.Request) -> bool:
+    """No body, or a Content-Length one of at most REFUSED_BODY_CAP bytes."""
+    length = header_value(request.headers, b"content-length")
+    if length is None:
+        return header_value(request.headers, b"transfer-encoding") is None
+    return int(length) <= REFUSED_BODY_CAP
+
+
+def _describe(exc: h11.RemoteProtocolError) -> str:
+    """h11's message without the bytes it quotes (a header value may be a secret)."""
+    text = str(exc)
+    for quote in ("bytearray(", "b'", 'b"', "'", '"'):
+        cut = text.find(quote)
+        if cut >= 0:
+            text = text[:cut]
+    return text.rstrip(" :") or "unreadable request"
 
 
 class _Close(Exception):
@@ -78,6 +102,8 @@ class ClientConnection:
         self._resume: trio.Event | None = None  # set when a paused reader may read again
         self.request_scope: trio.CancelScope | None = None  # cancelled if the client leaves
         self._continued = False  # 100 Continue sent for the current request
+        self.loopback_peer = True  # a TCP peer on this machine (set in run)
+        self.cors_origin: bytes | None = None  # the current request's allowed Origin
 
     def __repr__(self) -> str:
         return (f"ClientConnection({self.transport}, requests={self.requests}, "
@@ -88,6 +114,8 @@ class ClientConnection:
 
     async def run(self) -> None:
         try:
+            if not self._peer_allowed():
+                return
             async with trio.open_nursery() as nursery:  # one nursery per connection
                 nursery.start_soon(self._reader)
                 try:
@@ -97,6 +125,19 @@ class ClientConnection:
         finally:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
                 await self.stream.aclose()
+
+    def _peer_allowed(self) -> bool:
+        """Unix socket: the peer's uid must be ours or root. TCP: note whether the peer is
+        on this machine (remote clients need an access key)."""
+        sock = self.stream.socket
+        try:
+            if self.transport == "unix":
+                return auth.unix_peer_allowed(sock)
+            if self.transport == "tcp":
+                self.loopback_peer = auth.peer_is_loopback(str(sock.getpeername()[0]))
+        except OSError:  # the peer is already gone
+            return False
+        return True
 
     async def _serve(self) -> None:
         try:
@@ -115,15 +156,23 @@ class ClientConnection:
 
     async def _serve_one(self) -> bool:
         """Answer one request; True when the connection may carry another."""
+        refusal: SluiceError | None = None
         try:
             request = await self._read_head()
+            try:
+                self._check_access(request)
+            except SluiceError as refused:
+                if not _small_body(request):  # refuse before a large body arrives, and close
+                    raise
+                refusal = refused  # read a small body first, so the connection can be kept
             body = await self._read_body(request)
         except h11.RemoteProtocolError as exc:
             if self.gone:
                 raise _Close from None
             status = exc.error_status_hint
             err = headers_too_large("request head is larger than 16 KiB") if status == 431 \
-                else bad_request(f"malformed HTTP request: {exc}", code="bad_http_request")
+                else bad_request(f"malformed HTTP request: {_describe(exc)}",
+                                 code="bad_http_request")
             self.must_close = True
             await self.send_error(err)
             return False
@@ -133,6 +182,8 @@ class ClientConnection:
             return False
         self.requests += 1
         try:
+            if refusal is not None:
+                raise refusal
             await self._dispatch(request, body)
         except SluiceError as err:
             await self.send_error(err)
@@ -151,6 +202,7 @@ class ClientConnection:
         if closed:
             self.h11.receive_data(b"")
         self.response_started = self.response_done = self.chunked = False
+        self.cors_origin = None
 
     # ----------------------------------------------------------------- reading
 
@@ -266,14 +318,23 @@ class ClientConnection:
 
     # ----------------------------------------------------------------- dispatch
 
+    def _check_access(self, request: h11.Request) -> None:
+        """The DNS-rebinding guard, the admin token and access keys (SPEC §5): 401/403."""
+        self.cors_origin = auth.guard(self.ctx, self.transport, request.headers)
+        auth.authorize(self.ctx, self.transport, self.loopback_peer, request.method,
+                       _path(request), request.headers)
+
     async def _dispatch(self, request: h11.Request, body: bytes) -> None:
-        target = request.target
-        path = target.split(b"?", 1)[0].decode("latin-1")
+        path = _path(request)
+        if request.method == b"OPTIONS":  # CORS preflight, on any path
+            await self.send_whole(204, [(b"allow", PREFLIGHT_METHODS)], b"",
+                                  cors=preflight_headers())
+            return
         handler = route(request.method, path)  # raises 404 / 405
         if handler is not None:
             if handler in NEEDS_MODELS and not self.ctx.backends.ready.is_set():
                 await self.ctx.backends.ready.wait()
-            status, payload = handler(self.ctx, path)
+            status, payload = handler(Call(self.ctx, request.method, path, body))
             await self.send_json(status, payload)
             return
         info = parse_request_body(path, body)
@@ -306,10 +367,16 @@ class ClientConnection:
             raise ClientGone from None
 
     def response_head(self, status: int, headers: list[Header], reason: bytes = b"", *,
-                      length: int | None = None) -> bytes:
+                      length: int | None = None, cors: Sequence[Header] = ()) -> bytes:
         """The head of our answer: with ``length`` a Content-Length body, else a streamed one
         (chunked for HTTP/1.1, until close for HTTP/1.0)."""
         self.response_started = True
+        # CORS is the gateway's alone: an upstream's own access-control-* headers (llama.cpp
+        # sends an empty Allow-Origin) never pass; an allowed Origin gets ours.
+        headers[:] = [h for h in headers if not h[0].startswith(b"access-control-")]
+        if self.cors_origin is not None:
+            headers += cors_headers(self.cors_origin)
+            headers += cors
         if not body_allowed(status):
             self.response_done = True
         elif length is not None:
@@ -331,10 +398,11 @@ class ClientConnection:
         return LAST_CHUNK if self.chunked else b""
 
     async def send_whole(self, status: int, headers: list[Header], body: bytes,
-                         reason: bytes = b"") -> None:
+                         reason: bytes = b"", *, cors: Sequence[Header] = ()) -> None:
+        """A whole answer; ``cors``: more access-control headers for an allowed Origin."""
         if not body_allowed(status):
             body = b""
-        data = self.response_head(status, headers, reason, length=len(body))
+        data = self.response_head(status, headers, reason, length=len(body), cors=cors)
         self.response_done = True
         await self.send(data + body if body else data)
 

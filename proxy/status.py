@@ -1,4 +1,6 @@
-"""``sluice status``: ask the running gateway, over its local listener, how it is doing."""
+"""The CLI's side of the admin API: ``sluice status`` and ``sluice keys``. It finds the
+running gateway through ``<data dir>/state.json`` (its local socket, or the loopback TCP port
+used when no socket folder works) and sends the admin token read from secrets.yaml."""
 
 from __future__ import annotations
 
@@ -6,10 +8,17 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
+from protocol.errors import ConfigError
 from proxy.server import STATE_FILE
+from proxy.settings import SECRETS_FILE, Secrets
+
+
+class CliError(Exception):
+    """What the user is told (exit 1)."""
 
 
 def _client(state: dict[str, Any]) -> tuple[httpx.Client, str]:
@@ -20,23 +29,61 @@ def _client(state: dict[str, Any]) -> tuple[httpx.Client, str]:
     return httpx.Client(timeout=5), f"http://127.0.0.1:{port}"
 
 
-def fetch_status(data_dir: Path) -> dict[str, Any]:
-    """The gateway's /api/v1/inference/status; raises OSError/httpx.HTTPError when it is
-    not running."""
+def _admin_token(data_dir: Path) -> str | None:
+    path = data_dir / SECRETS_FILE
+    try:
+        return Secrets.from_text(path.read_text(encoding="utf-8"), str(path)).admin_token or None
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ConfigError) as exc:
+        raise CliError(f"cannot read the admin token from {path}: "
+                       f"{getattr(exc, 'message', None) or exc.__class__.__name__}") from None
+
+
+def call(data_dir: Path, method: str, path: str, body: Any = None, *,
+         admin: bool = False) -> Any:
+    """One admin API call to the running gateway; its JSON answer. Raises CliError."""
     try:
         state = json.loads((data_dir / STATE_FILE).read_text())
-    except FileNotFoundError:
-        raise OSError(f"no gateway is running for {data_dir}") from None
+    except (FileNotFoundError, ValueError):
+        raise CliError(f"no gateway is running for {data_dir}") from None
+    headers = {}
+    if admin:
+        token = _admin_token(data_dir)
+        if token is None:
+            raise CliError(f"no admin token in {data_dir / SECRETS_FILE}")
+        headers["authorization"] = f"Bearer {token}"
     client, base = _client(state)
-    with client:
-        reply = client.get(base + "/api/v1/inference/status")
-        reply.raise_for_status()
-        result: dict[str, Any] = reply.json()
-        return result
+    try:
+        with client:
+            reply = client.request(method, base + path, json=body, headers=headers)
+    except (OSError, httpx.HTTPError) as exc:
+        raise CliError(f"cannot reach the gateway for {data_dir}: {exc}") from None
+    try:
+        doc = reply.json()
+    except ValueError:
+        doc = None
+    if reply.status_code >= 400:
+        message = doc.get("error", {}).get("message") if isinstance(doc, dict) else None
+        raise CliError(f"{method} {path}: {reply.status_code} {message or reply.reason_phrase}")
+    return doc
+
+
+def fetch_status(data_dir: Path) -> dict[str, Any]:
+    """The gateway's /api/v1/inference/status plus its notifications."""
+    status: dict[str, Any] = call(data_dir, "GET", "/api/v1/inference/status")
+    try:
+        status["notifications"] = call(data_dir, "GET",
+                                       "/api/v1/notifications")["notifications"]
+    except (CliError, KeyError, TypeError):
+        status["notifications"] = []
+    return status
 
 
 def show(status: dict[str, Any]) -> str:
     where = status.get("socketPath") or f"127.0.0.1:{status.get('localTcp')}"
+    if status.get("localTcp"):
+        where = f"(none; loopback TCP {status['localTcp']})"
     lines = [f"gateway: running; local socket {where}; "
              f"TCP port {status.get('routerPort') or 'off'}",
              f"models: {', '.join(status['loadedModels']) or '(none available)'}"]
@@ -47,14 +94,51 @@ def show(status: dict[str, Any]) -> str:
         lines.append(f"  model server {model['name']}: {model['state']}, pid {model['pid']}, "
                      f"{model['address'] or 'no address'}, restarts {model['restarts']}"
                      + (f", last error: {model['lastError']}" if model["lastError"] else ""))
+    for note in status.get("notifications", []):
+        lines.append(f"{note.get('level', 'warning')}: {note.get('message')}")
     return "\n".join(lines)
 
 
 def status_main(data_dir: Path, as_json: bool) -> int:
     try:
         status = fetch_status(data_dir)
-    except (OSError, httpx.HTTPError) as exc:
+    except CliError as exc:
         print(f"sluice: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(status, indent=2) if as_json else show(status))
+    return 0
+
+
+def keys_main(data_dir: Path, action: str, *, name: str | None = None,
+              key_id: str | None = None, as_json: bool = False) -> int:
+    """``sluice keys create|list|revoke``."""
+    try:
+        if action == "create":
+            body = {"name": name} if name else {}
+            made = call(data_dir, "POST", "/api/v1/access-keys", body, admin=True)
+            if as_json:
+                print(json.dumps(made, indent=2))
+            else:
+                label = f" ({made['name']})" if made.get("name") else ""
+                print(f"created access key {made['id']}{label}", file=sys.stderr)
+                print(made["key"])
+                print("this key is shown only once: store it now", file=sys.stderr)
+        elif action == "list":
+            keys = call(data_dir, "GET", "/api/v1/access-keys", admin=True)
+            if as_json:
+                print(json.dumps(keys, indent=2))
+            elif not keys:
+                print("no access keys (make one with: sluice keys create --name NAME)")
+            else:
+                print(f"{'ID':<16} {'NAME':<24} {'CREATED':<21} LAST USED")
+                for key in keys:
+                    print(f"{key['id']:<16} {key['name'] or '-':<24} {key['createdAt']:<21} "
+                          f"{key['lastUsedAt'] or 'never'}")
+        else:
+            quoted = quote(key_id or "", safe="")
+            call(data_dir, "DELETE", f"/api/v1/access-keys/{quoted}", admin=True)
+            print(f"revoked access key {key_id}")
+    except CliError as exc:
+        print(f"sluice: {exc}", file=sys.stderr)
+        return 1
     return 0

@@ -6,37 +6,41 @@ only method is POST.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from protocol.errors import SluiceError, method_not_allowed, not_found
+from proxy.api import access_keys, settings_api
+from proxy.api.call import Call, Handler
 
-if TYPE_CHECKING:
-    from proxy.context import GatewayContext
-
-Handler = Callable[["GatewayContext", str], tuple[int, Any]]
+__all__ = ["NEEDS_MODELS", "ROUTES", "Call", "Handler", "route"]
 
 
-def health(ctx: GatewayContext, path: str) -> tuple[int, Any]:
+def health(call: Call) -> tuple[int, Any]:
     return 200, {"status": "ok"}
 
 
-def list_models(ctx: GatewayContext, path: str) -> tuple[int, Any]:
-    return 200, {"object": "list", "data": ctx.backends.model_entries()}
+def list_models(call: Call) -> tuple[int, Any]:
+    return 200, {"object": "list", "data": call.ctx.backends.model_entries()}
 
 
-def get_model(ctx: GatewayContext, path: str) -> tuple[int, Any]:
-    model_id = path[len("/v1/models/"):]
-    for entry in ctx.backends.model_entries():
+def get_model(call: Call) -> tuple[int, Any]:
+    model_id = call.path[len("/v1/models/"):]
+    for entry in call.ctx.backends.model_entries():
         if entry["id"] == model_id:
             return 200, entry
     raise SluiceError(404, f"model {model_id!r} does not exist", type="invalid_request_error",
                       code="model_not_found", param="model")
 
 
-def inference_status(ctx: GatewayContext, path: str) -> tuple[int, Any]:
+def notifications(call: Call) -> tuple[int, Any]:
+    """SPEC §8: ``{"notifications": [{code, level, message, createdAt}, ...]}``."""
+    return 200, {"notifications": call.ctx.notifications.all()}
+
+
+def inference_status(call: Call) -> tuple[int, Any]:
     """SPEC §8: what is loaded and where the gateway listens, plus each local backend and
     managed model server (state, pid, address, restarts)."""
+    ctx = call.ctx
     kinds: dict[str, list[str]] = {"llm": [], "diffusion": [], "embedding": []}
     loaded: list[str] = []
     backends = []
@@ -71,6 +75,15 @@ ROUTES: dict[str, dict[bytes, Handler]] = {
     "/v1/models": {b"GET": list_models},
     "/api/v1/inference/models": {b"GET": list_models},
     "/api/v1/inference/status": {b"GET": inference_status},
+    "/api/v1/notifications": {b"GET": notifications},
+    "/api/v1/access-keys": {b"GET": access_keys.list_keys, b"POST": access_keys.create_key},
+    "/api/v1/settings/api": {b"GET": settings_api.get_api, b"PUT": settings_api.put_api},
+}
+
+# Paths with a trailing parameter: prefix -> method -> handler.
+PREFIXES: dict[str, dict[bytes, Handler]] = {
+    "/v1/models/": {b"GET": get_model},
+    "/api/v1/access-keys/": {b"DELETE": access_keys.revoke_key},
 }
 
 NEEDS_MODELS: frozenset[Handler] = frozenset({list_models, get_model})
@@ -83,11 +96,13 @@ def route(method: bytes, path: str) -> Handler | None:
     Raises 404 for unknown paths and 405 (with Allow) for a known path's wrong method."""
     methods: dict[bytes, Handler | None] | None = ROUTES.get(path)  # type: ignore[assignment]
     if methods is None:
-        if path.startswith("/v1/models/") and len(path) > len("/v1/models/"):
-            methods = {b"GET": get_model}
-        elif path.startswith("/v1/"):
-            methods = _RELAYED
+        for prefix, table in PREFIXES.items():
+            if path.startswith(prefix) and len(path) > len(prefix):
+                methods = table  # type: ignore[assignment]
+                break
         else:
+            methods = _RELAYED if path.startswith("/v1/") else None
+        if methods is None:
             raise not_found(f"no such endpoint: {path}")
     if method not in methods:
         raise method_not_allowed(method.decode("latin-1"),

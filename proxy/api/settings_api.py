@@ -1,0 +1,78 @@
+"""``GET|PUT /api/v1/settings/api`` (SPEC §8): the API server and local socket settings.
+
+``requireAuth`` applies at once; ``enabled``, ``port``, ``allowExternalAccess`` and
+``socketDir`` take effect at the next start, so an answer that changed one of them says
+``restartRequired: true`` (and a notification says so until the gateway restarts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from protocol.config import Config
+from protocol.errors import ConfigError
+from proxy.api.call import Call
+
+# JSON field -> (YAML section, YAML key, type check, needs a restart)
+FIELDS: dict[str, tuple[str, str, str, bool]] = {
+    "enabled": ("api", "enabled", "bool", True),
+    "port": ("api", "port", "int", True),
+    "allowExternalAccess": ("api", "allow_external_access", "bool", True),
+    "requireAuth": ("api", "require_auth", "bool", False),
+    "socketDir": ("local", "socket_dir", "path", True),
+}
+RESTART_CODE = "restart_required"
+
+
+def _view(cfg: Config, restart: bool) -> dict[str, Any]:
+    out = {field: getattr(getattr(cfg, section), key)
+           for field, (section, key, _, _) in FIELDS.items()}
+    out["restartRequired"] = restart
+    return out
+
+
+def get_api(call: Call) -> tuple[int, Any]:
+    pending = any(n["code"] == RESTART_CODE for n in call.ctx.notifications.all())
+    return 200, _view(call.ctx.config, pending)
+
+
+def _checked(field: str, path: str, kind: str, value: object) -> object:
+    if kind == "bool" and not isinstance(value, bool):
+        raise ConfigError(path, "expected true or false")
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(path, "expected a whole number")
+    if kind == "path":
+        if value == "":
+            return None
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(path, "expected a folder path or null")
+    return value
+
+
+def put_api(call: Call) -> tuple[int, Any]:
+    """Validate every field, then save them all at once, or change nothing (422 naming the
+    dotted YAML path)."""
+    doc = call.json_object()
+    ctx = call.ctx
+    old = ctx.config
+    changes: dict[str, dict[str, Any]] = {"api": {}, "local": {}}
+    for field, value in doc.items():
+        spec = FIELDS.get(field)
+        if spec is None:
+            raise ConfigError(field, f"unknown field; expected one of {', '.join(FIELDS)}")
+        section, key, kind, _ = spec
+        changes[section][key] = _checked(field, f"{section}.{key}", kind, value)
+    new = attrs.evolve(old, api=attrs.evolve(old.api, **changes["api"]),
+                       local=attrs.evolve(old.local, **changes["local"]))
+    changed = [f"{section}.{key}" for section, key, _, restart in FIELDS.values()
+               if restart and getattr(getattr(old, section), key)
+               != getattr(getattr(new, section), key)]
+    stored = ctx.settings.update(new)  # raises ConfigError (422) and changes nothing
+    if changed:
+        ctx.notifications.raise_(
+            RESTART_CODE, f"settings changed that apply at the next start ({', '.join(changed)})"
+                          ": restart sluice to apply them", level="info")
+    pending = any(n["code"] == RESTART_CODE for n in ctx.notifications.all())
+    return 200, _view(stored, bool(changed) or pending)

@@ -1,0 +1,157 @@
+"""Who may ask what (SPEC §5): the per-request decision from the connection's transport,
+its peer and the request head. The rules themselves are pure (:mod:`protocol.access`).
+
+- Unix socket: the peer's uid (SO_PEERCRED) must be ours or root; no key ever.
+- TCP (``tcp`` API listener and the ``local-tcp`` fallback): the Host/Origin guard.
+- ``/admin/*`` and writes under ``/api/v1/``: the admin token, on every listener.
+- The ``tcp`` API listener: an access key (or the admin token) from a non-loopback peer,
+  and from loopback peers too when ``api.require_auth`` is on. ``GET /health`` and
+  preflight ``OPTIONS`` need none.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from protocol.access import (
+    admin_token_invalid,
+    admin_token_missing,
+    bearer_token,
+    forbidden_host,
+    forbidden_origin,
+    host_allowed,
+    is_loopback_ip,
+    key_invalid,
+    key_matches,
+    key_missing,
+    origin_allowed,
+    token_equals,
+)
+from protocol.errors import bad_request
+
+if TYPE_CHECKING:
+    from proxy.context import GatewayContext
+    from proxy.settings import Settings
+
+log = logging.getLogger("sluice.auth")
+
+Header = tuple[bytes, bytes]
+ADMIN_WRITES = frozenset({b"POST", b"PUT", b"PATCH", b"DELETE"})
+OPEN_PATHS = frozenset({"/health"})  # liveness: no key needed
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_is_loopback(host: str) -> bool:
+    """Whether a TCP peer address counts as this machine (the seam tests replace to play a
+    remote client without sending traffic off the machine)."""
+    return is_loopback_ip(host)
+
+
+def uid_allowed(uid: int, our_uid: int) -> bool:
+    return uid in (our_uid, 0)
+
+
+def unix_peer(sock: trio.socket.SocketType) -> tuple[int, int] | None:
+    """(pid, uid) of a Unix-socket peer; None where SO_PEERCRED does not exist."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:  # pragma: no cover - not Linux; the 0700 folder still guards
+        return None
+    pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, option,
+                                                      _PEERCRED.size))
+    return pid, uid
+
+
+def unix_peer_allowed(sock: trio.socket.SocketType) -> bool:
+    """The SO_PEERCRED check; a refusal is logged at INFO (uid and pid only)."""
+    peer = unix_peer(sock)
+    if peer is None:  # pragma: no cover - see unix_peer
+        return True
+    pid, uid = peer
+    if uid_allowed(uid, os.getuid()):
+        return True
+    log.info("refused a Unix-socket client: pid %d runs as uid %d, neither ours (%d) nor root",
+             pid, uid, os.getuid())
+    return False
+
+
+def needs_admin(method: bytes, path: str) -> bool:
+    return path == "/admin" or path.startswith("/admin/") or \
+        (path.startswith("/api/v1/") and method in ADMIN_WRITES)
+
+
+def _values(headers: Sequence[Header], name: bytes) -> list[bytes]:
+    return [value for key, value in headers if key == name]
+
+
+def guard(ctx: GatewayContext, transport: str, headers: Sequence[Header]) -> bytes | None:
+    """The DNS-rebinding guard (TCP only); returns the request's Origin when CORS answers
+    may name it, else None. Raises 403 for a refused Host or Origin."""
+    api = ctx.config.api
+    tcp = transport != "unix"
+    if tcp:
+        hosts = _values(headers, b"host")
+        if len(hosts) > 1:
+            raise bad_request("a request must carry one Host header", code="bad_http_request")
+        if not host_allowed(hosts[0] if hosts else None, api.allowed_hosts):
+            raise forbidden_host()
+    origins = _values(headers, b"origin")
+    if not origins:
+        return None
+    if len(origins) == 1 and origin_allowed(origins[0], api.allowed_origins):
+        return origins[0]
+    if tcp:
+        raise forbidden_origin()
+    return None
+
+
+def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, method: bytes,
+              path: str, headers: Sequence[Header]) -> None:
+    """The admin token and access-key checks; raises 401/403."""
+    if method == b"OPTIONS":  # a preflight carries no credentials
+        return
+    admin_call = needs_admin(method, path)
+    if not admin_call and (transport != "tcp" or path in OPEN_PATHS or
+                           (loopback_peer and not ctx.config.api.require_auth)):
+        return
+    settings = ctx.settings
+    token = bearer_token(_values(headers, b"authorization"))
+    admin = settings.secrets.admin_token
+    if admin_call:
+        if token is None:
+            raise admin_token_missing()
+        if not token_equals(token, admin):
+            raise admin_token_invalid()
+        return
+    if token is None:
+        raise key_missing()
+    if token_equals(token, admin):
+        return
+    entry = key_matches(token, settings.secrets.access_keys)
+    if entry is None:
+        raise key_invalid()
+    touch(settings, entry)
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def touch(settings: Settings, entry: dict[str, Any]) -> None:
+    """Record a key's use: secrets.yaml is written on its first use in each minute only."""
+    now = now_iso()
+    last = entry.get("last_used_at")
+    if isinstance(last, str) and last[:16] == now[:16]:
+        return
+    entry["last_used_at"] = now
+    try:
+        settings.save_secrets()
+    except OSError as exc:
+        log.warning("cannot record an access key's use in secrets.yaml: %s", exc.strerror)

@@ -1,0 +1,213 @@
+"""Access keys through the API and the CLI, the settings/api endpoint, notifications, and
+the API-key format check at start (SPEC §5, §8)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+import yaml
+
+from proxy import auth
+from proxy.settings import Settings
+from tests.client import Reply, request
+from tests.conftest import RunningGateway, StartGateway, gateway_config, open_settings
+
+SLUICE = [sys.executable, "-m", "proxy"]
+
+
+def admin_headers(gw: RunningGateway) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {gw.gateway.settings.secrets.admin_token}")]
+
+
+async def admin_call(gw: RunningGateway, method: str, path: str, body: Any = None) -> Reply:
+    data = None if body is None else json.dumps(body).encode()
+    return await request(gw.unix, method, path, data, admin_headers(gw))
+
+
+def data_dir(gw: RunningGateway) -> Path:
+    return gw.gateway.settings.data_dir
+
+
+# ------------------------------------------------------------------------- the API
+
+
+async def test_create_list_revoke(start_gateway: StartGateway) -> None:
+    gw = await start_gateway([])
+    made = await admin_call(gw, "POST", "/api/v1/access-keys", {"name": "laptop"})
+    assert made.status == 201
+    doc = made.json()
+    assert set(doc) == {"id", "name", "key", "createdAt"}
+    assert doc["name"] == "laptop"
+    assert doc["key"].startswith("sk-sluice-")
+    unnamed = (await admin_call(gw, "POST", "/api/v1/access-keys")).json()
+    assert unnamed["name"] == ""
+    listed = await request(gw.unix, "GET", "/api/v1/access-keys")
+    assert listed.status == 200
+    assert listed.json() == [
+        {"id": doc["id"], "name": "laptop", "createdAt": doc["createdAt"], "lastUsedAt": None},
+        {"id": unnamed["id"], "name": "", "createdAt": unnamed["createdAt"],
+         "lastUsedAt": None},
+    ]
+    assert doc["key"] not in listed.body.decode()
+    # secrets.yaml holds the hash only.
+    text = (data_dir(gw) / "secrets.yaml").read_text()
+    assert doc["key"] not in text
+    assert "sha256:" in text
+    assert Settings.open(data_dir(gw)).secrets.access_keys[0]["id"] == doc["id"]
+    gone = await admin_call(gw, "DELETE", f"/api/v1/access-keys/{doc['id']}")
+    assert gone.status == 200
+    assert [k["id"] for k in (await request(gw.unix, "GET", "/api/v1/access-keys")).json()] \
+        == [unnamed["id"]]
+    again = await admin_call(gw, "DELETE", f"/api/v1/access-keys/{doc['id']}")
+    assert again.status == 404
+    assert (await admin_call(gw, "PUT", "/api/v1/access-keys")).status == 405
+
+
+async def test_create_refuses_bad_input(start_gateway: StartGateway) -> None:
+    gw = await start_gateway([])
+    for body in (b"[1]", b"{nope", b'{"name": 5}', b'{"name": "a\\nb"}', b'{"other": 1}'):
+        reply = await request(gw.unix, "POST", "/api/v1/access-keys", body, admin_headers(gw))
+        assert reply.status == 400, body
+        assert reply.json()["error"]["type"] == "invalid_request_error"
+    assert gw.gateway.settings.secrets.access_keys == []
+
+
+async def test_last_used_is_recorded_once_a_minute(start_gateway: StartGateway) -> None:
+    gw = await start_gateway([], require_auth=True)
+    key = (await admin_call(gw, "POST", "/api/v1/access-keys")).json()["key"]
+    secrets_file = data_dir(gw) / "secrets.yaml"
+    before = secrets_file.stat().st_mtime_ns
+    headers = [("authorization", f"Bearer {key}")]
+    assert (await request(gw.tcp, "GET", "/v1/models", None, headers)).status == 200
+    first = secrets_file.stat().st_mtime_ns
+    assert first != before
+    used = (await request(gw.unix, "GET", "/api/v1/access-keys")).json()[0]["lastUsedAt"]
+    assert used is not None
+    assert used.endswith("Z")
+    for _ in range(5):
+        assert (await request(gw.tcp, "GET", "/v1/models", None, headers)).status == 200
+    entry = gw.gateway.settings.secrets.access_keys[0]
+    if entry["last_used_at"][:16] == used[:16]:  # same minute: the file was not rewritten
+        assert secrets_file.stat().st_mtime_ns == first
+    entry["last_used_at"] = "2000-01-01T00:00:00Z"  # a minute later: written again
+    auth.touch(gw.gateway.settings, entry)
+    assert "2000-01-01" not in secrets_file.read_text()
+
+
+# ------------------------------------------------------------------------- the CLI
+
+
+async def sluice(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return await trio.run_process([*SLUICE, *args], capture_stdout=True, capture_stderr=True,
+                                  check=False)
+
+
+async def test_keys_cli(start_gateway: StartGateway) -> None:
+    gw = await start_gateway([])
+    folder = str(data_dir(gw))
+    made = await sluice("keys", "create", "--name", "phone", "--data-dir", folder)
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.decode().strip()
+    assert key.startswith("sk-sluice-")
+    assert "shown only once" in made.stderr.decode()
+    stored = gw.gateway.settings.secrets.access_keys
+    assert len(stored) == 1
+    assert stored[0]["name"] == "phone"
+    listed = await sluice("keys", "list", "--data-dir", folder)
+    assert listed.returncode == 0, listed.stderr
+    assert stored[0]["id"] in listed.stdout.decode()
+    assert "phone" in listed.stdout.decode()
+    assert key not in listed.stdout.decode()
+    as_json = await sluice("keys", "list", "--json", "--data-dir", folder)
+    assert json.loads(as_json.stdout)[0]["id"] == stored[0]["id"]
+    revoked = await sluice("keys", "revoke", stored[0]["id"], "--data-dir", folder)
+    assert revoked.returncode == 0, revoked.stderr
+    assert stored == []
+    missing = await sluice("keys", "revoke", "ak-nope", "--data-dir", folder)
+    assert missing.returncode == 1
+    assert "404" in missing.stderr.decode()
+
+
+async def test_cli_without_a_gateway(short_tmp: Path) -> None:
+    result = await sluice("keys", "list", "--data-dir", str(short_tmp))
+    assert result.returncode == 1
+    assert "no gateway is running" in result.stderr.decode()
+
+
+async def test_status_shows_notifications(start_gateway: StartGateway) -> None:
+    gw = await start_gateway([])
+    gw.gateway.ctx.notifications.raise_("test_note", "something to know about")
+    reply = await request(gw.unix, "GET", "/api/v1/notifications")
+    assert reply.status == 200
+    notes = reply.json()["notifications"]
+    assert [n["code"] for n in notes] == ["test_note"]
+    assert set(notes[0]) == {"code", "level", "message", "createdAt"}
+    shown = await sluice("status", "--data-dir", str(data_dir(gw)))
+    assert shown.returncode == 0, shown.stderr
+    assert "warning: something to know about" in shown.stdout.decode()
+
+
+def test_serve_refuses_a_malformed_backend_key(short_tmp: Path) -> None:
+    data = short_tmp / "data"
+    open_settings(data, gateway_config([], socket_dir=short_tmp / "s"))
+    secret = "sk-abc DEF-do-not-print"
+    doc = yaml.safe_load((data / "secrets.yaml").read_text())
+    doc["backend_keys"] = {"llama": secret}
+    (data / "secrets.yaml").write_text(yaml.safe_dump(doc))
+    result = subprocess.run([*SLUICE, "serve", "--data-dir", str(data)], capture_output=True,
+                            text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    assert "backend_keys.llama" in result.stderr
+    assert "do-not-print" not in result.stderr + result.stdout
+
+
+# ------------------------------------------------------------------------- settings/api
+
+
+async def test_settings_api(start_gateway: StartGateway, short_tmp: Path) -> None:
+    gw = await start_gateway([])
+    got = await request(gw.unix, "GET", "/api/v1/settings/api")
+    assert got.status == 200
+    assert got.json() == {"enabled": True, "port": 0, "allowExternalAccess": False,
+                          "requireAuth": False, "socketDir": str(short_tmp / "g1" / "s"),
+                          "restartRequired": False}
+    assert (await request(gw.unix, "PUT", "/api/v1/settings/api", b"{}")).status == 401
+    # requireAuth applies at once, and needs no restart.
+    live = await admin_call(gw, "PUT", "/api/v1/settings/api", {"requireAuth": True})
+    assert live.status == 200
+    assert live.json()["requireAuth"] is True
+    assert live.json()["restartRequired"] is False
+    assert (await request(gw.tcp, "GET", "/v1/models")).status == 401
+    config_file = data_dir(gw) / "config.yaml"
+    assert "require_auth: true" in config_file.read_text()
+    # Port and socket dir apply at restart.
+    moved = await admin_call(gw, "PUT", "/api/v1/settings/api",
+                             {"port": 39999, "socketDir": "/tmp/sl-other"})
+    assert moved.status == 200
+    assert moved.json()["port"] == 39999
+    assert moved.json()["restartRequired"] is True
+    text = config_file.read_text()
+    assert "port: 39999" in text
+    assert "/tmp/sl-other" in text
+    assert (await request(gw.unix, "GET", "/api/v1/settings/api")).json()["restartRequired"]
+    notes = (await request(gw.unix, "GET", "/api/v1/notifications")).json()["notifications"]
+    assert any(n["code"] == "restart_required" for n in notes)
+    # Invalid values: 422 naming the dotted YAML path, nothing changed.
+    before = config_file.read_text()
+    for body, param in (({"socketDir": "/tmp/" + "x" * 70}, "local.socket_dir"),
+                        ({"port": 70000}, "api.port"),
+                        ({"port": "80"}, "api.port"),
+                        ({"enabled": "yes"}, "api.enabled"),
+                        ({"requireAuth": False, "port": -1}, "api.port"),
+                        ({"bogus": 1}, "bogus")):
+        reply = await admin_call(gw, "PUT", "/api/v1/settings/api", body)
+        assert reply.status == 422, body
+        assert reply.json()["error"]["param"] == param
+    assert config_file.read_text() == before
+    assert gw.gateway.settings.config.api.require_auth is True
+    assert (await admin_call(gw, "PUT", "/api/v1/settings/api", [1])).status == 400
