@@ -9,7 +9,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from protocol.access import check_secret_maps
 from protocol.errors import ConfigError
 
 
@@ -68,11 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         settings = Settings.open(data_dir, Path(config) if config else None)
-        check_secret_maps({"backend_keys": settings.secrets.backend_keys,
-                            "node_keys": settings.secrets.node_keys})
     except ConfigError as exc:
-        where = "secrets.yaml: " if "_keys." in exc.path else ""
-        print(f"sluice: invalid configuration: {where}{exc}", file=sys.stderr)
+        print(f"sluice: invalid configuration: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"sluice: cannot use data folder {data_dir}: {exc}", file=sys.stderr)

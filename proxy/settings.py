@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 import yaml
 
+from protocol.access import check_secret_maps
 from protocol.config import (
     Config,
     default_config,
@@ -152,6 +153,11 @@ class Secrets:
         access = data.get("access_keys") or []
         if not isinstance(access, list) or not all(isinstance(k, dict) for k in access):
             raise ConfigError("", f"{where}: access_keys must be a list of mappings")
+        try:
+            check_secret_maps(maps)
+        except ConfigError as exc:
+            raise ConfigError(exc.path, f"{where}: {exc.path}: bad key format "
+                                        "(visible ASCII only, no spaces)") from None
         return cls(token, maps["node_keys"], maps["backend_keys"], [dict(k) for k in access])
 
 
