@@ -86,7 +86,7 @@ def show(status: dict[str, Any]) -> str:
         where = f"(none; loopback TCP {status['localTcp']})"
     lines = [f"gateway: running; local socket {where}; "
              f"TCP port {status.get('routerPort') or 'off'}",
-             f"models: {', '.join(status['loadedModels']) or '(none available)'}"]
+             f"models: {', '.join(status.get('models', [])) or '(none available)'}"]
     for backend in status.get("backends", []):
         state = "online" if backend["online"] else f"offline ({backend['lastError']})"
         lines.append(f"  backend {backend['name']}: {state}")

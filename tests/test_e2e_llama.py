@@ -148,7 +148,9 @@ async def test_killed_model_server_is_restarted(llama_gateway: RunningGateway) -
         after = await wait_running(llama_gateway.gateway, restarts=1)
     assert after["pid"] != before["pid"]
     status = (await request(llama_gateway.tcp, "GET", "/api/v1/inference/status")).json()
-    assert status["loadedModels"] == [DEMO_MODEL]
+    assert status["loadedModels"] == 1
+    assert status["llmModels"] == 1
+    assert status["models"] == [DEMO_MODEL]
     assert status["managedModels"][0]["restarts"] == 1
     with trio.fail_after(60):
         reply = await request(llama_gateway.unix, "POST", CHAT,

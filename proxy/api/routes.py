@@ -38,8 +38,9 @@ def notifications(call: Call) -> tuple[int, Any]:
 
 
 def inference_status(call: Call) -> tuple[int, Any]:
-    """SPEC §8: what is loaded and where the gateway listens, plus each local backend and
-    managed model server (state, pid, address, restarts)."""
+    """SPEC §8 (the seed's example): counts of what is loaded and where the gateway
+    listens; beyond the contract, ``models`` (the ids), each local backend and each managed
+    model server (state, pid, address, restarts)."""
     ctx = call.ctx
     kinds: dict[str, list[str]] = {"llm": [], "diffusion": [], "embedding": []}
     loaded: list[str] = []
@@ -57,14 +58,15 @@ def inference_status(call: Call) -> tuple[int, Any]:
         "available": bool(loaded),
         "routerRunning": True,
         "routerPort": ctx.tcp_port,
-        "loadedModels": loaded,
-        "llmModels": kinds["llm"],
-        "diffusionModels": kinds["diffusion"],
+        "loadedModels": len(loaded),
+        "llmModels": len(kinds["llm"]),
+        "diffusionModels": len(kinds["diffusion"]),
     }
     if ctx.socket_path is not None:
         body["socketPath"] = ctx.socket_path
     else:
         body["localTcp"] = f"127.0.0.1:{ctx.local_tcp_port}"
+    body["models"] = loaded
     body["backends"] = backends
     body["managedModels"] = ctx.supervisor.status() if ctx.supervisor else []
     return 200, body
