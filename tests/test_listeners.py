@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import sys
 import logging
 import os
 import socket
@@ -358,6 +359,19 @@ async def test_fallback_binds_loopback_with_a_notification(
     body = reply.json()
     assert body["localTcp"] == f"127.0.0.1:{port}"
     assert "socketPath" not in body
+    # The CLI finds the fallback port in state.json and gets through with the admin token.
+    made = await trio.run_process(
+        [sys.executable, "-m", "proxy", "keys", "create", "--name", "cli", "--data-dir",
+         str(places.data)], capture_stdout=True, capture_stderr=True, check=False)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.decode().strip().startswith("sk-sluice-")
+    shown = await trio.run_process(
+        [sys.executable, "-m", "proxy", "status", "--data-dir", str(places.data)],
+        capture_stdout=True, capture_stderr=True, check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert "local_socket_unavailable" in shown.stdout.decode() or \
+        "no socket folder" in shown.stdout.decode().lower() or \
+        f"127.0.0.1:{port}" in shown.stdout.decode()
 
 
 async def test_fallback_any_free_port(places: Places, nursery: trio.Nursery) -> None:
