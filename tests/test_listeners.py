@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import errno
 import json
-import sys
 import logging
 import os
 import socket
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
