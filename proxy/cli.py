@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from protocol.errors import ConfigError
 
@@ -40,7 +41,34 @@ def _parser() -> argparse.ArgumentParser:
     for command in (create, keys_sub.choices["list"], revoke):
         command.add_argument("--data-dir", help="data folder of the gateway")
         command.add_argument("--json", action="store_true", help="print the raw JSON")
+    _nodes_parser(sub)
     return parser
+
+
+def _nodes_parser(sub: Any) -> None:
+    nodes = sub.add_parser("nodes", help="network nodes (other computers running sluice)")
+    nodes_sub = nodes.add_subparsers(dest="action", required=True)
+    listed = nodes_sub.add_parser("list", help="the nodes in routing order")
+    add = nodes_sub.add_parser("add", help="register a node (added last)")
+    add.add_argument("url", help="the node's base URL, e.g. http://192.168.1.50:39080")
+    add.add_argument("--name", help="a label (default: the host)")
+    key = add.add_mutually_exclusive_group()
+    key.add_argument("--api-key-file", metavar="FILE",
+                     help="read the node's API key from FILE (never give it as an argument)")
+    key.add_argument("--api-key-stdin", action="store_true",
+                     help="read the node's API key from standard input")
+    remove = nodes_sub.add_parser("remove", help="unregister a node (and forget its key)")
+    remove.add_argument("fingerprint")
+    order = nodes_sub.add_parser(
+        "order", help="put these nodes first, in this order (the others keep theirs after)")
+    order.add_argument("fingerprints", nargs="+", metavar="FP")
+    enable = nodes_sub.add_parser("enable", help="include a node in routing")
+    enable.add_argument("fingerprint")
+    disable = nodes_sub.add_parser("disable", help="leave a node out of routing")
+    disable.add_argument("fingerprint")
+    for command in (listed, add, remove, order, enable, disable):
+        command.add_argument("--data-dir", help="data folder of the gateway")
+        command.add_argument("--json", action="store_true", help="print the raw JSON")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return keys_main(data_dir, args.action, name=getattr(args, "name", None),
                          key_id=getattr(args, "id", None), as_json=args.json)
+    if command == "nodes":
+        from proxy.status import nodes_main
+
+        return nodes_main(data_dir, args)
     logging.basicConfig(
         level=getattr(args, "log_level", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

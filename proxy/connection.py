@@ -334,7 +334,10 @@ class ClientConnection:
         if handler is not None:
             if handler in NEEDS_MODELS and not self.ctx.backends.ready.is_set():
                 await self.ctx.backends.ready.wait()
-            status, payload = handler(Call(self.ctx, request.method, path, body))
+            reply = handler(Call(self.ctx, request.method, path, body))
+            if not isinstance(reply, tuple):  # an async handler
+                reply = await reply
+            status, payload = reply
             await self.send_json(status, payload)
             return
         info = parse_request_body(path, body)

@@ -1,9 +1,11 @@
-"""The CLI's side of the admin API: ``sluice status`` and ``sluice keys``. It finds the
-running gateway through ``<data dir>/state.json`` (its local socket, or the loopback TCP port
-used when no socket folder works) and sends the admin token read from secrets.yaml."""
+"""The CLI's side of the admin API: ``sluice status``, ``sluice keys`` and ``sluice nodes``.
+It finds the running gateway through ``<data dir>/state.json`` (its local socket, or the
+loopback TCP port used when no socket folder works) and sends the admin token read from
+secrets.yaml."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -141,4 +143,76 @@ def keys_main(data_dir: Path, action: str, *, name: str | None = None,
     except CliError as exc:
         print(f"sluice: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _read_key(args: argparse.Namespace) -> str | None:
+    """A node key from --api-key-file or --api-key-stdin (never from the command line, where
+    ``ps`` would show it); surrounding whitespace and the final newline are dropped."""
+    if args.api_key_file:
+        try:
+            text = Path(args.api_key_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"cannot read the API key file {args.api_key_file}: "
+                           f"{getattr(exc, 'strerror', None) or exc.__class__.__name__}") from None
+    elif args.api_key_stdin:
+        text = sys.stdin.read()
+    else:
+        return None
+    key = text.strip()
+    if not key:
+        raise CliError("the API key is empty")
+    return key
+
+
+def show_nodes(nodes: list[dict[str, Any]]) -> str:
+    if not nodes:
+        return "no nodes (add one with: sluice nodes add http://HOST:39080)"
+    lines = [f"{'#':>3} {'FINGERPRINT':<22} {'NAME':<20} {'URL':<32} {'ROUTING':<8} KEY"]
+    for i, node in enumerate(nodes, 1):
+        lines.append(f"{i:>3} {node['fingerprint']:<22} {node['name'] or '-':<20} "
+                     f"{node['baseUrl']:<32} {'on' if node['enabled'] else 'off':<8} "
+                     f"{'yes' if node['hasApiKey'] else 'no'}")
+    return "\n".join(lines)
+
+
+def _nodes_action(data_dir: Path, args: argparse.Namespace) -> tuple[Any, str]:
+    """Run one ``sluice nodes`` action; its JSON answer and the line to print."""
+    action = args.action
+    if action == "list":
+        nodes = call(data_dir, "GET", "/api/v1/nodes", admin=True)
+        return nodes, show_nodes(nodes)
+    if action == "add":
+        body: dict[str, Any] = {"baseUrl": args.url}
+        key = _read_key(args)
+        if key is not None:
+            body["apiKey"] = key
+        if args.name:
+            body["name"] = args.name
+        node = call(data_dir, "POST", "/api/v1/nodes", body, admin=True)
+        return node, (f"added node {node['fingerprint']} ({node['name']}, {node['baseUrl']}), "
+                      f"last in the order")
+    if action == "order":
+        current = [n["fingerprint"] for n in call(data_dir, "GET", "/api/v1/nodes", admin=True)]
+        first = list(args.fingerprints)
+        order = first + [fp for fp in current if fp not in first]
+        nodes = call(data_dir, "PUT", "/api/v1/nodes/order", {"order": order}, admin=True)
+        return nodes, show_nodes(nodes)
+    path = f"/api/v1/nodes/{quote(args.fingerprint, safe='')}"
+    if action == "remove":
+        done = call(data_dir, "DELETE", path, admin=True)
+        return done, f"removed node {args.fingerprint}"
+    enabled = action == "enable"
+    node = call(data_dir, "PATCH", path, {"enabled": enabled}, admin=True)
+    return node, f"node {args.fingerprint}: routing {'on' if enabled else 'off'}"
+
+
+def nodes_main(data_dir: Path, args: argparse.Namespace) -> int:
+    """``sluice nodes list|add|remove|order|enable|disable``."""
+    try:
+        doc, text = _nodes_action(data_dir, args)
+    except CliError as exc:
+        print(f"sluice: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(doc, indent=2) if args.json else text)
     return 0

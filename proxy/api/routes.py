@@ -6,13 +6,18 @@ only method is POST.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from protocol.errors import SluiceError, method_not_allowed, not_found
-from proxy.api import access_keys, settings_api
+from proxy.api import access_keys, nodes, settings_api, settings_lb
 from proxy.api.call import Call, Handler
 
-__all__ = ["NEEDS_MODELS", "ROUTES", "Call", "Handler", "route"]
+__all__ = ["NEEDS_MODELS", "ROUTES", "AnyHandler", "AsyncHandler", "Call", "Handler", "route"]
+
+AsyncHandler = Callable[[Call], Awaitable[tuple[int, Any]]]
+"""A handler that must wait for something (adding a node asks the node who it is)."""
+AnyHandler = Handler | AsyncHandler
 
 
 def health(call: Call) -> tuple[int, Any]:
@@ -72,7 +77,7 @@ def inference_status(call: Call) -> tuple[int, Any]:
     return 200, body
 
 
-ROUTES: dict[str, dict[bytes, Handler]] = {
+ROUTES: dict[str, dict[bytes, AnyHandler]] = {
     "/health": {b"GET": health},
     "/v1/models": {b"GET": list_models},
     "/api/v1/inference/models": {b"GET": list_models},
@@ -80,23 +85,31 @@ ROUTES: dict[str, dict[bytes, Handler]] = {
     "/api/v1/notifications": {b"GET": notifications},
     "/api/v1/access-keys": {b"GET": access_keys.list_keys, b"POST": access_keys.create_key},
     "/api/v1/settings/api": {b"GET": settings_api.get_api, b"PUT": settings_api.put_api},
+    "/api/v1/settings/load-balancing": {b"GET": settings_lb.get_load_balancing,
+                                        b"PUT": settings_lb.put_load_balancing},
+    "/api/v1/settings/timeouts": {b"GET": settings_lb.get_timeouts,
+                                  b"PUT": settings_lb.put_timeouts},
+    "/api/v1/node/identity": {b"GET": nodes.identity},
+    "/api/v1/nodes": {b"GET": nodes.list_nodes, b"POST": nodes.add_node},
+    "/api/v1/nodes/order": {b"PUT": nodes.put_order},
 }
 
 # Paths with a trailing parameter: prefix -> method -> handler.
-PREFIXES: dict[str, dict[bytes, Handler]] = {
+PREFIXES: dict[str, dict[bytes, AnyHandler]] = {
     "/v1/models/": {b"GET": get_model},
     "/api/v1/access-keys/": {b"DELETE": access_keys.revoke_key},
+    nodes.PREFIX: {b"PATCH": nodes.patch_node, b"DELETE": nodes.delete_node},
 }
 
-NEEDS_MODELS: frozenset[Handler] = frozenset({list_models, get_model})
+NEEDS_MODELS: frozenset[AnyHandler] = frozenset({list_models, get_model})
 
-_RELAYED: dict[bytes, Handler | None] = {b"POST": None}
+_RELAYED: dict[bytes, AnyHandler | None] = {b"POST": None}
 
 
-def route(method: bytes, path: str) -> Handler | None:
+def route(method: bytes, path: str) -> AnyHandler | None:
     """The handler for a gateway endpoint; None for an OpenAI call to relay.
     Raises 404 for unknown paths and 405 (with Allow) for a known path's wrong method."""
-    methods: dict[bytes, Handler | None] | None = ROUTES.get(path)  # type: ignore[assignment]
+    methods: dict[bytes, AnyHandler | None] | None = ROUTES.get(path)  # type: ignore[assignment]
     if methods is None:
         for prefix, table in PREFIXES.items():
             if path.startswith(prefix) and len(path) > len(prefix):

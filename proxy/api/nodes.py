@@ -1,0 +1,280 @@
+"""The node registry (SPEC §8 "Nodes"): ``/api/v1/nodes`` and ``/api/v1/node/identity``.
+
+Nodes live in config.yaml (``nodes:``), their API keys in secrets.yaml (``node_keys``). The
+order is the priority: the first node has the largest, the last 1; priorities stay unique in
+1..255. Every change writes secrets.yaml (when a key changes) and then config.yaml, each
+atomically; if the second write fails the first is undone, so the two always agree. A key is
+never echoed: not in answers (``hasApiKey`` only), errors, logs or ``repr()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import re
+from typing import Any
+
+import attrs
+import trio
+
+from protocol.access import check_api_key
+from protocol.config import Config, NodeConfig, rebuild_health_check, validate_config
+from protocol.errors import ConfigError, SluiceError, internal
+from protocol.upstream_url import UpstreamAddress, parse_upstream_url
+from proxy.api.call import Call
+from proxy.upstream import UpstreamFailure, fetch
+
+log = logging.getLogger("sluice.nodes")
+
+PREFIX = "/api/v1/nodes/"
+IDENTITY_PATH = b"/api/v1/node/identity"
+IDENTITY_TIMEOUT = 3.0  # seconds, at most, to ask a new node who it is
+MAX_NAME = 100
+MAX_PRIORITY = 255
+FINGERPRINT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+RESERVED = frozenset({"order", "routing-stats"})  # sub-paths of /api/v1/nodes/
+# A ConfigError about nodes[i].<key> names the JSON field instead.
+_JSON_FIELDS = {"base_url": "baseUrl", "name": "name", "enabled": "enabled",
+                "priority": "priority", "fingerprint": "fingerprint"}
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("sluice")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a checkout
+        return "0+unknown"
+
+
+def identity(call: Call) -> tuple[int, Any]:
+    return 200, {"fingerprint": call.ctx.settings.node_id, "version": version()}
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def ordered(nodes: tuple[NodeConfig, ...]) -> list[NodeConfig]:
+    """Nodes top first (largest priority first)."""
+    return sorted(nodes, key=lambda n: -n.priority)
+
+
+def _public(node: NodeConfig, keys: dict[str, str]) -> dict[str, Any]:
+    return {"fingerprint": node.fingerprint, "name": node.name, "baseUrl": node.base_url,
+            "priority": node.priority, "enabled": node.enabled,
+            "hasApiKey": node.fingerprint in keys}
+
+
+def _renumber(nodes: list[NodeConfig]) -> tuple[NodeConfig, ...]:
+    """Priorities N..1 in the given order."""
+    count = len(nodes)
+    return tuple(attrs.evolve(n, priority=count - i) for i, n in enumerate(nodes))
+
+
+def _base_url(value: object) -> tuple[str, UpstreamAddress]:
+    """A node URL as stored (no trailing slash) and its parsed address; 422 naming
+    ``baseUrl`` otherwise."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError("baseUrl", "expected http://host[:port][/base]")
+    url = value.strip().rstrip("/")
+    if not url.startswith("http://"):
+        raise ConfigError("baseUrl", "expected http://host[:port][/base]")
+    try:
+        return url, parse_upstream_url(url)
+    except ValueError as exc:
+        raise ConfigError("baseUrl", str(exc)) from None
+
+
+def _name(value: object) -> str:
+    if not isinstance(value, str) or len(value) > MAX_NAME or not value.isprintable():
+        raise ConfigError("name", f"must be printable text of at most {MAX_NAME} characters")
+    return value.strip()
+
+
+def _api_key(value: object) -> str:
+    check_api_key("apiKey", value)  # names the field, never the value
+    assert isinstance(value, str)
+    return value
+
+
+def _bool(field: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(field, "expected true or false")
+    return value
+
+
+def _fields(doc: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    for field in doc:
+        if field not in allowed:
+            raise ConfigError(field, f"unknown field; expected one of {', '.join(allowed)}")
+
+
+def derived_fingerprint(address: UpstreamAddress) -> str:
+    """A stable fingerprint for a node that does not say who it is: from its address, so
+    ``http://h`` and ``http://h:80/`` give the same one."""
+    digest = hashlib.sha256(f"{address.key}{address.base_path}".encode()).hexdigest()
+    return f"node-{digest[:16]}"
+
+
+async def ask_identity(call: Call, address: UpstreamAddress, key: str | None) -> str | None:
+    """The node's own fingerprint from its ``GET /api/v1/node/identity``; None when it does
+    not answer one in time (or answers something that is not a fingerprint)."""
+    with trio.move_on_after(min(IDENTITY_TIMEOUT, call.ctx.config.timeouts.health_check.timeout)):
+        try:
+            status, body = await fetch(call.ctx.pool, address, IDENTITY_PATH, api_key=key,
+                                       cap=64 * 1024)
+        except (UpstreamFailure, OSError, ValueError) as exc:
+            log.info("node %r did not answer its identity: %s", address, type(exc).__name__)
+            return None
+        if status != 200:
+            log.info("node %r answered its identity with status %d", address, status)
+            return None
+        try:
+            fingerprint = json.loads(body).get("fingerprint")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            return None
+        if isinstance(fingerprint, str) and FINGERPRINT_RE.fullmatch(fingerprint) \
+                and fingerprint not in RESERVED:
+            return fingerprint
+        return None
+    log.info("node %r did not answer its identity within %ss", address, IDENTITY_TIMEOUT)
+    return None
+
+
+def commit(call: Call, new: Config, keys: dict[str, str]) -> Config:
+    """Save ``keys`` as secrets.yaml's node_keys (when changed) and ``new`` as config.yaml.
+    Validated first, so a refused change writes nothing; a failed config write undoes the
+    secrets write."""
+    settings = call.ctx.settings
+    cfg = rebuild_health_check(new)
+    try:
+        validate_config(cfg)
+    except ConfigError as exc:
+        raise _renamed(exc) from None
+    old_keys = settings.secrets.node_keys
+    changed = keys != old_keys
+    try:
+        if changed:
+            settings.secrets.node_keys = keys
+            settings.save_secrets()
+        return settings.update(cfg)
+    except OSError as exc:
+        if changed:
+            settings.secrets.node_keys = old_keys
+            try:
+                settings.save_secrets()
+            except OSError:  # pragma: no cover - the disk is gone
+                log.error("cannot restore secrets.yaml after a failed config write")
+        raise internal(f"cannot save the node registry: {exc.strerror}") from None
+
+
+def _renamed(exc: ConfigError) -> ConfigError:
+    match = re.fullmatch(r"nodes\[\d+\]\.(\w+)", exc.path or "")
+    if match and match[1] in _JSON_FIELDS:
+        message = exc.message.split(": ", 1)[-1]
+        return ConfigError(_JSON_FIELDS[match[1]], message)
+    return exc
+
+
+def _find(call: Call) -> NodeConfig:
+    fingerprint = call.path[len(PREFIX):]
+    for node in call.ctx.config.nodes:
+        if node.fingerprint == fingerprint:
+            return node
+    raise SluiceError(404, f"no node with fingerprint {fingerprint!r}",
+                      type="invalid_request_error", code="not_found", param="fingerprint")
+
+
+# ----------------------------------------------------------------------------- handlers
+
+
+def list_nodes(call: Call) -> tuple[int, Any]:
+    keys = call.ctx.settings.secrets.node_keys
+    return 200, [_public(n, keys) for n in ordered(call.ctx.config.nodes)]
+
+
+async def add_node(call: Call) -> tuple[int, Any]:
+    doc = call.json_object()
+    _fields(doc, ("baseUrl", "apiKey", "name"))
+    url, address = _base_url(doc.get("baseUrl"))
+    key = _api_key(doc["apiKey"]) if doc.get("apiKey") is not None else None
+    name = _name(doc["name"]) if doc.get("name") is not None else ""
+    ctx = call.ctx
+    if len(ctx.config.nodes) >= MAX_PRIORITY:
+        raise ConfigError("nodes", f"at most {MAX_PRIORITY} nodes can be registered")
+    fingerprint = await ask_identity(call, address, key) or derived_fingerprint(address)
+    if fingerprint == ctx.settings.node_id:
+        raise ConfigError("baseUrl", "that URL is this gateway itself")
+    cfg = ctx.config  # read after the wait: another change may have landed meanwhile
+    if any(n.fingerprint == fingerprint for n in cfg.nodes):
+        raise SluiceError(409, f"node {fingerprint!r} is already registered",
+                          type="invalid_request_error", code="node_exists", param="baseUrl")
+    current = ordered(cfg.nodes)
+    lowest = current[-1].priority if current else MAX_PRIORITY + 1
+    node = NodeConfig(fingerprint=fingerprint, name=name or (address.host or url),
+                      base_url=url, priority=lowest - 1, enabled=True)
+    nodes = (*current, node) if lowest > 1 else _renumber([*current, node])
+    keys = dict(ctx.settings.secrets.node_keys)
+    keys.pop(fingerprint, None)  # never inherit a stale key
+    if key is not None:
+        keys[fingerprint] = key
+    stored = commit(call, attrs.evolve(cfg, nodes=nodes), keys)
+    log.info("node %s added (%s)", fingerprint, url)
+    saved = next(n for n in stored.nodes if n.fingerprint == fingerprint)
+    return 201, _public(saved, ctx.settings.secrets.node_keys)
+
+
+def patch_node(call: Call) -> tuple[int, Any]:
+    node = _find(call)
+    doc = call.json_object()
+    _fields(doc, ("name", "enabled", "apiKey", "baseUrl"))
+    changes: dict[str, Any] = {}
+    if "name" in doc:
+        changes["name"] = _name(doc["name"]) or node.name
+    if "enabled" in doc:
+        changes["enabled"] = _bool("enabled", doc["enabled"])
+    if "baseUrl" in doc:
+        changes["base_url"] = _base_url(doc["baseUrl"])[0]
+    keys = dict(call.ctx.settings.secrets.node_keys)
+    if "apiKey" in doc:
+        if doc["apiKey"] is None or doc["apiKey"] == "":  # clear the key
+            keys.pop(node.fingerprint, None)
+        else:
+            keys[node.fingerprint] = _api_key(doc["apiKey"])
+    cfg = call.ctx.config
+    updated = attrs.evolve(node, **changes)
+    nodes = tuple(updated if n.fingerprint == node.fingerprint else n for n in cfg.nodes)
+    commit(call, attrs.evolve(cfg, nodes=nodes), keys)
+    return 200, _public(updated, call.ctx.settings.secrets.node_keys)
+
+
+def delete_node(call: Call) -> tuple[int, Any]:
+    node = _find(call)
+    cfg = call.ctx.config
+    keys = dict(call.ctx.settings.secrets.node_keys)
+    keys.pop(node.fingerprint, None)
+    nodes = tuple(n for n in cfg.nodes if n.fingerprint != node.fingerprint)
+    commit(call, attrs.evolve(cfg, nodes=nodes), keys)
+    log.info("node %s removed", node.fingerprint)
+    return 200, {"fingerprint": node.fingerprint, "deleted": True}
+
+
+def put_order(call: Call) -> tuple[int, Any]:
+    doc = call.json_object()
+    _fields(doc, ("order",))
+    order = doc.get("order")
+    cfg = call.ctx.config
+    by_fp = {n.fingerprint: n for n in cfg.nodes}
+    if not isinstance(order, list) or not all(isinstance(fp, str) for fp in order):
+        raise ConfigError("order", "expected a list of node fingerprints")
+    if len(set(order)) != len(order):
+        raise ConfigError("order", "a fingerprint is listed more than once")
+    unknown = [fp for fp in order if fp not in by_fp]
+    if unknown:
+        raise ConfigError("order", f"no node with fingerprint {unknown[0][:64]!r}")
+    missing = [fp for fp in by_fp if fp not in order]
+    if missing:
+        raise ConfigError("order", f"every node must be listed; missing {missing[0]!r}")
+    nodes = _renumber([by_fp[fp] for fp in order])
+    commit(call, attrs.evolve(cfg, nodes=nodes), dict(call.ctx.settings.secrets.node_keys))
+    return list_nodes(call)

@@ -1,0 +1,99 @@
+"""``GET|PUT /api/v1/settings/load-balancing`` and ``GET|PUT /api/v1/settings/timeouts``
+(SPEC §8). Both apply live: the gateway reads ``settings.config`` on every request.
+
+A PUT takes any subset of the fields. The change is made on the whole config as YAML data
+and parsed back exactly as config.yaml is at start, so a PUT is held to the same rules
+(§3.1) and its errors name the same dotted YAML paths (``timeouts.request.streaming.total``);
+a refused PUT answers 422 and changes nothing. Durations come back as strings (``"30s"``);
+a PUT may give strings or numbers of seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from protocol.config import Config, config_to_dict, parse_config_text
+from protocol.durations import format_duration
+from protocol.errors import ConfigError
+from proxy.api.call import Call
+
+# JSON field -> (YAML section, YAML key)
+LB_FIELDS: dict[str, tuple[str, str]] = {
+    "enabled": ("load_balancing", "enabled"),
+    "strategy": ("load_balancing", "strategy"),
+    "failoverEnabled": ("load_balancing", "failover_enabled"),
+    "healthCheckInterval": ("health_checks", "interval"),
+}
+
+
+def _apply(call: Call, data: dict[str, Any], renames: dict[str, str] | None = None) -> Config:
+    """Parse ``data`` as a whole config and save it; 422 naming the dotted path otherwise."""
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    try:
+        return call.ctx.settings.update(parse_config_text(text))
+    except ConfigError as exc:
+        for written, asked in (renames or {}).items():
+            if exc.path == written or exc.path.startswith(written + "."):
+                raise ConfigError(asked + exc.path[len(written):],
+                                  exc.message.split(": ", 1)[-1]) from None
+        raise
+
+
+def _lb_view(cfg: Config) -> dict[str, Any]:
+    lb = cfg.load_balancing
+    return {"enabled": lb.enabled, "strategy": lb.strategy,
+            "failoverEnabled": lb.failover_enabled,
+            "healthCheckInterval": format_duration(cfg.health_checks.interval)}
+
+
+def get_load_balancing(call: Call) -> tuple[int, Any]:
+    return 200, _lb_view(call.ctx.config)
+
+
+def put_load_balancing(call: Call) -> tuple[int, Any]:
+    doc = call.json_object()
+    data = config_to_dict(call.ctx.config)
+    for field, value in doc.items():
+        spec = LB_FIELDS.get(field)
+        if spec is None:
+            raise ConfigError(field, f"unknown field; expected one of {', '.join(LB_FIELDS)}")
+        section, key = spec
+        data[section][key] = value
+    return 200, _lb_view(_apply(call, data))
+
+
+def _timeouts_view(cfg: Config) -> dict[str, Any]:
+    view: dict[str, Any] = config_to_dict(cfg)["timeouts"]
+    return view
+
+
+def get_timeouts(call: Call) -> tuple[int, Any]:
+    return 200, _timeouts_view(call.ctx.config)
+
+
+def _merge(target: dict[str, Any], changes: dict[str, Any], path: str) -> None:
+    """Deep-merge ``changes`` into ``target``; an unknown key is refused with its path."""
+    for key, value in changes.items():
+        where = f"{path}.{key}"
+        if key not in target:
+            raise ConfigError(where, f"unknown key {key!r}")
+        if isinstance(target[key], dict):
+            if not isinstance(value, dict):
+                raise ConfigError(where, "expected a mapping of keys")
+            _merge(target[key], value, where)
+        else:
+            target[key] = value
+
+
+def put_timeouts(call: Call) -> tuple[int, Any]:
+    """The ``timeouts`` tree, any subset. ``health_check`` is generated from
+    ``health_checks`` (§3.2): values given for it are written there, then regenerated."""
+    doc = call.json_object()
+    data = config_to_dict(call.ctx.config)
+    _merge(data["timeouts"], doc, "timeouts")
+    given = doc.get("health_check")
+    if isinstance(given, dict):
+        data["health_checks"].update(given)
+    return 200, _timeouts_view(_apply(call, data, {"health_checks": "timeouts.health_check"}))
