@@ -1,0 +1,166 @@
+"""Where one request goes (SPEC §7.1, §7.4): local first, then nodes by strategy.
+
+Pure and synchronous: the caller snapshots its state into a :class:`RouteRequest` and
+:class:`NodeView` values, passes ``now`` (``trio.current_time()``) and a
+:class:`RoundRobinCursor`, and gets back one of
+
+- :data:`LOCAL` — a local backend holds the model (a local id always wins over a remote one);
+- a :class:`Forward` — the eligible nodes in strategy order, each with its breaker permit;
+- a :class:`Refusal` — 503 with ``code`` ``model_not_available`` (nobody eligible holds it,
+  load balancing is off, or the request was already forwarded to us) or
+  ``all_circuits_open`` (eligible holders exist, but every one's circuit is open, or
+  half-open with its single probe already out).
+
+Eligible = enabled, online, holds the model, not yet tried by this request, and its breaker
+grants a permit now. Using a Forward: call :meth:`Forward.choose` straight away (no await in
+between), which returns the first target and releases the permits of the others, then
+report the outcome on the chosen :class:`Target`. On a connect error or a 5xx with
+``forward.may_fail_over``, resolve again with the failed fingerprint added to ``tried``; a
+refusal then means there is no alternate, and the first upstream error is the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from protocol.errors import SluiceError, Source, model_not_available
+from proxy.routing.breaker import CircuitBreaker, Permit
+from proxy.routing.strategies import Candidate, RoundRobinCursor, Strategy, order_candidates
+
+MODEL_NOT_AVAILABLE = "model_not_available"
+ALL_CIRCUITS_OPEN = "all_circuits_open"
+
+
+@attrs.frozen
+class NodeView:
+    """One registered node as routing sees it at this instant."""
+
+    fingerprint: str
+    priority: int
+    models: frozenset[str]  # ids from its last health check (owned_by "remote" excluded)
+    breaker: CircuitBreaker = attrs.field(eq=False)
+    enabled: bool = True  # the per-node routing switch
+    online: bool = True  # the last health check answered
+    in_flight: int = 0
+    latency_ms: float | None = None  # LatencyAverage.value
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.fingerprint, self.priority, self.in_flight, self.latency_ms)
+
+
+@attrs.frozen
+class RouteRequest:
+    """The facts of one request that routing needs."""
+
+    model: str
+    local: bool  # a local backend lists the model
+    load_balancing: bool
+    probe_ttl: float  # the request's own total timeout: bounds a half-open probe
+    strategy: Strategy | str = Strategy.PRIORITY
+    failover: bool = True  # load_balancing.failover_enabled
+    forwarded: bool = False  # came with x-sluice-forwarded: never forward again
+    tried: frozenset[str] = frozenset()  # fingerprints this request already failed on
+
+
+@attrs.frozen
+class Local:
+    """Serve the request from a local backend."""
+
+    def __repr__(self) -> str:
+        return "LOCAL"
+
+
+LOCAL = Local()
+
+
+@attrs.frozen
+class Target:
+    """One node to send to, with the breaker permit to report the outcome on."""
+
+    fingerprint: str
+    breaker: CircuitBreaker = attrs.field(eq=False, repr=False)
+    permit: Permit
+
+    def succeeded(self, now: float) -> None:
+        self.breaker.record_success(self.permit, now)
+
+    def failed(self, now: float) -> None:
+        self.breaker.record_failure(self.permit, now)
+
+    def neutral(self, now: float) -> None:
+        self.breaker.record_neutral(self.permit, now)
+
+
+@attrs.frozen
+class Forward:
+    """Forward to a node: ``targets`` in strategy order, never empty."""
+
+    targets: tuple[Target, ...]
+    may_fail_over: bool  # failover enabled and this is not already the second attempt
+
+    @property
+    def fingerprints(self) -> tuple[str, ...]:
+        return tuple(t.fingerprint for t in self.targets)
+
+    def choose(self, now: float) -> Target:
+        """The target to use; the other permits are released (a held probe goes back)."""
+        for other in self.targets[1:]:
+            other.neutral(now)
+        return self.targets[0]
+
+
+@attrs.frozen
+class Refusal:
+    """No route: answer 503 with this ``code``."""
+
+    model: str
+    code: str
+    status: int = 503
+
+    def error(self) -> SluiceError:
+        if self.code == ALL_CIRCUITS_OPEN:
+            return SluiceError(
+                503, f"every node that holds model {self.model!r} has its circuit open",
+                type="server_error", code=ALL_CIRCUITS_OPEN, param="model",
+                source=Source.GATEWAY)
+        return model_not_available(self.model)
+
+
+Route = Local | Forward
+
+
+def resolve(
+    request: RouteRequest, nodes: Sequence[NodeView], cursor: RoundRobinCursor, now: float
+) -> Route | Refusal:
+    """Resolve one request (see the module docstring). Advances ``cursor`` for round-robin
+    and takes breaker permits; nothing else changes."""
+    strategy = Strategy(request.strategy)  # an unknown one fails before any permit is taken
+    if request.local:
+        return LOCAL
+    if request.forwarded or not request.load_balancing:
+        return Refusal(request.model, MODEL_NOT_AVAILABLE)
+    holders = [
+        node for node in nodes
+        if node.enabled and node.online and request.model in node.models
+        and node.fingerprint not in request.tried
+    ]
+    if not holders:
+        return Refusal(request.model, MODEL_NOT_AVAILABLE)
+    if len({node.fingerprint for node in holders}) != len(holders):
+        raise ValueError("a node fingerprint is listed twice")
+    granted: dict[str, Target] = {}
+    candidates: list[Candidate] = []
+    for node in holders:
+        permit = node.breaker.allow(now, request.probe_ttl)
+        if permit is not None:
+            granted[node.fingerprint] = Target(node.fingerprint, node.breaker, permit)
+            candidates.append(node.candidate())
+    if not candidates:
+        return Refusal(request.model, ALL_CIRCUITS_OPEN)
+    ordered = order_candidates(strategy, candidates, cursor)
+    return Forward(
+        targets=tuple(granted[c.fingerprint] for c in ordered),
+        may_fail_over=request.failover and not request.tried,
+    )
