@@ -114,6 +114,12 @@ def model_not_available(model: str) -> SluiceError:
                        source=Source.GATEWAY)
 
 
+def all_circuits_open(model: str) -> SluiceError:
+    return SluiceError(503, f"every node that holds model {model!r} has its circuit open",
+                       type="server_error", code="all_circuits_open", param="model",
+                       source=Source.GATEWAY)
+
+
 def overloaded(message: str) -> SluiceError:
     return SluiceError(503, message, type="server_error", code="server_overloaded",
                        source=Source.GATEWAY)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from protocol.errors import SluiceError, Source, model_not_available
+from protocol.errors import SluiceError, all_circuits_open, model_not_available
 from proxy.routing.breaker import CircuitBreaker, Permit
 from proxy.routing.strategies import Candidate, RoundRobinCursor, Strategy, order_candidates
 
@@ -121,10 +121,7 @@ class Refusal:
 
     def error(self) -> SluiceError:
         if self.code == ALL_CIRCUITS_OPEN:
-            return SluiceError(
-                503, f"every node that holds model {self.model!r} has its circuit open",
-                type="server_error", code=ALL_CIRCUITS_OPEN, param="model",
-                source=Source.GATEWAY)
+            return all_circuits_open(self.model)
         return model_not_available(self.model)
 
 
