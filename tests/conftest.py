@@ -28,6 +28,14 @@ from proxy.settings import Settings
 from tests.fakeupstream import FakeUpstream
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for configs that need a fixed one)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A folder with a short path: Unix socket paths are limited to 103 bytes."""

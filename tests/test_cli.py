@@ -15,7 +15,7 @@ import yaml
 
 from protocol.config import default_config, dump_config_yaml
 from tests.client import chat_body, request
-from tests.conftest import gateway_config
+from tests.conftest import free_port, gateway_config
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
 
 SLUICE = [sys.executable, "-m", "proxy"]
@@ -24,15 +24,6 @@ SLUICE = [sys.executable, "-m", "proxy"]
 def sluice(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*SLUICE, *args], capture_output=True, text=True, timeout=30,
                           env=env, check=False)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_check_config(short_tmp: Path) -> None:

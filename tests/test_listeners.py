@@ -27,7 +27,7 @@ from proxy.listeners import (
 )
 from proxy.server import STATE_FILE, Gateway
 from tests.client import Client
-from tests.conftest import gateway_config, open_settings
+from tests.conftest import free_port, gateway_config, open_settings
 
 _LISTEN = "0A"
 
@@ -87,13 +87,6 @@ def answers(path: Path) -> bool:
         except OSError:
             return False
         return True
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _address(hex_addr: str) -> str:
