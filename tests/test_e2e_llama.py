@@ -38,7 +38,7 @@ async def llama_gateway(nursery: trio.Nursery, short_tmp: Path, gguf: Path,
     parallel = getattr(request, "param", 2)
     cfg = gateway_config([], socket_dir=short_tmp / "s")
     cfg = attrs.evolve(cfg, models=(ModelConfig(name=DEMO_MODEL, path=str(gguf), context=1024,
-                                                parallel=parallel, threads=2),))
+                                                parallel=parallel, threads=1),))
     gateway = Gateway(open_settings(short_tmp / "data", cfg))
     await nursery.start(gateway.run)
     with trio.fail_after(120):
@@ -186,7 +186,7 @@ async def test_model_server_falls_back_to_loopback_tcp(nursery: trio.Nursery, sh
     name = "smollm2-" + "x" * 100  # <socket dir>/m-<name>.sock would pass 103 bytes
     cfg = gateway_config([], socket_dir=short_tmp / "s")
     cfg = attrs.evolve(cfg, models=(ModelConfig(name=name, path=str(gguf), context=512,
-                                                parallel=1, threads=2),))
+                                                parallel=1, threads=1),))
     gateway = Gateway(open_settings(short_tmp / "data", cfg))
     await nursery.start(gateway.run)
     with trio.fail_after(120):

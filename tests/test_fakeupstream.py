@@ -6,6 +6,7 @@ import json
 import socket
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import h11
@@ -347,8 +348,13 @@ async def test_stall_then_client_close_is_recorded(handler: Any, n_chunks: int |
     assert len(up.requests) == 1
 
 
-async def test_never_read_connection(autojump_clock: trio.testing.MockClock) -> None:
-    up = FakeUpstream(never_read=True)
+# Under the autojump clock the fake listens on a Unix socket: its bytes (and a close) are at
+# the peer when the call returns, so the clock never jumps ahead of them.
+
+
+async def test_never_read_connection(autojump_clock: trio.testing.MockClock,
+                                     short_tmp: Path) -> None:
+    up = FakeUpstream(never_read=True, unix_path=str(short_tmp / "up.sock"))
     async with up.running():
         c = await Client.open(up.url)
         await c.send_request("GET", "/v1/models")
@@ -394,8 +400,9 @@ async def test_unix_socket_stale_file_is_replaced(tmp_path: Any) -> None:
         await c.aclose()
 
 
-async def test_mock_clock_gaps_and_close(autojump_clock: trio.testing.MockClock) -> None:
-    up = FakeUpstream()
+async def test_mock_clock_gaps_and_close(autojump_clock: trio.testing.MockClock,
+                                        short_tmp: Path) -> None:
+    up = FakeUpstream(unix_path=str(short_tmp / "up.sock"))
     up.on("POST", "/s", sse_stream(sse_events(3), gap=10))
     up.on("POST", "/stall", stall_between_chunks(1))
     async with up.running():
@@ -414,7 +421,8 @@ async def test_mock_clock_gaps_and_close(autojump_clock: trio.testing.MockClock)
     assert len(up.requests) == 2
 
 
-async def test_close_during_gap_cancels_handler(autojump_clock: trio.testing.MockClock) -> None:
+async def test_close_during_gap_cancels_handler(autojump_clock: trio.testing.MockClock,
+                                                short_tmp: Path) -> None:
     finished = trio.Event()
     stream_handler = sse_stream(sse_events(5), gap=10)
 
@@ -424,7 +432,7 @@ async def test_close_during_gap_cancels_handler(autojump_clock: trio.testing.Moc
         finally:
             finished.set()
 
-    up = FakeUpstream()
+    up = FakeUpstream(unix_path=str(short_tmp / "up.sock"))
     up.on("POST", "/s", wrapped)
     async with up.running():
         c = await Client.open(up.url)
