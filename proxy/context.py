@@ -9,6 +9,7 @@ import trio
 from protocol.config import Config
 from proxy.notifications import Notifications
 from proxy.pool.backends import BackendRegistry
+from proxy.pool.nodes import NodeIndex
 from proxy.upstream import UpstreamPool
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ class GatewayContext:
         self.settings = settings
         self.pool = pool
         self.backends = backends
+        self.nodes = NodeIndex()  # network nodes and their models (SPEC §7.2)
         self.draining = False
         self.idle_scopes: set[trio.CancelScope] = set()  # connections waiting for a request
         self.connection_count = 0

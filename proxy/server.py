@@ -34,6 +34,7 @@ from proxy.listeners import (
 from proxy.models.launcher import INSTALL_HINT
 from proxy.models.supervisor import Supervisor
 from proxy.pool.backends import BackendRegistry, run_health_checks
+from proxy.pool.nodes import run_node_checks
 from proxy.settings import Settings
 from proxy.upstream import UpstreamPool
 
@@ -94,6 +95,7 @@ class Gateway:
                 # (BackendRegistry.wait_for_holder), so the first request finds its model.
                 await background.start(run_health_checks, self.backends, self.pool,
                                        lambda: self.settings.config)
+                background.start_soon(run_node_checks, self.ctx.nodes, self.pool, self.settings)
                 async with trio.open_nursery() as connections:
                     async with trio.open_nursery() as accepting:
                         for listener, transport in listeners:

@@ -7,11 +7,15 @@ only method is POST.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.errors import SluiceError, method_not_allowed, not_found
+from protocol.openai import merge_model_lists
 from proxy.api import access_keys, nodes, settings_api, settings_lb
 from proxy.api.call import Call, Handler
+
+if TYPE_CHECKING:
+    from proxy.context import GatewayContext
 
 __all__ = ["NEEDS_MODELS", "ROUTES", "AnyHandler", "AsyncHandler", "Call", "Handler", "route"]
 
@@ -24,13 +28,21 @@ def health(call: Call) -> tuple[int, Any]:
     return 200, {"status": "ok"}
 
 
+def model_entries(ctx: GatewayContext) -> list[dict[str, Any]]:
+    """SPEC §7.5: local models, then (load balancing on) the nodes' as ``remote``."""
+    local = ctx.backends.model_entries()
+    if not ctx.config.load_balancing.enabled:
+        return local
+    return merge_model_lists([("", local)], ctx.nodes.remote_models())
+
+
 def list_models(call: Call) -> tuple[int, Any]:
-    return 200, {"object": "list", "data": call.ctx.backends.model_entries()}
+    return 200, {"object": "list", "data": model_entries(call.ctx)}
 
 
 def get_model(call: Call) -> tuple[int, Any]:
     model_id = call.path[len("/v1/models/"):]
-    for entry in call.ctx.backends.model_entries():
+    for entry in model_entries(call.ctx):
         if entry["id"] == model_id:
             return 200, entry
     raise SluiceError(404, f"model {model_id!r} does not exist", type="invalid_request_error",
@@ -71,10 +83,17 @@ def inference_status(call: Call) -> tuple[int, Any]:
         body["socketPath"] = ctx.socket_path
     else:
         body["localTcp"] = f"127.0.0.1:{ctx.local_tcp_port}"
+    if ctx.config.load_balancing.enabled:
+        body["distributed"] = ctx.nodes.summary(ctx.config)
     body["models"] = loaded
     body["backends"] = backends
     body["managedModels"] = ctx.supervisor.status() if ctx.supervisor else []
     return 200, body
+
+
+def distributed_status(call: Call) -> tuple[int, Any]:
+    """SPEC §8: the pool, its models and each enabled node in priority order."""
+    return 200, call.ctx.nodes.pool_status(call.ctx.config)
 
 
 ROUTES: dict[str, dict[bytes, AnyHandler]] = {
@@ -82,6 +101,7 @@ ROUTES: dict[str, dict[bytes, AnyHandler]] = {
     "/v1/models": {b"GET": list_models},
     "/api/v1/inference/models": {b"GET": list_models},
     "/api/v1/inference/status": {b"GET": inference_status},
+    "/api/v1/pool/distributed-status": {b"GET": distributed_status},
     "/api/v1/notifications": {b"GET": notifications},
     "/api/v1/access-keys": {b"GET": access_keys.list_keys, b"POST": access_keys.create_key},
     "/api/v1/settings/api": {b"GET": settings_api.get_api, b"PUT": settings_api.put_api},

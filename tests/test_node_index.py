@@ -1,0 +1,227 @@
+"""The node health poll and distributed model index (SPEC §7.2, §7.5, §8): the load-balancing
+switch, remote models in the unified list, online/offline/warming, disabled and removed
+nodes, the node key, and the ``distributed`` status shapes.
+
+Under the autojump clock every hop is a Unix socket, so nodes are put into the live config
+directly (config validation wants http:// node URLs) and the index is woken by hand; the
+switch through the settings API is tested in real time over TCP."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+
+from protocol.config import NodeConfig
+from tests.client import request
+from tests.conftest import RunningGateway, StartGateway
+from tests.fakeupstream import CREATED, FakeUpstream, ReceivedRequest, ResponseWriter
+
+INTERVAL = 5.0  # the default timeouts.health_check.interval
+STATUS = "/api/v1/inference/status"
+POOL = "/api/v1/pool/distributed-status"
+
+
+def node(fp: str, url: str, priority: int, enabled: bool = True) -> NodeConfig:
+    return NodeConfig(fingerprint=fp, name=fp, base_url=url, priority=priority,
+                      enabled=enabled)
+
+
+def configure(gw: RunningGateway, nodes: tuple[NodeConfig, ...] | None = None, *,
+              enabled: bool | None = None) -> None:
+    """Change the live config without validation (Unix node URLs), then wake the poll."""
+    settings = gw.gateway.settings
+    cfg = settings.config
+    if nodes is not None:
+        cfg = attrs.evolve(cfg, nodes=nodes)
+    if enabled is not None:
+        cfg = attrs.evolve(cfg, load_balancing=attrs.evolve(cfg.load_balancing,
+                                                             enabled=enabled))
+    settings.config = cfg
+    gw.gateway.ctx.nodes.wake()
+
+
+class FakeNode(FakeUpstream):
+    """A fake node: its ``/v1/models`` answers ``status`` and also lists ``extra`` entries."""
+
+    def __init__(self, path: str, models: list[str], extra: list[dict[str, Any]]) -> None:
+        super().__init__(models=models, unix_path=path)
+        self.status = 200
+        self.extra = extra
+        self.on("GET", "/v1/models", self._node_models)
+
+    async def _node_models(self, req: ReceivedRequest, w: ResponseWriter) -> None:
+        if self.status != 200:
+            await w.json(self.status, {"error": {"message": "loading model"}})
+            return
+        data = [{"id": m, "object": "model", "created": CREATED, "owned_by": "llamacpp"}
+                for m in self.models]
+        await w.json(200, {"object": "list", "data": [*data, *self.extra]})
+
+
+async def start_node(nursery: trio.Nursery, path: str, models: list[str],
+                     extra: list[dict[str, Any]] | None = None) -> FakeNode:
+    up = FakeNode(path, models, extra or [])
+    await nursery.start(up.serve)
+    return up
+
+
+async def models(gw: RunningGateway, path: str = "/v1/models") -> list[tuple[str, str]]:
+    reply = await request(gw.unix, "GET", path)
+    assert reply.status == 200
+    return [(m["id"], m["owned_by"]) for m in reply.json()["data"]]
+
+
+async def get_json(gw: RunningGateway, path: str) -> Any:
+    reply = await request(gw.unix, "GET", path)
+    assert reply.status == 200, reply.body
+    return reply.json()
+
+
+def polls(up: FakeUpstream) -> int:
+    return len(up.requests_to("/v1/models"))
+
+
+async def test_remote_models_follow_the_switch(autojump_clock: trio.testing.MockClock,
+                                               nursery: trio.Nursery, short_tmp: Any,
+                                               start_gateway: StartGateway) -> None:
+    local = FakeUpstream(models=["local-a", "shared"], unix_path=str(short_tmp / "l.sock"))
+    await nursery.start(local.serve)
+    gw = await start_gateway([("local", local.url)])
+    hop = {"id": "hop-c", "object": "model", "owned_by": "remote"}
+    up = await start_node(nursery, str(short_tmp / "n.sock"), ["shared", "remote-b"], [hop])
+    gw.gateway.settings.secrets.node_keys["node-a"] = "node-key-a"
+    configure(gw, (node("node-a", up.url, 1),))
+    await trio.sleep(INTERVAL * 3 + 0.1)
+    assert polls(up) == 0  # load balancing off: no traffic to the node at all
+    assert await models(gw) == [("local-a", "llamacpp"), ("shared", "llamacpp")]
+    assert "distributed" not in await get_json(gw, STATUS)
+    assert (await request(gw.unix, "GET", "/v1/models/remote-b")).status == 404
+
+    configure(gw, enabled=True)
+    await trio.sleep(0.1)
+    assert polls(up) == 1  # at once
+    assert up.requests_to("/v1/models")[0].header("authorization") == "Bearer node-key-a"
+    unified = [("local-a", "llamacpp"), ("shared", "llamacpp"), ("remote-b", "remote")]
+    assert await models(gw) == unified  # local wins on "shared"; hop-c not indexed
+    assert await models(gw, "/api/v1/inference/models") == unified
+    one = await get_json(gw, "/v1/models/remote-b")
+    assert (one["id"], one["owned_by"]) == ("remote-b", "remote")
+    assert (await request(gw.unix, "GET", "/v1/models/hop-c")).status == 404
+    assert (await get_json(gw, STATUS))["distributed"] == {
+        "enabled": True, "strategy": "priority", "totalNodes": 1, "onlineNodes": 1,
+        "remoteModels": 2}
+    await trio.sleep(INTERVAL)
+    assert polls(up) == 2  # once per interval
+
+    configure(gw, enabled=False)
+    await trio.sleep(INTERVAL * 3)
+    assert polls(up) == 2
+    assert [m for m, _ in await models(gw)] == ["local-a", "shared"]
+    pool = await get_json(gw, POOL)
+    assert (pool["enabled"], pool["onlineNodes"], pool["models"]) == (False, 0, [])
+    assert [e["status"] for e in pool["endpoints"]] == ["paused"]
+
+
+async def test_warming_online_offline(autojump_clock: trio.testing.MockClock,
+                                      nursery: trio.Nursery, short_tmp: Any,
+                                      start_gateway: StartGateway) -> None:
+    gw = await start_gateway([])
+    up = await start_node(nursery, str(short_tmp / "n.sock"), ["big"])
+    up.status = 503
+    gone = str(short_tmp / "nobody.sock")
+    configure(gw, (node("node-a", up.url, 2), node("node-x", f"unix:{gone}", 1)),
+              enabled=True)
+    await trio.sleep(0.1)
+
+    def statuses(pool: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(e["fingerprint"], e["status"]) for e in pool["endpoints"]]
+
+    pool = await get_json(gw, POOL)
+    assert statuses(pool) == [("node-a", "warming"), ("node-x", "offline")]
+    assert await models(gw) == []
+    await trio.sleep(3)
+    assert polls(up) == 4  # re-probed every second while warming
+    up.status = 200
+    await trio.sleep(1)
+    assert polls(up) == 5
+    pool = await get_json(gw, POOL)
+    assert statuses(pool) == [("node-a", "online"), ("node-x", "offline")]
+    assert pool["onlineNodes"] == 1
+    assert await models(gw) == [("big", "remote")]
+    await trio.sleep(0.8)
+    assert polls(up) == 5  # online: back to the interval (next round at 5s)
+    up.status = 500
+    await trio.sleep(0.2)
+    assert polls(up) == 6
+    assert statuses(await get_json(gw, POOL))[0] == ("node-a", "offline")
+    assert await models(gw) == []
+    await trio.sleep(2)
+    assert polls(up) == 6  # an offline node is not re-probed every second
+
+
+async def test_pool_status_disabled_and_removed_nodes(autojump_clock: trio.testing.MockClock,
+                                                      nursery: trio.Nursery, short_tmp: Any,
+                                                      start_gateway: StartGateway) -> None:
+    gw = await start_gateway([])
+    a = await start_node(nursery, str(short_tmp / "a.sock"), ["m1", "m2"])
+    b = await start_node(nursery, str(short_tmp / "b.sock"), ["m2", "m3"])
+    c = await start_node(nursery, str(short_tmp / "c.sock"), ["m4"])
+    nodes = (node("node-b", b.url, 1), node("node-c", c.url, 3, enabled=False),
+             node("node-a", a.url, 2))
+    configure(gw, nodes, enabled=True)
+    await trio.sleep(0.1)
+    pool = await get_json(gw, POOL)
+    for endpoint in pool["endpoints"]:
+        assert isinstance(endpoint.pop("latencyMs"), int)
+    assert pool == {
+        "enabled": True, "strategy": "priority", "totalNodes": 2, "onlineNodes": 2,
+        "models": [{"id": "m1", "availableOn": ["node-a"]},
+                   {"id": "m2", "availableOn": ["node-a", "node-b"]},
+                   {"id": "m3", "availableOn": ["node-b"]}],
+        "endpoints": [
+            {"fingerprint": "node-a", "baseUrl": a.url, "status": "online",
+             "loadedModelCount": 2, "priority": 2},
+            {"fingerprint": "node-b", "baseUrl": b.url, "status": "online",
+             "loadedModelCount": 2, "priority": 1}]}
+    assert (await get_json(gw, STATUS))["distributed"] == {
+        "enabled": True, "strategy": "priority", "totalNodes": 2, "onlineNodes": 2,
+        "remoteModels": 3}
+    assert [m for m, _ in await models(gw)] == ["m1", "m2", "m3"]
+    configure(gw, (nodes[0], nodes[2]))  # node-c removed, node-b still there
+    configure(gw, (attrs.evolve(nodes[0], enabled=False), nodes[2]))  # node-b disabled
+    await trio.sleep(INTERVAL * 2 + 0.1)
+    assert polls(c) == 0
+    assert (polls(a), polls(b)) == (4, 1)  # a round at the wake, then each interval
+    assert [m for m, _ in await models(gw)] == ["m1", "m2"]
+    assert [e["fingerprint"] for e in (await get_json(gw, POOL))["endpoints"]] == ["node-a"]
+
+
+async def test_switching_on_through_the_api(nursery: trio.Nursery,
+                                            start_gateway: StartGateway) -> None:
+    """Real time over TCP: the settings API's PUT wakes the poll at once."""
+    up = FakeUpstream(models=["over-there"])
+    await nursery.start(up.serve)
+    gw = await start_gateway([])
+    settings = gw.gateway.settings
+    settings.update(attrs.evolve(settings.config, nodes=(node("node-t", up.url, 1),)))
+    admin = [("authorization", f"Bearer {settings.secrets.admin_token}")]
+
+    async def put_lb(on: bool) -> None:
+        body = json.dumps({"enabled": on}).encode()
+        reply = await request(gw.unix, "PUT", "/api/v1/settings/load-balancing", body, admin)
+        assert reply.status == 200
+
+    await trio.sleep(0.3)
+    assert polls(up) == 0
+    await put_lb(True)
+    with trio.fail_after(2):
+        while ("over-there", "remote") not in await models(gw):
+            await trio.sleep(0.02)
+    assert polls(up) == 1
+    await put_lb(False)
+    assert await models(gw) == []
+    assert "distributed" not in await get_json(gw, STATUS)
