@@ -10,9 +10,10 @@ from typing import Any
 import trio
 
 from protocol.config import BackendConfig, Config
-from protocol.openai import merge_model_lists, parse_model_list
+from protocol.openai import merge_model_lists
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
-from proxy.upstream import UpstreamFailure, UpstreamPool, fetch
+from proxy.pool.probe import probe_models
+from proxy.upstream import UpstreamPool
 
 log = logging.getLogger("sluice.backends")
 
@@ -104,27 +105,14 @@ async def check_backend(backend: LocalBackend, pool: UpstreamPool, timeout: floa
     address = backend.address
     if address is None:
         return
-    started = trio.current_time()
-    error: str | None = None
-    models: list[dict[str, Any]] = []
-    with trio.move_on_after(timeout) as scope:
-        try:
-            status, body = await fetch(pool, address, b"/v1/models", api_key=backend.api_key)
-            if status != 200:
-                error = f"GET /v1/models answered {status}"
-            else:
-                models = pin(parse_model_list(body), backend.pinned_model)
-        except UpstreamFailure as exc:
-            error = str(exc)
-        except ValueError as exc:
-            error = f"GET /v1/models gave no model list: {exc}"
-    if scope.cancelled_caught:
-        error = f"GET /v1/models did not answer within {timeout:g}s"
+    probe = await probe_models(pool, address, api_key=backend.api_key, timeout=timeout)
+    error = probe.error
+    models = pin(probe.models, backend.pinned_model) if error is None else []
     was_online = backend.online
     backend.online = error is None
     backend.last_error = error
     backend.models = models
-    backend.latency_ms = (trio.current_time() - started) * 1000 if error is None else None
+    backend.latency_ms = probe.latency_ms
     if error is not None and was_online:
         log.warning("backend %s went offline: %s", backend.name, error)
     elif error is None and not was_online:

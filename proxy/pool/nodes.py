@@ -18,9 +18,9 @@ from typing import Any, Protocol
 import trio
 
 from protocol.config import Config, NodeConfig
-from protocol.openai import parse_model_list
 from protocol.upstream_url import parse_upstream_url
-from proxy.upstream import UpstreamFailure, UpstreamPool, fetch
+from proxy.pool.probe import ModelProbe, probe_models
+from proxy.upstream import UpstreamPool
 
 log = logging.getLogger("sluice.nodes")
 
@@ -151,31 +151,24 @@ class NodeIndex:
 async def check_node(endpoint: NodeEndpoint, pool: UpstreamPool, api_key: str | None,
                      timeout: float) -> None:
     """Fetch the node's ``/v1/models`` within ``timeout``; record status, latency, models."""
-    started = trio.current_time()
-    error: str | None = None
-    status = OFFLINE
+    try:
+        address = parse_upstream_url(endpoint.cfg.base_url)
+    except ValueError as exc:
+        probe = ModelProbe(None, [], str(exc), None)
+    else:
+        probe = await probe_models(pool, address, api_key=api_key, timeout=timeout)
+    error = probe.error
     models: list[dict[str, Any]] = []
-    with trio.move_on_after(timeout) as scope:
-        try:
-            address = parse_upstream_url(endpoint.cfg.base_url)
-            code, body = await fetch(pool, address, b"/v1/models", api_key=api_key)
-            if code == 503:
-                status, error = WARMING, "GET /v1/models answered 503 (loading)"
-            elif code != 200:
-                error = f"GET /v1/models answered {code}"
-            else:
-                models = [m for m in parse_model_list(body) if m.get("owned_by") != "remote"]
-                status = ONLINE
-        except UpstreamFailure as exc:
-            error = str(exc)
-        except ValueError as exc:
-            error = f"GET /v1/models gave no model list: {exc}"
-    if scope.cancelled_caught:
-        error = f"GET /v1/models did not answer within {timeout:g}s"
+    if probe.status == 503:
+        status, error = WARMING, "GET /v1/models answered 503 (loading)"
+    elif error is not None:
         status = OFFLINE
+    else:
+        status = ONLINE  # a node's own remote entries are not indexed (no multi-hop)
+        models = [m for m in probe.models if m.get("owned_by") != "remote"]
     was = endpoint.status
     endpoint.status, endpoint.models, endpoint.last_error = status, models, error
-    endpoint.latency_ms = (trio.current_time() - started) * 1000 if status == ONLINE else None
+    endpoint.latency_ms = probe.latency_ms if status == ONLINE else None
     if status != was:
         log.info("node %s is %s%s", endpoint.fingerprint, status,
                  f": {error}" if error else "")
