@@ -22,7 +22,7 @@ from proxy.models.supervisor import (
     STABLE_AFTER,
     ModelState,
     next_backoff,
-    remove_stale_socket,
+    remove_leftover_socket,
     socket_file_name,
 )
 from proxy.server import Gateway, StartupError
@@ -51,13 +51,13 @@ def test_only_sockets_are_removed(short_tmp: Path) -> None:
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(sock_path))
     sock.close()  # llama.cpp leaves exactly this behind
-    remove_stale_socket(sock_path)
+    remove_leftover_socket(sock_path)
     assert not sock_path.exists()
     plain = short_tmp / "m-y.sock"
     plain.write_text("not a socket")
-    remove_stale_socket(plain)
+    remove_leftover_socket(plain)
     assert plain.read_text() == "not a socket"
-    remove_stale_socket(short_tmp / "missing.sock")  # nothing there: no error
+    remove_leftover_socket(short_tmp / "missing.sock")  # nothing there: no error
 
 
 def test_log_rotation(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ def socket_file_name(model: str) -> str:
     return "m-" + re.sub(r"[^A-Za-z0-9._-]", "_", model) + ".sock"
 
 
-def remove_stale_socket(path: Path) -> None:
+def remove_leftover_socket(path: Path) -> None:
     """llama.cpp leaves its socket file behind, and a stale one makes the next bind fail.
     Only a socket is ever removed."""
     try:
@@ -176,7 +176,7 @@ class Supervisor:
             model.last_error = f"model file not found: {model.model_path}"
             return
         if model.socket_path is not None:
-            remove_stale_socket(model.socket_path)
+            remove_leftover_socket(model.socket_path)
         logfile = RotatingLog(model.log_path)
         proc = await trio.lowlevel.open_process(
             model.command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -207,7 +207,7 @@ class Supervisor:
                 self._set_down(model)
                 logfile.close()
                 if model.socket_path is not None:
-                    remove_stale_socket(model.socket_path)
+                    remove_leftover_socket(model.socket_path)
 
     async def _wait_until_healthy(self, model: ManagedModel,
                                   proc: trio.Process) -> str | None:
