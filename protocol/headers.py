@@ -26,9 +26,11 @@ HOP_BY_HOP: frozenset[bytes] = frozenset(
 )
 
 SERVED_BY = b"x-sluice-served-by"
+FORWARDED = b"x-sluice-forwarded"  # set on a request one gateway forwards to another
 
 # Request headers the gateway sets itself, so the client's copies are dropped.
-_REPLACED_UPSTREAM = frozenset({b"host", b"authorization", b"content-length", b"expect"})
+_REPLACED_UPSTREAM = frozenset(
+    {b"host", b"authorization", b"content-length", b"expect", FORWARDED})
 # Response headers the gateway sets itself.
 _REPLACED_DOWNSTREAM = frozenset({b"content-length", SERVED_BY})
 
@@ -55,8 +57,11 @@ def upstream_request_headers(
     authority: bytes,
     body_length: int,
     api_key: str | None = None,
+    forwarded_by: bytes | None = None,
 ) -> list[Header]:
-    """The headers sent upstream: hop-by-hop and client auth removed, ``Host`` replaced."""
+    """The headers sent upstream: hop-by-hop and client auth removed, ``Host`` replaced;
+    ``api_key`` becomes the Authorization, ``forwarded_by`` (our fingerprint, when the
+    upstream is another gateway) the loop guard."""
     listed = connection_tokens(headers)
     out: list[Header] = [(b"host", authority)]
     for name, value in headers:
@@ -66,6 +71,8 @@ def upstream_request_headers(
     out.append((b"content-length", str(body_length).encode()))
     if api_key:
         out.append((b"authorization", b"Bearer " + api_key.encode()))
+    if forwarded_by:
+        out.append((FORWARDED, forwarded_by))
     return out
 
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import enum
 import json
+from typing import TYPE_CHECKING
 
 from protocol.errors import bad_request
+
+if TYPE_CHECKING:
+    from protocol.config import TimeoutsConfig
 
 
 class TimeoutClass(enum.Enum):
@@ -63,3 +67,13 @@ def parse_request_body(path: str, body: bytes) -> RequestInfo:
         raise bad_request("\"stream\" must be true or false", code="invalid_stream",
                           param="stream")
     return RequestInfo(model, stream, timeout_class_for(path))
+
+
+def total_timeout(timeouts: TimeoutsConfig, info: RequestInfo) -> tuple[float, str]:
+    """The request's own total limit in seconds and its dotted config path."""
+    if info.stream:
+        return timeouts.request.streaming.total, "timeouts.request.streaming.total"
+    if info.timeout_class is TimeoutClass.IMAGE_GENERATION:
+        return (timeouts.request.image_generation.total,
+                "timeouts.request.image_generation.total")
+    return timeouts.request.standard.total, "timeouts.request.standard.total"

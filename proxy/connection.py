@@ -17,12 +17,11 @@ from protocol.errors import (
     bad_request,
     headers_too_large,
     internal,
-    model_not_available,
     payload_too_large,
     request_timeout,
     version_not_supported,
 )
-from protocol.headers import Header, connection_tokens, header_value
+from protocol.headers import FORWARDED, Header, connection_tokens, header_value
 from protocol.http1 import (
     CONTINUE,
     LAST_CHUNK,
@@ -341,12 +340,16 @@ class ClientConnection:
             await self.send_json(status, payload)
             return
         info = parse_request_body(path, body)
-        backend = self.ctx.backends.holder_of(info.model)
+        ctx = self.ctx
+        backend = ctx.backends.holder_of(info.model)
         if backend is None:
-            backend = await self.ctx.backends.wait_for_holder(info.model)
-            if backend is None:
-                raise model_not_available(info.model)
-        await self.watched(Relay(self, backend, request, body, info).run)
+            backend = await ctx.backends.wait_for_holder(info.model)
+        if backend is not None:  # local first (SPEC §7.1)
+            plan = ctx.router.local_plan(backend)
+        else:  # a network node, or 503
+            forwarded = header_value(request.headers, FORWARDED) is not None
+            plan = await ctx.router.forward_plan(info, forwarded=forwarded)
+        await self.watched(Relay(self, plan, request, body, info).run)
 
     async def watched(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run ``work``; if the client closes meanwhile, the reader cancels

@@ -10,6 +10,7 @@ from protocol.config import Config
 from proxy.notifications import Notifications
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
+from proxy.routing.router import Router
 from proxy.upstream import UpstreamPool
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ class GatewayContext:
         self.pool = pool
         self.backends = backends
         self.nodes = NodeIndex()  # network nodes and their models (SPEC §7.2)
+        self.router = Router(settings, self.nodes)  # breakers, counters, failover (§7.4)
         self.draining = False
         self.idle_scopes: set[trio.CancelScope] = set()  # connections waiting for a request
         self.connection_count = 0

@@ -27,15 +27,16 @@ from protocol.headers import (
     upstream_request_headers,
 )
 from protocol.http1 import ResponseHead
-from protocol.request_info import RequestInfo, TimeoutClass
+from protocol.request_info import RequestInfo, total_timeout
 from protocol.sse import TAIL, ends_event
 from proxy.errors import ClientGone
+from proxy.routing.router import Outcome
 from proxy.sockio import Fairness
 from proxy.upstream import UpstreamConnection, UpstreamFailure, exchange
 
 if TYPE_CHECKING:
     from proxy.connection import ClientConnection
-    from proxy.pool.backends import LocalBackend
+    from proxy.routing.router import Plan
 
 MAX_WHOLE_BODY = 256 * 1024 * 1024  # a non-streamed answer larger than this is refused
 
@@ -59,7 +60,8 @@ class Deadline:
     """One cancel scope for the whole exchange, moved between phases; remembers which
     configured limit it stands for, so a timeout can name it."""
 
-    __slots__ = ("limit", "scope", "seconds", "total_at", "total_limit", "total_seconds")
+    __slots__ = ("_answer", "_connect", "limit", "scope", "seconds", "total_at", "total_limit",
+                 "total_seconds")
 
     def __init__(self, scope: trio.CancelScope, total_at: float, total_limit: str,
                  total_seconds: float) -> None:
@@ -70,6 +72,19 @@ class Deadline:
         self.limit = total_limit
         self.seconds = total_seconds
         scope.deadline = total_at
+        self._connect = total_seconds
+        self._answer = (total_seconds, total_limit)
+
+    def phases(self, connect: float, answer: tuple[float, str]) -> None:
+        """The limits of the connect phase and of the wait for the response head."""
+        self._connect = connect
+        self._answer = answer
+
+    def connecting(self) -> None:
+        self.within(self._connect, "timeouts.connection")
+
+    def connected(self) -> None:
+        self.within(*self._answer)
 
     def within(self, seconds: float, limit: str) -> None:
         """Bound the next phase by ``seconds`` from now (never past the total)."""
@@ -93,21 +108,24 @@ class Deadline:
 
 
 class Relay:
-    """Runs one request to one backend and writes the answer to the client."""
+    """Runs one request to its upstream (failing over once to another node when the plan
+    allows) and writes the answer to the client."""
 
-    def __init__(self, client: ClientConnection, backend: LocalBackend, request: h11.Request,
+    def __init__(self, client: ClientConnection, plan: Plan, request: h11.Request,
                  body: bytes, info: RequestInfo) -> None:
         self.client = client
-        self.backend = backend
+        self.plan = plan
         self.request = request
         self.body = body
         self.info = info
         self.state = RelayState.WAITING
+        self.status = 0  # the status relayed to the client
         self._tail = b""  # last payload bytes sent, when not passing chunked framing through
         self._conn: UpstreamConnection | None = None
+        self._interrupted = False  # cancelled from outside (shutdown)
 
     def __repr__(self) -> str:
-        return f"Relay({self.backend.name!r}, {self.info!r}, state={self.state.value})"
+        return f"Relay({self.plan!r}, {self.info!r}, state={self.state.value})"
 
     def _move(self, new: RelayState) -> None:
         if new not in MOVES[self.state]:
@@ -128,6 +146,9 @@ class Relay:
             await self._fail(err)
         except _Timeout as timeout:
             await self._fail(timeout.error)
+        except trio.Cancelled:
+            self._interrupted = True
+            raise
         finally:
             conn = self._conn
             if conn is not None:
@@ -136,65 +157,99 @@ class Relay:
                     self.client.ctx.pool.release(conn)
                 else:
                     conn.close()
+            self._settle()
+
+    def _settle(self) -> None:
+        """Record the outcome of the last attempt (see proxy.routing.router)."""
+        attempt = self.plan.attempt
+        if attempt.finished:
+            return
+        if self.state is RelayState.DONE:
+            outcome = Outcome.FAILURE if self.status >= 500 else Outcome.SUCCESS
+        elif self.client.gone or self._interrupted:
+            outcome = Outcome.ABORTED
+        else:
+            outcome = Outcome.FAILURE
+        attempt.finish(outcome, trio.current_time())
+
+    def _fail_over(self) -> bool:
+        """Before anything reached the client: try the next node, if the plan has one."""
+        if not self.plan.may_fail_over or not self.plan.alternate(trio.current_time()):
+            return False
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            conn.close()
+        self._tail = b""
+        return True
 
     async def _run(self) -> None:
         timeouts = self.client.ctx.config.timeouts
         info = self.info
-        if info.stream:
-            st = timeouts.request.streaming
-            total, total_limit = st.total, "timeouts.request.streaming.total"
-        elif info.timeout_class is TimeoutClass.IMAGE_GENERATION:
-            total = timeouts.request.image_generation.total
-            total_limit = "timeouts.request.image_generation.total"
+        total, total_limit = total_timeout(timeouts, info)
+        total_at = trio.current_time() + total
+        if info.stream:  # the wait for the answer's head
+            answer = (timeouts.request.streaming.first_byte,
+                      "timeouts.request.streaming.first_byte")
         else:
-            total, total_limit = timeouts.request.standard.total, "timeouts.request.standard.total"
-        address = self.backend.address
-        if address is None:  # a managed server that died a moment ago
-            raise UpstreamFailure(f"model server {self.backend.name} is restarting",
-                                  connect=True)
-        with trio.CancelScope() as scope:
-            # One scope for the whole exchange: its deadline moves between the limits, and
-            # the connection's reader cancels it if the client goes away.
-            self.client.request_scope = scope
-            deadline = Deadline(scope, trio.current_time() + total, total_limit, total)
+            answer = (total, total_limit)
+        plan = self.plan
+        while True:
+            upstream = plan.upstream
+            address = upstream.address
+            if address is None:  # a managed server that died a moment ago
+                raise UpstreamFailure("the model server is restarting", connect=True)
+            with trio.CancelScope() as scope:
+                # One scope per attempt, all with the same total: its deadline moves between
+                # the limits, and the connection's reader cancels it if the client leaves.
+                self.client.request_scope = scope
+                deadline = Deadline(scope, total_at, total_limit, total)
+                deadline.phases(timeouts.connection, answer)
 
-            def connecting() -> None:
-                deadline.within(timeouts.connection, "timeouts.connection")
-
-            def connected() -> None:
-                if info.stream:
-                    deadline.within(timeouts.request.streaming.first_byte,
-                                    "timeouts.request.streaming.first_byte")
-                else:
-                    deadline.within(total, total_limit)
-
-            headers = upstream_request_headers(
-                self.request.headers, authority=address.authority,
-                body_length=len(self.body), api_key=self.backend.api_key)
-            conn, head = await exchange(
-                self.client.ctx.pool, address, self.request.method,
-                address.target(self.request.target), headers, self.body,
-                on_connecting=connecting, on_connected=connected)
-            self._conn = conn
-            if is_event_stream(head.headers) or (info.stream and head.content_length is None):
-                await self._relay_stream(conn, head, deadline)
-            else:
-                await self._relay_whole(conn, head)
-            return
-        # Only reached when the scope was cancelled: by the client leaving, or a deadline.
-        if self.client.gone:
-            raise ClientGone
-        phase = {
-            "timeouts.connection": "could not connect to the upstream",
-        }.get(deadline.limit)
-        if phase is None:
+                headers = upstream_request_headers(
+                    self.request.headers, authority=address.authority,
+                    body_length=len(self.body), api_key=upstream.api_key,
+                    forwarded_by=upstream.forwarded_by)
+                try:
+                    conn, head = await exchange(
+                        self.client.ctx.pool, address, self.request.method,
+                        address.target(self.request.target), headers, self.body,
+                        on_connecting=deadline.connecting, on_connected=deadline.connected)
+                except UpstreamFailure:
+                    if self._fail_over():
+                        continue
+                    raise
+                plan.attempt.answered(trio.current_time())
+                self._conn = conn
+                if head.status_code >= 500 and self._fail_over():
+                    continue
+                try:
+                    if is_event_stream(head.headers) or (
+                            info.stream and head.content_length is None):
+                        await self._relay_stream(conn, head, deadline)
+                    else:
+                        await self._relay_whole(conn, head)
+                except UpstreamFailure:
+                    # Closed before the first body byte reached the client: a connection error.
+                    if self.state is RelayState.WAITING and self._fail_over():
+                        continue
+                    raise
+                return
+            # Only reached when the scope was cancelled: by the client leaving, or a deadline.
+            if self.client.gone:
+                raise ClientGone
+            if deadline.limit == "timeouts.connection":
+                if self._fail_over():
+                    continue
+                raise _Timeout(deadline.error("could not connect to the upstream"))
             phase = ("the upstream sent nothing" if self.state is RelayState.WAITING
                      else "the upstream stalled")
-        raise _Timeout(deadline.error(phase))
+            raise _Timeout(deadline.error(phase))
 
     async def _relay_whole(self, conn: UpstreamConnection, head: ResponseHead) -> None:
         body = await conn.receive_body(MAX_WHOLE_BODY)
-        headers = downstream_response_headers(head.headers, served_by=self.backend.served_by)
+        headers = downstream_response_headers(head.headers, served_by=self.plan.upstream.served_by)
+        self.status = head.status_code
         await self.client.send_whole(head.status_code, headers, body, reason=head.reason)
         self._move(RelayState.DONE)
 
@@ -206,10 +261,11 @@ class Relay:
         client = self.client
         passthrough = head.chunked and client.chunked
         receive = conn.receive_chunked_raw if passthrough else partial(self._framed_payload, conn)
-        headers = downstream_response_headers(head.headers, served_by=self.backend.served_by)
+        headers = downstream_response_headers(head.headers, served_by=self.plan.upstream.served_by)
         out = b""
         while not out and not conn.body_done():
             out = await receive()
+        self.status = head.status_code
         out = client.response_head(head.status_code, headers, reason=head.reason) + out
         if conn.body_done():
             await client.send(out + client.end_of_body())

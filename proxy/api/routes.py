@@ -96,12 +96,20 @@ def distributed_status(call: Call) -> tuple[int, Any]:
     return 200, call.ctx.nodes.pool_status(call.ctx.config)
 
 
+def routing_stats(call: Call) -> tuple[int, Any]:
+    """SPEC §8: per-node and local attempt counters, breaker states, failovers."""
+    return 200, call.ctx.router.stats()
+
+
 ROUTES: dict[str, dict[bytes, AnyHandler]] = {
     "/health": {b"GET": health},
     "/v1/models": {b"GET": list_models},
     "/api/v1/inference/models": {b"GET": list_models},
     "/api/v1/inference/status": {b"GET": inference_status},
     "/api/v1/pool/distributed-status": {b"GET": distributed_status},
+    "/api/v1/pool/routing-stats": {b"GET": routing_stats},
+    "/api/v1/nodes/routing-stats": {b"GET": routing_stats},
+    "/admin/stats": {b"GET": routing_stats},
     "/api/v1/notifications": {b"GET": notifications},
     "/api/v1/access-keys": {b"GET": access_keys.list_keys, b"POST": access_keys.create_key},
     "/api/v1/settings/api": {b"GET": settings_api.get_api, b"PUT": settings_api.put_api},

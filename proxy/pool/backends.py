@@ -31,6 +31,7 @@ class LocalBackend:
         # A managed llama.cpp server answers to any model id; it serves exactly this one.
         self.pinned_model = pinned_model
         self.served_by = f"local:{cfg.name}".encode()
+        self.forwarded_by: bytes | None = None  # a local server is not another gateway
         self._api_key = api_key
         self.models: list[dict[str, Any]] = []
         self.online = False

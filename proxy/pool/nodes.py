@@ -18,8 +18,9 @@ from typing import Any, Protocol
 import trio
 
 from protocol.config import Config, NodeConfig
-from protocol.upstream_url import parse_upstream_url
+from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.pool.probe import ModelProbe, probe_models
+from proxy.routing.strategies import LatencyAverage
 from proxy.upstream import UpstreamPool
 
 log = logging.getLogger("sluice.nodes")
@@ -33,9 +34,16 @@ class NodeEndpoint:
 
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
+        try:
+            self.address: UpstreamAddress | None = parse_upstream_url(cfg.base_url)
+        except ValueError:
+            self.address = None  # never online: its checks fail with the reason
         self.status = UNKNOWN  # not checked yet
         self.models: list[dict[str, Any]] = []
-        self.latency_ms: float | None = None
+        self.model_ids: frozenset[str] = frozenset()
+        self.latency_ms: float | None = None  # the last health check's round trip
+        # For ``fastest``: health-check round trips and request times to first byte.
+        self.speed = LatencyAverage()
         self.last_error: str | None = None
 
     def __repr__(self) -> str:  # never shows the key
@@ -53,6 +61,7 @@ class NodeIndex:
     def __init__(self) -> None:
         self.endpoints: list[NodeEndpoint] = []
         self._wake = trio.Event()
+        self._first_round = trio.Event()  # set once every node was checked with LB on
 
     def __repr__(self) -> str:
         return f"NodeIndex({self.endpoints!r})"
@@ -87,6 +96,26 @@ class NodeIndex:
         """Load balancing is off: forget what the nodes serve."""
         for endpoint in self.endpoints:
             endpoint.status, endpoint.models, endpoint.latency_ms = UNKNOWN, [], None
+            endpoint.model_ids, endpoint.speed = frozenset(), LatencyAverage()
+        if self._first_round.is_set():
+            self._first_round = trio.Event()
+
+    def round_done(self) -> None:
+        self._first_round.set()
+
+    async def first_round(self, timeout: float) -> None:
+        """Right after start (or after load balancing is switched on), wait up to
+        ``timeout`` for the first health checks, so a request is not refused only because
+        the nodes have not been asked yet."""
+        if not self._first_round.is_set():
+            with trio.move_on_after(timeout):
+                await self._first_round.wait()
+
+    def endpoint(self, fingerprint: str) -> NodeEndpoint | None:
+        for endpoint in self.endpoints:
+            if endpoint.fingerprint == fingerprint:
+                return endpoint
+        return None
 
     def online(self) -> list[NodeEndpoint]:
         return [e for e in self.endpoints if e.status == ONLINE]
@@ -168,7 +197,10 @@ async def check_node(endpoint: NodeEndpoint, pool: UpstreamPool, api_key: str | 
         models = [m for m in probe.models if m.get("owned_by") != "remote"]
     was = endpoint.status
     endpoint.status, endpoint.models, endpoint.last_error = status, models, error
+    endpoint.model_ids = frozenset(m["id"] for m in models)
     endpoint.latency_ms = probe.latency_ms if status == ONLINE else None
+    if endpoint.latency_ms is not None:
+        endpoint.speed.add(endpoint.latency_ms)
     if status != was:
         log.info("node %s is %s%s", endpoint.fingerprint, status,
                  f": {error}" if error else "")
@@ -216,6 +248,8 @@ async def run_node_checks(index: NodeIndex, pool: UpstreamPool, settings: NodeSe
                 for endpoint in targets:
                     nursery.start_soon(check_node, endpoint, pool,
                                        keys.get(endpoint.fingerprint), hc.timeout)
+            if full:
+                index.round_done()
             delay = next_round - trio.current_time()
             if any(e.status == WARMING for e in index.endpoints):
                 delay = min(delay, WARMING_RETRY)
