@@ -13,7 +13,8 @@
 //   count         stop after this many requests, or
 //   duration_s    stop starting requests after this many seconds
 //   time_limit_s  hard limit (default 60): whatever is still in flight then is aborted
-// Prints one JSON line with the results (times in milliseconds).
+// Prints one JSON line with the results (times in milliseconds); `served_by` counts the
+// responses' x-sluice-served-by values (a gateway's local backend or network node).
 'use strict';
 
 const http = require('http');
@@ -68,6 +69,7 @@ const ttfbs = [];       // send -> first body byte
 const gaps = [];        // between successive body reads of one response
 const digests = new Map();
 const statuses = new Map();
+const servedBy = new Map(); // x-sluice-served-by of each response (gateways only)
 const errors = new Map();
 let started = 0;
 let completed = 0;      // status 200, whole body (and, for streams, every event and [DONE])
@@ -130,6 +132,8 @@ function one(done) {
   req.on('error', (err) => finish(false, err.code || err.message));
   req.on('response', (res) => {
     bump(statuses, res.statusCode);
+    const by = res.headers['x-sluice-served-by'];
+    if (by !== undefined) bump(servedBy, by);
     res.on('data', (buf) => {
       const now = performance.now();
       if (tFirst < 0) tFirst = now;
@@ -215,6 +219,7 @@ function report(timedOut) {
     ttfb_ms: summary(ttfbs),
     gap_ms_stats: summary(gaps),
     statuses: Object.fromEntries(statuses),
+    served_by: Object.fromEntries(servedBy),
     errors: Object.fromEntries(errors),
     digests: Object.fromEntries(digests),
     client_cpu_s: Math.round(((cpu.user + cpu.system) / 1e6) * 1e4) / 1e4,

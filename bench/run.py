@@ -3,6 +3,9 @@
 Starts a Node mock model server (TCP + Unix socket), the gateway (``sluice serve``) and,
 when ``nginx`` is on PATH, nginx as a reference C proxy; then runs each scenario in rounds,
 interleaved (direct, sluice, nginx, direct, ...), with the Node load client ``bench/load.js``.
+S7 adds a second pair of gateways: A (no backends, load balancing on, one network node) in
+front of B (the mock as its backends, like ``sluice``), so that S3's and S5's loads also
+run through two gateways (target ``forwarded``, A->B over loopback TCP).
 Prints a Markdown table and writes every figure as JSON. Usage: ``scripts/bench --help``.
 Python standard library only; Linux only (reads /proc).
 """
@@ -54,11 +57,14 @@ TARGET_TEXT = {
     "S4": "CPU ≤ 3 ms/stream; ≥ 300 streams/s",
     "S5": "1000/1000; none missing; gap p99 ≤ 250 ms; RSS ≤ 80 MB; CPU ≤ 5 s",
     "S6": "all bodies identical",
+    "S7": "forwarded (A+B): CPU/stream and added TTFB p50 each ≤ twice one gateway's",
 }
+S7_SHAPES = ("S3", "S5")  # the loads S7 also runs through gateway A -> gateway B
+S7_MAX_RATIO = 2.0
 KEYS = ("rps", "lat_p50", "lat_p99", "ttfb_p50", "ttfb_p99", "chunks_per_s", "gap_p50",
         "gap_p99", "started", "completed", "incomplete", "missing_streams", "missing_chunks",
         "proxy_cpu_s", "proxy_cpu_ms_per_req", "proxy_rss_mb", "mock_cpu_s", "client_cpu_s",
-        "wall_s")
+        "wall_s", "a_cpu_ms_per_req", "b_cpu_ms_per_req")
 
 
 # -- processes -------------------------------------------------------------------------------
@@ -174,38 +180,61 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self.unix_path)
 
 
-def get_models(target: dict[str, str]) -> list[str]:
+def http_call(target: dict[str, str], method: str, path: str, body: bytes | None = None,
+              timeout: float = 2.0) -> tuple[int, dict[str, str], bytes]:
+    """One request to a target's ``tcp`` or ``unix`` address: status, headers, body."""
     if "unix" in target:
-        conn: http.client.HTTPConnection = UnixHTTPConnection(target["unix"], 2.0)
+        conn: http.client.HTTPConnection = UnixHTTPConnection(target["unix"], timeout)
     else:
         host, port = target["tcp"].split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=2.0)
+        conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
-        conn.request("GET", "/v1/models")
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
-        body = resp.read()
-        if resp.status != 200:
-            return []
-        return [m.get("id") for m in json.loads(body).get("data", [])]
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
     finally:
         conn.close()
 
 
-def wait_models(target: dict[str, str], want: set[str], proc: subprocess.Popen[bytes],
-                what: str, log: Path, timeout: float = 30.0) -> None:
+def get_json(target: dict[str, str], path: str) -> Any:
+    """A GET's JSON answer; None unless it answered 200."""
+    status, _headers, body = http_call(target, "GET", path)
+    return json.loads(body) if status == 200 else None
+
+
+def get_model_entries(target: dict[str, str]) -> list[dict[str, Any]]:
+    doc = get_json(target, "/v1/models")
+    return [m for m in (doc or {}).get("data", []) if isinstance(m, dict)]
+
+
+def get_models(target: dict[str, str]) -> list[str]:
+    return [m.get("id") for m in get_model_entries(target)]
+
+
+def wait_until(check: Any, proc: subprocess.Popen[bytes], name: str, goal: str, log: Path,
+               timeout: float = 30.0) -> Any:
+    """Poll ``check()`` every 100 ms until it returns something true (returned); raise when
+    ``proc`` (``name``) exits or ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited ({proc.returncode}):\n{tail(log)}")
+            raise RuntimeError(f"{name} exited ({proc.returncode}):\n{tail(log)}")
         try:
-            if want <= set(get_models(target)):
-                return
+            got = check()
+            if got:
+                return got
         except (OSError, ValueError, http.client.HTTPException) as exc:
             last = repr(exc)
         time.sleep(0.1)
-    raise RuntimeError(f"{what} did not list {sorted(want)} within {timeout} s ({last}):\n"
-                       f"{tail(log)}")
+    raise RuntimeError(f"{name}: {goal} not within {timeout} s ({last}):\n{tail(log)}")
+
+
+def wait_models(target: dict[str, str], want: set[str], proc: subprocess.Popen[bytes],
+                what: str, log: Path, timeout: float = 30.0) -> None:
+    wait_until(lambda: want <= set(get_models(target)), proc, what,
+               f"/v1/models listing {sorted(want)}", log, timeout)
 
 
 def tail(log: Path, lines: int = 20) -> str:
@@ -214,7 +243,7 @@ def tail(log: Path, lines: int = 20) -> str:
     return ""
 
 
-# -- the three targets -----------------------------------------------------------------------
+# -- the targets -----------------------------------------------------------------------------
 
 def start_mock(kids: Children, tmp: Path) -> dict[str, Any]:
     port, sock = free_port(), tmp / "mock.sock"
@@ -233,22 +262,116 @@ def start_mock(kids: Children, tmp: Path) -> dict[str, Any]:
     return {"pid": proc.pid, "tcp": f"127.0.0.1:{port}", "unix": str(sock)}
 
 
-def start_gateway(kids: Children, tmp: Path, mock: dict[str, Any]) -> dict[str, Any]:
-    data, sockdir, port = tmp / "data", tmp / "s", free_port()
+MOCK_MODELS = {"bench-tcp", "bench-unix"}
+
+
+def mock_backends(mock: dict[str, Any]) -> str:
+    """config.yaml's ``backends:`` for the mock: one over TCP, one over its Unix socket."""
+    return (f"backends:\n  - name: mock-tcp\n    url: http://{mock['tcp']}\n"
+            f"  - name: mock-unix\n    url: unix:{mock['unix']}\n")
+
+
+def spawn_gateway(kids: Children, tmp: Path, name: str, rest: str, api_extra: str = "",
+                  secrets: str | None = None) -> dict[str, Any]:
+    """``sluice serve`` on its own data dir ``tmp/name``, socket folder ``tmp/s<name>`` and
+    a free port. config.yaml: ``api:`` (the port, then ``api_extra``), ``local:``, then
+    ``rest``; ``secrets`` is written as secrets.yaml (0600) when given. Returns its
+    addresses, process and log (not waited on)."""
+    data, sockdir, port = tmp / name, tmp / f"s{name}", free_port()
     data.mkdir(mode=0o700)
     sockdir.mkdir(mode=0o700)
-    (data / "config.yaml").write_text(
-        f"api:\n  port: {port}\nlocal:\n  socket_dir: {sockdir}\nbackends:\n"
-        f"  - name: mock-tcp\n    url: http://{mock['tcp']}\n"
-        f"  - name: mock-unix\n    url: unix:{mock['unix']}\n")
+    (data / "config.yaml").write_text(f"api:\n  port: {port}\n{api_extra}"
+                                      f"local:\n  socket_dir: {sockdir}\n{rest}")
+    if secrets is not None:
+        path = data / "secrets.yaml"
+        path.touch(mode=0o600)
+        path.write_text(secrets)
+    log = tmp / f"{name}.log"
     sluice = Path(sys.executable).parent / "sluice"
-    log = tmp / "gateway.log"
-    proc = kids.start("sluice", [str(sluice), "serve", "--data-dir", str(data)], log)
-    targets = {"tcp": f"127.0.0.1:{port}", "unix": str(sockdir / "sluice.sock")}
+    proc = kids.start(name, [str(sluice), "serve", "--data-dir", str(data)], log)
+    return {"pid": proc.pid, "proc": proc, "log": log, "data": data,
+            "tcp": f"127.0.0.1:{port}", "unix": str(sockdir / "sluice.sock")}
+
+
+def start_gateway(kids: Children, tmp: Path, mock: dict[str, Any]) -> dict[str, Any]:
+    gw = spawn_gateway(kids, tmp, "data", mock_backends(mock))
     for tr in ("tcp", "unix"):
-        wait_models({tr: targets[tr]}, {"bench-tcp", "bench-unix"}, proc, "the gateway", log)
-    return {"pid": proc.pid, "pids": with_descendants(proc.pid), "proc": proc, "log": log,
-            **targets}
+        wait_models({tr: gw[tr]}, MOCK_MODELS, gw["proc"], "the gateway", gw["log"])
+    return {**gw, "pids": with_descendants(gw["pid"]), "procs": [("sluice", gw)]}
+
+
+def create_access_key(gw: dict[str, Any], name: str) -> str:
+    """``sluice keys create`` against a running gateway (its local socket, admin token)."""
+    sluice = Path(sys.executable).parent / "sluice"
+    proc = subprocess.run([str(sluice), "keys", "create", "--data-dir", str(gw["data"]),
+                           "--name", name, "--json"], capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    if proc.returncode != 0:
+        raise RuntimeError(f"sluice keys create failed ({proc.returncode}): {proc.stderr}")
+    return str(json.loads(proc.stdout)["key"])
+
+
+def start_forwarded(kids: Children, tmp: Path, mock: dict[str, Any]) -> dict[str, Any]:
+    """S7's pair. Gateway B serves the mock exactly as ``sluice`` does, and asks for an
+    access key even from loopback (``require_auth``), as a node on another computer would.
+    Gateway A has no backends, load balancing on (priority, failover) and B as its one node,
+    over TCP, with that key in its secrets.yaml ``node_keys``. Ready once A lists the mock's
+    models as ``owned_by: "remote"`` on both of its listeners and one request through A was
+    served by B."""
+    b = spawn_gateway(kids, tmp, "b", mock_backends(mock), api_extra="  require_auth: true\n")
+    wait_models({"unix": b["unix"]}, MOCK_MODELS, b["proc"], "gateway B", b["log"])
+    fingerprint = str(get_json({"unix": b["unix"]}, "/api/v1/node/identity")["fingerprint"])
+    key = create_access_key(b, "bench gateway A")
+    status, _headers, _body = http_call({"tcp": b["tcp"]}, "GET", "/v1/models")
+    if status != 401:  # else the key below would not be what lets A in
+        raise RuntimeError(f"gateway B (require_auth) answered {status} without a key")
+    a = spawn_gateway(
+        kids, tmp, "a",
+        "load_balancing:\n  enabled: true\n  strategy: priority\n  failover_enabled: true\n"
+        f"nodes:\n  - fingerprint: {fingerprint}\n    name: bench-b\n"
+        f"    base_url: http://{b['tcp']}\n    priority: 1\n    enabled: true\n",
+        secrets=json.dumps({"node_keys": {fingerprint: key}}) + "\n")
+
+    def remote(tr: str) -> bool:
+        entries = {m.get("id"): m.get("owned_by") for m in get_model_entries({tr: a[tr]})}
+        return all(entries.get(model) == "remote" for model in MOCK_MODELS)
+
+    for tr in ("tcp", "unix"):
+        wait_until(lambda tr=tr: remote(tr), a["proc"], "gateway A",
+                   f"/v1/models over {tr} listing {sorted(MOCK_MODELS)} as owned_by remote",
+                   a["log"])
+
+    def online() -> Any:
+        doc = get_json({"unix": a["unix"]}, "/api/v1/pool/distributed-status")
+        ends = (doc or {}).get("endpoints") or []
+        return doc if [e.get("status") for e in ends] == ["online"] else None
+
+    distributed = wait_until(online, a["proc"], "gateway A", "node B online", a["log"])
+    body = json.dumps({"model": "bench-tcp", "messages": [{"role": "user", "content": "hi"}]})
+    status, headers, answer = http_call({"tcp": a["tcp"]}, "POST", "/v1/chat/completions",
+                                        body.encode(), timeout=10.0)
+    served_by = headers.get("x-sluice-served-by")
+    if status != 200 or served_by != f"node:{fingerprint}":
+        raise RuntimeError(f"gateway A did not forward a request to B: {status}, served by "
+                           f"{served_by!r}: {answer[:300]!r}\n{tail(a['log'])}")
+    a_pids, b_pids = with_descendants(a["pid"]), with_descendants(b["pid"])
+    return {**a, "pids": a_pids + b_pids, "parts": {"a": a_pids, "b": b_pids},
+            "procs": [("gateway A", a), ("gateway B", b)], "fingerprint": fingerprint,
+            "b": {"tcp": b["tcp"], "unix": b["unix"]},
+            "distributed_status": distributed}
+
+
+def settled_routing_stats(target: dict[str, str], timeout: float = 5.0) -> Any:
+    """A gateway's /api/v1/pool/routing-stats once nothing is in flight (the last attempt's
+    bookkeeping may trail the client's last byte), or as it is after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = get_json(target, "/api/v1/pool/routing-stats")
+        active = [n.get("activeRequests") for n in (doc or {}).get("nodes", [])]
+        active.append(((doc or {}).get("local") or {}).get("activeRequests"))
+        if doc is None or not any(active) or time.monotonic() >= deadline:
+            return doc
+        time.sleep(0.05)
 
 
 def start_nginx(kids: Children, tmp: Path, mock: dict[str, Any]) -> dict[str, Any] | None:
@@ -282,8 +405,9 @@ def start_nginx(kids: Children, tmp: Path, mock: dict[str, Any]) -> dict[str, An
     wait_models({"tcp": targets["tcp"]}, {"bench-tcp"}, proc, "nginx", prefix / "err.log")
     wait_models({"unix": targets["unix"]}, {"bench-unix"}, proc, "nginx", prefix / "err.log")
     version = subprocess.run([binary, "-v"], capture_output=True, text=True).stderr.strip()
-    return {"pid": proc.pid, "pids": with_descendants(proc.pid), "version": version,
-            "proc": proc, "log": prefix / "err.log", **targets}
+    entry = {"pid": proc.pid, "proc": proc, "log": prefix / "err.log", **targets}
+    return {**entry, "pids": with_descendants(proc.pid), "version": version,
+            "procs": [("nginx", entry)]}
 
 
 # -- measuring -------------------------------------------------------------------------------
@@ -305,21 +429,26 @@ def measure(env: dict[str, Any], target: str, transport: str,
     proxy = env.get(target)
     addr = {transport: (proxy if proxy else env["mock"])[transport]}
     pids = proxy["pids"] if proxy else []
+    parts: dict[str, list[int]] = proxy.get("parts", {}) if proxy else {}
     mock_pids = [env["mock"]["pid"]]
     sampler = RssPeak(pids)
     sampler.start()
+    part0 = {name: cpu_seconds(p) for name, p in parts.items()}
     cpu0, mock0, t0 = cpu_seconds(pids), cpu_seconds(mock_pids), time.monotonic()
     try:
         load = run_load(addr, f"bench-{transport}", params)
     finally:
         peak = sampler.stop()
     wall = time.monotonic() - t0
-    for name in ("sluice", "nginx"):
-        if name in env and env[name]["proc"].poll() is not None:
-            raise RuntimeError(f"{name} exited ({env[name]['proc'].returncode}) during "
-                               f"{target}/{transport}:\n{tail(env[name]['log'])}")
+    for entry in env.values():
+        for name, proc in entry.get("procs", ()):
+            if proc["proc"].poll() is not None:
+                raise RuntimeError(f"{name} exited ({proc['proc'].returncode}) during "
+                                   f"{target}/{transport}:\n{tail(proc['log'])}")
     return {"load": load, "wall_s": round(wall, 3),
             "proxy_cpu_s": round(cpu_seconds(pids) - cpu0, 3) if proxy else None,
+            "part_cpu_s": {name: round(cpu_seconds(p) - part0[name], 3)
+                           for name, p in parts.items()},
             "proxy_rss_mb": round(peak / 2**20, 1) if proxy else None,
             "mock_cpu_s": round(cpu_seconds(mock_pids) - mock0, 3)}
 
@@ -341,6 +470,8 @@ def metrics(run: dict[str, Any]) -> dict[str, Any]:
         "proxy_cpu_ms_per_req": None if cpu is None else round(cpu * 1000 / per, 4),
         "proxy_rss_mb": run["proxy_rss_mb"], "mock_cpu_s": run["mock_cpu_s"],
         "client_cpu_s": load["client_cpu_s"], "wall_s": run["wall_s"],
+        **{f"{name}_cpu_ms_per_req": None if part is None else round(part * 1000 / per, 4)
+           for name in ("a", "b") for part in [run.get("part_cpu_s", {}).get(name)]},
     }
 
 
@@ -396,6 +527,66 @@ def bodies_check(runs: list[dict[str, Any]]) -> dict[str, Any]:
             entry["mismatches"].append({"scenario": r["scenario"], "round": r["round"],
                                         "direct": sorted(want), "got": sorted(got)})
     return result
+
+
+def ratio(x: Any, y: Any) -> float | None:
+    return round(x / y, 3) if x is not None and y is not None and y > 0 else None
+
+
+def s7_summary(summary: dict[str, Any], s6: dict[str, Any],
+               transports: list[str]) -> dict[str, Any]:
+    """S7: the forwarded path (client -> A -> B -> mock) against one gateway (``sluice``):
+    CPU per stream of A+B and of A alone, added TTFB and latency vs direct, and their
+    ratios (of the medians over rounds) to one gateway's."""
+    out: dict[str, Any] = {}
+    for sc in S7_SHAPES:
+        for tr in transports:
+            fw, one = summary.get(f"{sc}/{tr}/forwarded"), summary.get(f"{sc}/{tr}/sluice")
+            if fw is None or one is None:
+                continue
+            cpu = {"forwarded": fw["proxy_cpu_ms_per_req"], "a": fw["a_cpu_ms_per_req"],
+                   "b": fw["b_cpu_ms_per_req"], "one_gateway": one["proxy_cpu_ms_per_req"]}
+            added = {k: {"forwarded": fw["added_vs_direct_ms"][k],
+                         "one_gateway": one["added_vs_direct_ms"][k]}
+                     for k in ("ttfb_p50", "lat_p50", "ttfb_p99", "lat_p99")}
+            entry: dict[str, Any] = {
+                "cpu_ms_per_stream": cpu,
+                "cpu_ratio": ratio(cpu["forwarded"], cpu["one_gateway"]),
+                "cpu_ratio_a": ratio(cpu["a"], cpu["one_gateway"]),
+                "added_ms": added,
+                "added_ratio": {k: ratio(v["forwarded"], v["one_gateway"])
+                                for k, v in added.items()},
+                "gap_p99": {"forwarded": fw["gap_p99"], "one_gateway": one["gap_p99"],
+                            "direct": fw["direct_gap_p99"]},
+                "complete": fw["all_rounds_complete"],
+                "bodies_equal": s6.get(f"{tr}/forwarded", {}).get("equal", False),
+                "rounds": fw["rounds"],
+            }
+            entry["missed"], entry["undetermined"] = judge_s7(entry)
+            out[f"{sc}/{tr}"] = entry
+    return out
+
+
+def judge_s7(e: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The parts of the issue's S7 target missed, and those the figures cannot decide (one
+    gateway's added TTFB at or below zero: no ratio)."""
+    missed, undetermined = [], []
+    if not (e["complete"] and e["bodies_equal"]):
+        missed.append("delivery")
+    for name, value in (("CPU", e["cpu_ratio"]), ("added TTFB", e["added_ratio"]["ttfb_p50"])):
+        if value is None:
+            undetermined.append(name)
+        elif value > S7_MAX_RATIO:
+            missed.append(name)
+    return missed, undetermined
+
+
+def s7_met(e: dict[str, Any]) -> str:
+    if e["missed"]:
+        return "not met: " + ", ".join(e["missed"])
+    if e["undetermined"]:
+        return "undetermined: " + ", ".join(e["undetermined"])
+    return "met"
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -454,6 +645,9 @@ def row(sc: str, tr: str, tg: str, s: dict[str, Any], smoke: bool) -> list[str]:
         if tg != "direct":
             vs = f"gap p99 direct {fmt(s['direct_gap_p99'])} ms"
         cpu_txt = "" if s["proxy_cpu_s"] is None else f"{fmt(s['proxy_cpu_s'])} s total"
+    if tg == "forwarded" and s["a_cpu_ms_per_req"] is not None:
+        cpu_txt += (f"{', ' if cpu_txt else ''}A {fmt(s['a_cpu_ms_per_req'])} + "
+                    f"B {fmt(s['b_cpu_ms_per_req'])} ms/stream")
     rss = "" if s["proxy_rss_mb"] is None else f"{fmt(s['proxy_rss_mb'])} MB"
     wall = s["wall_s"] or 1
     load = "/".join(f"{100 * (x or 0) / wall:.0f}" for x in
@@ -462,6 +656,9 @@ def row(sc: str, tr: str, tg: str, s: dict[str, Any], smoke: bool) -> list[str]:
     if tg == "sluice" and not smoke:
         missed = judge(sc, s, True)
         met = "met" if not missed else "not met: " + ", ".join(missed)
+    if tg == "forwarded":
+        met = "see S7" if not smoke else "—"
+        return [f"S7 ({sc})", tr, "forwarded", res, vs, cpu_txt, rss, load, "", met]
     return [sc, tr, tg, res, vs, cpu_txt, rss, load,
             TARGET_TEXT[sc] if tg == "sluice" else "", met]
 
@@ -480,12 +677,40 @@ def table(summary: dict[str, Any], s6: dict[str, Any], rounds: int, smoke: bool)
             continue
         res = "bodies = direct's" if entry["equal"] else \
             f"{len(entry['mismatches'])} of {entry['checked']} runs differ"
-        met = "—" if tg != "sluice" else ("met" if entry["equal"] else "not met")
-        rows.append(["S6", tr, tg, res, "", "", "", "", TARGET_TEXT["S6"] if tg == "sluice"
-                     else "", met])
+        ours = tg in ("sluice", "forwarded")
+        met = "—" if not ours else ("met" if entry["equal"] else "not met")
+        rows.append(["S6", tr, tg, res, "", "", "", "", TARGET_TEXT["S6"] if ours else "",
+                     met])
+    return markdown(head, rows)
+
+
+def markdown(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def s7_table(s7: dict[str, Any], smoke: bool) -> str:
+    """S7 beside one gateway: medians over rounds, ratios of those medians."""
+    head = ["Load", "Transport", "CPU/stream A+B", "A alone", "B alone", "one gateway",
+            "A+B / one", "A / one", "added TTFB p50 fwd / one (ratio)",
+            "added latency p50 fwd / one (ratio)", "Delivered, bodies", "Issue target", "Met"]
+    rows = []
+    for key, e in s7.items():
+        sc, tr = key.split("/")
+        cpu, add, rat = e["cpu_ms_per_stream"], e["added_ms"], e["added_ratio"]
+        rows.append([
+            f"S7 ({sc})", tr, f"{fmt(cpu['forwarded'])} ms", f"{fmt(cpu['a'])} ms",
+            f"{fmt(cpu['b'])} ms", f"{fmt(cpu['one_gateway'])} ms",
+            f"x{fmt(e['cpu_ratio'])}", f"x{fmt(e['cpu_ratio_a'])}",
+            f"{fmt(add['ttfb_p50']['forwarded'], sign='+')} / "
+            f"{fmt(add['ttfb_p50']['one_gateway'], sign='+')} ms (x{fmt(rat['ttfb_p50'])})",
+            f"{fmt(add['lat_p50']['forwarded'], sign='+')} / "
+            f"{fmt(add['lat_p50']['one_gateway'], sign='+')} ms (x{fmt(rat['lat_p50'])})",
+            ("all" if e["complete"] else "INCOMPLETE") + ", " +
+            ("= direct's" if e["bodies_equal"] else "DIFFER"),
+            TARGET_TEXT["S7"], "—" if smoke else s7_met(e)])
+    return markdown(head, rows)
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -493,7 +718,9 @@ def table(summary: dict[str, Any], s6: dict[str, Any], rounds: int, smoke: bool)
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6")
+    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7",
+                    help="S6 alone means every scenario; S7 runs S3's and S5's loads "
+                         "(which it adds) also through gateway A -> gateway B")
     ap.add_argument("--transport", choices=("tcp", "unix", "both"), default="both")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny run of every scenario, 1 round, no nginx; exit 1 unless every "
@@ -504,10 +731,12 @@ def main(argv: list[str] | None = None) -> int:
                          "smoke.json for --smoke)")
     opts = ap.parse_args(argv)
     wanted = [s.strip().upper() for s in opts.scenarios.split(",") if s.strip()]
-    bad = [s for s in wanted if s not in (*SCENARIOS, "S6")]
+    bad = [s for s in wanted if s not in (*SCENARIOS, "S6", "S7")]
     if bad:
         ap.error(f"unknown scenario(s): {', '.join(bad)}")
-    scenarios = [s for s in SCENARIOS if s in wanted or (wanted == ["S6"])]
+    every = wanted == ["S6"]
+    s7 = every or "S7" in wanted
+    scenarios = [s for s in SCENARIOS if s in wanted or every or (s7 and s in S7_SHAPES)]
     rounds = 1 if opts.smoke else max(1, opts.rounds)
     transports = ["tcp", "unix"] if opts.transport == "both" else [opts.transport]
     out_path = opts.json or BENCH / "results" / ("smoke.json" if opts.smoke else "latest.json")
@@ -531,7 +760,10 @@ def main(argv: list[str] | None = None) -> int:
             nginx = start_nginx(kids, tmp, env["mock"])
             if nginx is not None:
                 env["nginx"] = nginx
-        targets: list[str] = [t for t in ("direct", "sluice", "nginx") if t == "direct" or t in env]
+        if s7:
+            env["forwarded"] = start_forwarded(kids, tmp, env["mock"])
+        targets: list[str] = [t for t in ("direct", "sluice", "nginx", "forwarded")
+                              if t == "direct" or t in env]
         print(f"targets: {', '.join(targets)}; transports: {', '.join(transports)}; "
               f"rounds: {rounds}", file=sys.stderr)
         for tr in transports:  # warm-up: connections, pools, JIT (not recorded)
@@ -541,14 +773,15 @@ def main(argv: list[str] | None = None) -> int:
         runs: list[dict[str, Any]] = []
         for sc in scenarios:
             params = {**SCENARIOS[sc], **(SMOKE[sc] if opts.smoke else {})}
+            mine = [t for t in targets if t != "forwarded" or sc in S7_SHAPES]
             for tr in transports:
                 for n in range(rounds):
-                    for tg in targets:
+                    for tg in mine:
                         r = measure(env, tg, tr, params)
                         runs.append({"scenario": sc, "transport": tr, "round": n,
                                      "target": tg, "params": params, **r})
                         ld = r["load"]
-                        print(f"{sc} {tr:4} round {n + 1} {tg:6}: {ld['completed']}/"
+                        print(f"{sc} {tr:4} round {n + 1} {tg:9}: {ld['completed']}/"
                               f"{ld['started']} ok, {ld['requests_per_s']:,.0f}/s, proxy CPU "
                               f"{r['proxy_cpu_s']} s, {r['wall_s']} s", file=sys.stderr)
         summary = summarise(runs, scenarios, transports, targets)
@@ -559,7 +792,23 @@ def main(argv: list[str] | None = None) -> int:
                     if r["load"]["incomplete"] or r["load"]["timed_out"]
                     or r["load"]["completed"] != r["load"]["started"]]
         problems += [f"S6 {k}: {v['mismatches'][:3]}" for k, v in s6.items() if not v["equal"]]
+        s7_result: dict[str, Any] | None = None
         md = table(summary, s6, rounds, opts.smoke)
+        if s7:
+            fw = env["forwarded"]
+            by_node = f"node:{fw['fingerprint']}"
+            problems += [f"S7 {r['scenario']} {r['transport']} round {r['round'] + 1}: served "
+                         f"by {r['load']['served_by']}, not only {by_node}" for r in runs
+                         if r["target"] == "forwarded" and
+                         set(r["load"]["served_by"]) != {by_node}]
+            by_shape = s7_summary(summary, s6, transports)
+            s7_result = {
+                "node_b": fw["fingerprint"], "distributed_status_a": fw["distributed_status"],
+                "routing_stats_a": settled_routing_stats({"unix": fw["unix"]}),
+                "routing_stats_b": settled_routing_stats({"unix": fw["b"]["unix"]}),
+                "by_shape": by_shape,
+            }
+            md += "\n\n" + s7_table(by_shape, opts.smoke)
         result = {
             "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "smoke": opts.smoke,
                      "rounds": rounds, "scenarios": scenarios, "transports": transports,
@@ -571,6 +820,7 @@ def main(argv: list[str] | None = None) -> int:
                      "nofile": [soft, hard]},
             "summary": summary,
             "s6": {"all_equal": all(v["equal"] for v in s6.values()), "by_target": s6},
+            "s7": s7_result,
             "checks": {"all_complete": not any(p for p in problems if not p.startswith("S6")),
                        "problems": problems},
             "table": md,

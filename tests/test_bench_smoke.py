@@ -1,7 +1,8 @@
 """The benchmark harness itself cannot rot: a smoke run of every scenario must pass.
 
 It checks correctness only (S6: every body byte-identical to the direct one; every request
-and stream delivered whole), never a wall-clock figure.
+and stream delivered whole; S7: S3's and S5's loads went through gateway A to gateway B and
+nowhere else), never a wall-clock figure.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,9 +34,47 @@ def test_bench_smoke(tmp_path: Path) -> None:
     runs = result["runs"]
     assert {r["scenario"] for r in runs} == {"S1", "S2", "S3", "S4", "S5"}
     assert {r["transport"] for r in runs} == {"tcp", "unix"}
-    assert {r["target"] for r in runs} == {"direct", "sluice"}
+    assert {r["target"] for r in runs} == {"direct", "sluice", "forwarded"}
     for r in runs:
         load = r["load"]
         assert load["completed"] == load["started"] > 0, (r["scenario"], r["target"], load)
         assert load["missing_streams"] == 0
         assert len(load["digests"]) == 1
+    check_s7(result)
+
+
+def check_s7(result: dict[str, Any]) -> None:
+    """S7: S3's and S5's loads went through gateway A -> gateway B whole, with bodies equal to
+    direct's, every answer served by B (``x-sluice-served-by: node:<B>``), and the two
+    gateways' routing counters agree (each forwarded attempt reached B once, none failed)."""
+    runs = result["runs"]
+    s7 = result["s7"]
+    node_b = s7["node_b"]
+    forwarded = [r for r in runs if r["target"] == "forwarded"]
+    assert {(r["scenario"], r["transport"]) for r in forwarded} == {
+        (sc, tr) for sc in ("S3", "S5") for tr in ("tcp", "unix")}
+    for r in forwarded:
+        load = r["load"]
+        assert load["completed"] == load["started"] > 0, (r["scenario"], load)
+        assert load["missing_streams"] == 0
+        assert load["served_by"] == {f"node:{node_b}": load["completed"]}, load["served_by"]
+        assert set(r["part_cpu_s"]) == {"a", "b"}
+    for r in runs:
+        if r["target"] == "sluice":
+            assert all(by.startswith("local:") for by in r["load"]["served_by"]), r["load"]
+    for tr in ("tcp", "unix"):
+        assert result["s6"]["by_target"][f"{tr}/forwarded"]["equal"] is True, result["s6"]
+    assert set(s7["by_shape"]) == {"S3/tcp", "S3/unix", "S5/tcp", "S5/unix"}
+    for entry in s7["by_shape"].values():
+        assert entry["complete"] is True
+        assert entry["bodies_equal"] is True
+    ends = s7["distributed_status_a"]["endpoints"]
+    assert [(e["fingerprint"], e["status"]) for e in ends] == [(node_b, "online")]
+    a, b = s7["routing_stats_a"], s7["routing_stats_b"]
+    [node] = a["nodes"]
+    assert node["fingerprint"] == node_b
+    assert node["failureCount"] == node["abortedCount"] == node["activeRequests"] == 0
+    assert a["failovers"] == 0
+    assert a["local"]["totalRequests"] == 0  # A has no backend: everything went to B
+    assert b["nodes"] == []
+    assert b["local"]["totalRequests"] == node["totalRequests"] == node["successCount"]
