@@ -538,3 +538,31 @@ async def test_fastest_follows_health_checks_and_time_to_first_byte(
     assert await served_by(gw, 2) == ["node-b", "node-b"]
     switch(slow_answer)  # node-b now takes 1 s to its first byte
     assert await served_by(gw, 2) == ["node-b", "node-a"]
+
+
+async def test_right_after_start_a_request_waits_for_the_first_node_checks(
+        nursery: trio.Nursery, short_tmp: Any) -> None:
+    """Real time over TCP: config.yaml names the node, as a user would write it."""
+    from proxy.server import Gateway
+    from tests.conftest import gateway_config, open_settings
+
+    up = FakeUpstream(models=[MODEL])
+
+    async def slow_models(req: ReceivedRequest, w: ResponseWriter) -> None:
+        await trio.sleep(0.3)  # the first check is still running when the request comes
+        await w.json(200, {"object": "list", "data": [
+            {"id": MODEL, "object": "model", "owned_by": "llamacpp"}]})
+
+    up.on("GET", "/v1/models", slow_models)
+    up.on("POST", CHAT, json_completion("first"))
+    await nursery.start(up.serve)
+    cfg = gateway_config([], socket_dir=short_tmp / "s")
+    cfg = attrs.evolve(
+        cfg, nodes=(node("node-a", up.url, 1),),
+        load_balancing=attrs.evolve(cfg.load_balancing, enabled=True))
+    gateway = Gateway(open_settings(short_tmp / "data", cfg), drain_timeout=1.0)
+    await nursery.start(gateway.run)
+    gw = RunningGateway(gateway)
+    reply = await chat(gw)
+    assert reply.status == 200
+    assert reply.header("x-sluice-served-by") == "node:node-a"
