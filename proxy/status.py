@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -72,14 +74,35 @@ def call(data_dir: Path, method: str, path: str, body: Any = None, *,
 
 
 def fetch_status(data_dir: Path) -> dict[str, Any]:
-    """The gateway's /api/v1/inference/status plus its notifications."""
+    """The gateway's /api/v1/inference/status plus its notifications and, under ``pool``,
+    the node pool (see :func:`fetch_pool`)."""
     status: dict[str, Any] = call(data_dir, "GET", "/api/v1/inference/status")
     try:
         status["notifications"] = call(data_dir, "GET",
                                        "/api/v1/notifications")["notifications"]
     except (CliError, KeyError, TypeError):
         status["notifications"] = []
+    status["pool"] = fetch_pool(data_dir)
     return status
+
+
+def _optional(data_dir: Path, path: str) -> Any:
+    """One read the status can do without: None when it fails (an older gateway answers
+    404 for an endpoint it does not have)."""
+    try:
+        return call(data_dir, "GET", path)
+    except CliError:
+        return None
+
+
+def fetch_pool(data_dir: Path) -> dict[str, Any]:
+    """The three views of the node pool, each None when the gateway does not give it:
+    ``distributedStatus`` (GET /api/v1/pool/distributed-status: health of the enabled
+    nodes), ``routingStats`` (GET /api/v1/pool/routing-stats: counters and circuit
+    breakers) and ``nodes`` (GET /api/v1/nodes: the registry, disabled nodes included)."""
+    return {"distributedStatus": _optional(data_dir, "/api/v1/pool/distributed-status"),
+            "routingStats": _optional(data_dir, "/api/v1/pool/routing-stats"),
+            "nodes": _optional(data_dir, "/api/v1/nodes")}
 
 
 def show(status: dict[str, Any]) -> str:
@@ -96,8 +119,223 @@ def show(status: dict[str, Any]) -> str:
         lines.append(f"  model server {model['name']}: {model['state']}, pid {model['pid']}, "
                      f"{model['address'] or 'no address'}, restarts {model['restarts']}"
                      + (f", last error: {model['lastError']}" if model["lastError"] else ""))
+    if "pool" in status:
+        lines.append(show_pool(status.get("distributed"), status["pool"],
+                               local_models=status.get("loadedModels")))
     for note in status.get("notifications", []):
         lines.append(f"{note.get('level', 'warning')}: {note.get('message')}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------ the pool table
+
+POOL_WIDTH = 100  # the table fits in this many columns (long node names are cut)
+MIN_NODE_WIDTH = 12  # below this the table may be wider than POOL_WIDTH
+NAME_KEPT = 8  # columns of a node's name kept before its fingerprint is cut
+MISSING = "-"
+_HEADERS = ("PRIO", "NODE", "STATUS", "LATENCY", "MODELS", "CIRCUIT", "IN-FLIGHT", "REQ",
+            "OK", "FAIL", "AVG-TTFB")
+_LEFT = frozenset({"NODE", "STATUS", "CIRCUIT"})  # the others are numbers, right-aligned
+_NODE = _HEADERS.index("NODE")
+
+
+def _cols(text: str) -> int:
+    """Terminal columns ``text`` takes: wide (e.g. Hangul) characters two, combining none."""
+    return sum(0 if unicodedata.combining(ch) else
+               2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` columns, ending in "…" when shortened."""
+    if _cols(text) <= width:
+        return text
+    out, used = "", 0
+    for ch in text:
+        size = _cols(ch)
+        if used + size > width - 1:
+            break
+        out, used = out + ch, used + size
+    return out + "…"
+
+
+def _pad(text: str, width: int, left: bool) -> str:
+    fill = " " * max(width - _cols(text), 0)
+    return text + fill if left else fill + text
+
+
+def _clean(value: object) -> str:
+    """Text from the API as one printable line (no terminal control characters)."""
+    return "".join(ch if ch.isprintable() else "?" for ch in str(value))
+
+
+def _count(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return MISSING
+
+
+def _ms(value: object, decimals: int) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return MISSING
+    if value >= 1000:
+        return f"{value / 1000:.2f}s"
+    return f"{value:.{decimals}f}ms"
+
+
+def _node_cell(name: str, fingerprint: str, width: int) -> str:
+    """``name (fingerprint)`` in ``width`` columns: the name is cut first, down to
+    NAME_KEPT columns, then the fingerprint (``sluice nodes list`` shows it whole)."""
+    if not name or name == fingerprint:
+        return _cut(fingerprint, width)
+    if _cols(name) + _cols(fingerprint) + 3 <= width:
+        return f"{name} ({fingerprint})"
+    kept = min(_cols(name), NAME_KEPT)
+    if width - _cols(fingerprint) - 3 >= kept:
+        return f"{_cut(name, width - _cols(fingerprint) - 3)} ({fingerprint})"
+    room = width - kept - 3
+    if room >= NAME_KEPT:
+        return f"{_cut(name, kept)} ({_cut(fingerprint, room)})"
+    return _cut(f"{name} ({fingerprint})", width)
+
+
+def _circuit(stats: Mapping[str, Any] | None) -> str:
+    if stats is None:
+        return MISSING
+    state = stats.get("circuitState")
+    if not isinstance(state, str):
+        opened = stats.get("circuitOpen")
+        state = MISSING if not isinstance(opened, bool) else "open" if opened else "closed"
+    state = _clean(state).replace("_", "-")
+    failures = stats.get("consecutiveFailures")
+    if isinstance(failures, int) and not isinstance(failures, bool) and failures > 0:
+        state += f" ({failures})"
+    return state
+
+
+def _counters(stats: Mapping[str, Any] | None) -> list[str]:
+    """IN-FLIGHT, REQ, OK, FAIL and AVG-TTFB from one routing-stats entry."""
+    stats = stats or {}
+    return [_count(stats.get("activeRequests")), _count(stats.get("totalRequests")),
+            _count(stats.get("successCount")), _count(stats.get("failureCount")),
+            _ms(stats.get("avgLatencyMs"), 1)]
+
+
+def _listed(doc: object, key: str | None = None) -> list[Any] | None:
+    """The list an answer is (``key`` None) or holds under ``key``; None when it has none."""
+    items = doc.get(key) if key is not None and isinstance(doc, Mapping) else doc
+    return items if isinstance(items, list) else None
+
+
+def _entries(doc: object, key: str | None = None) -> list[Mapping[str, Any]]:
+    """The node entries (dicts with a fingerprint) of one answer; [] when it has none."""
+    return [e for e in _listed(doc, key) or []
+            if isinstance(e, Mapping) and isinstance(e.get("fingerprint"), str)]
+
+
+def pool_rows(pool: Mapping[str, Any]) -> list[tuple[str, dict[str, Mapping[str, Any]]]]:
+    """The nodes of the three answers merged by fingerprint, top priority first: each
+    fingerprint with its entry from ``nodes`` (the registry), ``stats`` (routing-stats) and
+    ``health`` (distributed-status ``endpoints``), where that answer lists it."""
+    sources = (("nodes", _entries(pool.get("nodes"))),
+               ("stats", _entries(pool.get("routingStats"), "nodes")),
+               ("health", _entries(pool.get("distributedStatus"), "endpoints")))
+    rows: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for source, entries in sources:
+        for entry in entries:  # each answer is in priority order: first seen keeps its place
+            rows.setdefault(entry["fingerprint"], {}).setdefault(source, entry)
+    known = {fp: _priority(parts) for fp, parts in rows.items()}
+    order = list(rows)
+    if all(p is not None for p in known.values()):
+        order.sort(key=lambda fp: -(known[fp] or 0))
+    return [(fp, rows[fp]) for fp in order]
+
+
+def _priority(parts: Mapping[str, Mapping[str, Any]]) -> int | None:
+    for source in ("nodes", "health"):
+        value = parts.get(source, {}).get("priority")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _node_status(parts: Mapping[str, Mapping[str, Any]]) -> str:
+    health = parts.get("health")
+    if health is not None and isinstance(health.get("status"), str):
+        return _clean(health["status"])
+    for source in ("nodes", "stats"):  # distributed-status lists enabled nodes only
+        if parts.get(source, {}).get("enabled") is False:
+            return "disabled"
+    return MISSING
+
+
+def _registered(pool: Mapping[str, Any]) -> int | None:
+    """How many nodes are configured: the registry's count, else routing-stats' (which
+    lists every configured node too); None when neither answered."""
+    for items in (_listed(pool.get("nodes")), _listed(pool.get("routingStats"), "nodes")):
+        if items is not None:
+            return len(items)
+    return None
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _totals(stats: object) -> str:
+    if not isinstance(stats, Mapping):
+        return "totals: - (no routing stats from this gateway)"
+    said = [f"{word} {_count(stats.get(key))}" for key, word in (
+        ("totalRequests", "requests"), ("totalSuccesses", "successes"),
+        ("totalFailures", "failures"), ("totalAborted", "aborted"), ("failovers", "failovers"))]
+    return "totals: " + ", ".join(said)
+
+
+def show_pool(summary: Mapping[str, Any] | None, pool: Mapping[str, Any], *,
+              local_models: object = None, width: int = POOL_WIDTH) -> str:
+    """The node pool as text: with load balancing off (no ``distributed`` block in the
+    status) one line; else a line about the pool, a table with a ``local`` row and one row
+    per node in priority order, and the totals. Pure: ``summary`` is the status's
+    ``distributed`` block, ``pool`` what :func:`fetch_pool` returns, ``local_models`` the
+    status's ``loadedModels``. Unknown values show as "-"; the table fits in ``width``
+    columns by cutting node names."""
+    count = _registered(pool)
+    if not isinstance(summary, Mapping):
+        known = "" if count is None else \
+            f" ({_plural(count, 'node') if count else 'no nodes'} registered)"
+        return f"load balancing: off{known}"
+    online, total = summary.get("onlineNodes"), summary.get("totalNodes")
+    head = [f"load balancing: on, strategy {_clean(summary.get('strategy', MISSING))}",
+            f"{_count(online)} of {_count(total)} nodes online"]
+    remote = summary.get("remoteModels")
+    if isinstance(remote, int) and not isinstance(remote, bool):
+        head.append(_plural(remote, "remote model"))
+    stats = pool.get("routingStats")
+    local = stats.get("local") if isinstance(stats, Mapping) else None
+    rows: list[list[str]] = [[MISSING, "local", MISSING, MISSING, _count(local_models),
+                              MISSING, *_counters(local if isinstance(local, Mapping)
+                                                  else None)]]
+    names: list[tuple[str, str]] = [("", "local")]
+    for fingerprint, parts in pool_rows(pool):
+        name = next((p["name"] for p in (parts.get("nodes"), parts.get("stats"))
+                     if p is not None and isinstance(p.get("name"), str)), "")
+        health = parts.get("health")
+        health_cells = [MISSING, MISSING] if health is None else [
+            _ms(health.get("latencyMs"), 0), _count(health.get("loadedModelCount"))]
+        rows.append([_count(_priority(parts)), "", _node_status(parts), *health_cells,
+                     _circuit(parts.get("stats")), *_counters(parts.get("stats"))])
+        names.append((_clean(name), _clean(fingerprint)))
+    widths = [max(_cols(h), *(_cols(r[i]) for r in rows)) for i, h in enumerate(_HEADERS)]
+    natural = max(_cols(_node_cell(n, fp, 10**6)) for n, fp in names)
+    room = width - (sum(widths) - widths[_NODE]) - (len(_HEADERS) - 1)
+    widths[_NODE] = max(min(natural, room), MIN_NODE_WIDTH)
+    for row, (name, fingerprint) in zip(rows, names, strict=True):
+        row[_NODE] = _node_cell(name, fingerprint, widths[_NODE])
+    lines = [", ".join(head), ""]
+    for cells in (list(_HEADERS), *rows):
+        lines.append(" ".join(_pad(c, widths[i], _HEADERS[i] in _LEFT)
+                              for i, c in enumerate(cells)).rstrip())
+    lines.append("")
+    lines.append(_totals(stats))
     return "\n".join(lines)
 
 

@@ -1,0 +1,279 @@
+"""``sluice status``: the node pool table (issue 6). The table is a pure function of the
+status's ``distributed`` block and the three pool answers (the registry, distributed-status
+and routing-stats), tested here with fixed inputs; one test runs ``sluice status`` against
+an in-process gateway with load balancing on and a node registered."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import trio
+
+from proxy.status import show, show_pool
+from tests.client import chat_body, request
+from tests.conftest import RunningGateway, StartGateway
+from tests.fakeupstream import FakeUpstream, ReceivedRequest, ResponseWriter, json_completion
+
+SUMMARY = {"enabled": True, "strategy": "priority", "totalNodes": 2, "onlineNodes": 1,
+           "remoteModels": 3}
+
+
+def registry(fp: str, name: str, priority: int, enabled: bool = True) -> dict[str, Any]:
+    return {"fingerprint": fp, "name": name, "baseUrl": "http://192.168.1.50:39080",
+            "priority": priority, "enabled": enabled, "hasApiKey": False}
+
+
+def health(fp: str, status: str, latency: int | None, models: int,
+           priority: int) -> dict[str, Any]:
+    return {"fingerprint": fp, "baseUrl": "http://192.168.1.50:39080", "status": status,
+            "latencyMs": latency, "loadedModelCount": models, "priority": priority}
+
+
+def stats(fp: str, name: str, counts: tuple[int, int, int, int], avg: float | None,
+          state: str = "closed", failures: int = 0, enabled: bool = True) -> dict[str, Any]:
+    active, ok, failed, aborted = counts
+    return {"fingerprint": fp, "name": name, "enabled": enabled,
+            "totalRequests": active + ok + failed + aborted, "successCount": ok,
+            "failureCount": failed, "abortedCount": aborted, "avgLatencyMs": avg,
+            "activeRequests": active, "circuitOpen": state == "open", "circuitState": state,
+            "consecutiveFailures": failures}
+
+
+def routing_stats(*nodes: dict[str, Any], failovers: int = 0) -> dict[str, Any]:
+    local = {"totalRequests": 40, "successCount": 39, "failureCount": 0, "abortedCount": 1,
+             "avgLatencyMs": 3.25, "activeRequests": 0}
+    parts = [*nodes, local]
+    return {"nodes": list(nodes), "local": local,
+            "totalRequests": sum(p["totalRequests"] for p in parts),
+            "totalSuccesses": sum(p["successCount"] for p in parts),
+            "totalFailures": sum(p["failureCount"] for p in parts),
+            "totalAborted": sum(p["abortedCount"] for p in parts),
+            "failovers": failovers,
+            "circuitBreaker": {"failureThreshold": 3, "resetTimeoutSecs": 60}}
+
+
+GPU, SPARE = "node-3f9a1c0b5e2d7a41", "node-77aa01bc22cd33ef"
+
+
+def two_nodes() -> dict[str, Any]:
+    return {
+        "nodes": [registry(GPU, "gpu-box", 2), registry(SPARE, "spare", 1)],
+        "distributedStatus": {
+            "enabled": True, "strategy": "priority", "totalNodes": 2, "onlineNodes": 1,
+            "models": [], "endpoints": [health(GPU, "online", 12, 3, 2),
+                                        health(SPARE, "offline", None, 0, 1)]},
+        "routingStats": routing_stats(
+            stats(GPU, "gpu-box", (1, 117, 2, 0), 85.34),
+            stats(SPARE, "spare", (0, 5, 4, 0), 1534.2, "open", 3), failovers=2),
+    }
+
+
+def test_two_nodes() -> None:
+    assert show_pool(SUMMARY, two_nodes(), local_models=2) == (
+        "load balancing: on, strategy priority, 1 of 2 nodes online, 3 remote models\n"
+        "\n"
+        "PRIO NODE                            STATUS  LATENCY MODELS CIRCUIT  IN-FLIGHT REQ  OK"
+        " FAIL AVG-TTFB\n"
+        "   - local                           -             -      2 -                0  40  39"
+        "    0    3.2ms\n"
+        "   2 gpu-box (node-3f9a1c0b5e2d7a41) online     12ms      3 closed           1 120 117"
+        "    2   85.3ms\n"
+        "   1 spare (node-77aa01bc22cd33ef)   offline       -      0 open (3)         0   9   5"
+        "    4    1.53s\n"
+        "\n"
+        "totals: requests 169, successes 161, failures 6, aborted 1, failovers 2")
+
+
+def test_priority_order_and_half_open_circuit() -> None:
+    """Rows follow the priorities whatever order the answers list them in. A wide CIRCUIT
+    column leaves less room for NODE: the fingerprints are cut to fit."""
+    pool = two_nodes()
+    pool["nodes"].reverse()
+    pool["distributedStatus"]["endpoints"].reverse()
+    pool["routingStats"]["nodes"][0] = stats(GPU, "gpu-box", (0, 0, 3, 0), None, "half_open", 3)
+    assert show_pool(SUMMARY, pool).splitlines()[2:6] == [
+        "PRIO NODE                        STATUS  LATENCY MODELS CIRCUIT       IN-FLIGHT REQ OK"
+        " FAIL AVG-TTFB",
+        "   - local                       -             -      - -                     0  40 39"
+        "    0    3.2ms",
+        "   2 gpu-box (node-3f9a1c0b5e2…) online     12ms      3 half-open (3)         0   3  0"
+        "    3        -",
+        "   1 spare (node-77aa01bc22cd3…) offline       -      0 open (3)              0   9  5"
+        "    4    1.53s"]
+
+
+def test_load_balancing_off() -> None:
+    pool = two_nodes()
+    assert show_pool(None, pool) == "load balancing: off (2 nodes registered)"
+    pool["nodes"].pop()
+    assert show_pool(None, pool) == "load balancing: off (1 node registered)"
+    assert show_pool(None, {**pool, "nodes": []}) == "load balancing: off (no nodes registered)"
+    # No registry answer: routing-stats lists every configured node too.
+    assert show_pool(None, {**pool, "nodes": None}) == "load balancing: off (2 nodes registered)"
+    assert show_pool(None, {"nodes": None, "distributedStatus": None, "routingStats": None}) \
+        == "load balancing: off"
+
+
+def test_no_routing_stats() -> None:
+    """A gateway without routing-stats (an older one answers 404): those columns are "-"."""
+    pool = {**two_nodes(), "routingStats": None}
+    assert show_pool(SUMMARY, pool, local_models=0).splitlines()[2:] == [
+        "PRIO NODE                            STATUS  LATENCY MODELS CIRCUIT IN-FLIGHT REQ OK"
+        " FAIL AVG-TTFB",
+        "   - local                           -             -      0 -               -   -  -"
+        "    -        -",
+        "   2 gpu-box (node-3f9a1c0b5e2d7a41) online     12ms      3 -               -   -  -"
+        "    -        -",
+        "   1 spare (node-77aa01bc22cd33ef)   offline       -      0 -               -   -  -"
+        "    -        -",
+        "",
+        "totals: - (no routing stats from this gateway)"]
+
+
+def test_node_in_one_answer_only() -> None:
+    """A disabled node is in routing-stats (every configured node) but not in
+    distributed-status (enabled nodes only); a node only distributed-status lists has no
+    name and no counters. No registry answer here."""
+    pool = {
+        "nodes": None,
+        "distributedStatus": {"enabled": True, "strategy": "priority", "totalNodes": 1,
+                              "onlineNodes": 1, "models": [],
+                              "endpoints": [health("node-b", "online", 4, 1, 3)]},
+        "routingStats": routing_stats(stats("node-a", "off-box", (0, 2, 0, 0), 10.0,
+                                            enabled=False)),
+    }
+    assert show_pool(SUMMARY, pool).splitlines()[2:] == [
+        "PRIO NODE             STATUS   LATENCY MODELS CIRCUIT IN-FLIGHT REQ OK FAIL AVG-TTFB",
+        "   - local            -              -      - -               0  40 39    0    3.2ms",
+        "   - off-box (node-a) disabled       -      - closed          0   2  2    0   10.0ms",
+        "   3 node-b           online       4ms      1 -               -   -  -    -        -",
+        "",
+        "totals: requests 42, successes 41, failures 0, aborted 1, failovers 0"]
+
+
+def test_long_names_are_cut_to_fit() -> None:
+    """The table stays within 100 columns: a long name is cut first (the fingerprint
+    kept whole while the name keeps 8 columns), then the fingerprint."""
+    pool = two_nodes()
+    pool["nodes"][1]["name"] = "spare-box-2"
+    pool["nodes"][0]["name"] = "the old laptop in the cupboard under the stairs"
+    lines = show_pool(SUMMARY, pool, local_models=2).splitlines()
+    assert max(len(line) for line in lines) == 100
+    assert lines[4].startswith("   2 the old… (node-3f9a1c0b5e2d7a…) online ")
+    assert lines[5].startswith("   1 spare-b… (node-77aa01bc22cd33…) offline ")
+    pool["distributedStatus"]["endpoints"][1]["status"] = "warming"
+    pool["routingStats"]["nodes"][1].update(circuitState="closed", consecutiveFailures=0,
+                                            avgLatencyMs=15.5)
+    lines = show_pool(SUMMARY, pool, local_models=2).splitlines()
+    assert max(len(line) for line in lines) == 100  # more room: the fingerprints fit
+    assert lines[4].startswith("   2 the old… (node-3f9a1c0b5e2d7a41) online ")
+    assert lines[5].startswith("   1 spare-b… (node-77aa01bc22cd33ef) warming ")
+    # Wide characters (e.g. Hangul) take two columns each.
+    pool["nodes"][0]["name"] = "거실 컴퓨터의 그래픽 카드가 있는 노드"
+    lines = show_pool(SUMMARY, pool, local_models=2).splitlines()
+    assert lines[4].startswith("   2 거실 컴… (node-3f9a1c0b5e2d7a41) online ")
+
+
+def test_untrusted_text_cannot_drive_the_terminal() -> None:
+    pool = two_nodes()
+    pool["nodes"][1]["name"] = "ev\x1b[2J"
+    text = show_pool(SUMMARY, pool)
+    assert "\x1b" not in text
+    assert "ev?[2J (node-77aa01bc22cd33ef)" in text
+
+
+def test_show_puts_the_pool_after_the_gateway_lines() -> None:
+    status = {"socketPath": "/run/sluice.sock", "routerPort": 39080, "models": ["m"],
+              "loadedModels": 1, "backends": [], "managedModels": [],
+              "distributed": SUMMARY, "pool": two_nodes(),
+              "notifications": [{"level": "warning", "message": "note"}]}
+    lines = show(status).splitlines()
+    assert lines[:3] == [
+        "gateway: running; local socket /run/sluice.sock; TCP port 39080", "models: m",
+        "load balancing: on, strategy priority, 1 of 2 nodes online, 3 remote models"]
+    assert lines[6].startswith("   2 gpu-box (node-3f9a1c0b5e2d7a41) online")
+    assert lines[-1] == "warning: note"
+
+
+# ------------------------------------------------------------------------- a real gateway
+
+
+async def sluice_status(gw: RunningGateway, *extra: str) -> str:
+    done = await trio.run_process(
+        [sys.executable, "-m", "proxy", "status", "--data-dir",
+         str(gw.gateway.settings.data_dir), *extra],
+        capture_stdout=True, capture_stderr=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode()
+
+
+async def get_json(gw: RunningGateway, path: str) -> Any:
+    reply = await request(gw.unix, "GET", path)
+    assert reply.status == 200, reply.body
+    return reply.json()
+
+
+async def admin(gw: RunningGateway, method: str, path: str, body: Any) -> Any:
+    token = gw.gateway.settings.secrets.admin_token
+    reply = await request(gw.unix, method, path, json.dumps(body).encode(),
+                          [("authorization", f"Bearer {token}")])
+    assert reply.status in (200, 201), reply.body
+    return reply.json()
+
+
+async def test_status_shows_the_node_row(nursery: trio.Nursery,
+                                         start_gateway: StartGateway) -> None:
+    node = FakeUpstream(models=["remote-model"])
+
+    async def identity(req: ReceivedRequest, w: ResponseWriter) -> None:
+        await w.json(200, {"fingerprint": "node-gpu0001", "version": "0.1"})
+
+    node.on("GET", "/api/v1/node/identity", identity)
+    node.on("POST", "/v1/chat/completions", json_completion(model="remote-model"))
+    await nursery.start(node.serve)
+    gw = await start_gateway([])
+    off = await sluice_status(gw)
+    assert "load balancing: off (no nodes registered)" in off
+
+    added = await admin(gw, "POST", "/api/v1/nodes", {"baseUrl": node.url, "name": "gpu-box"})
+    assert added["fingerprint"] == "node-gpu0001"
+    assert "load balancing: off (1 node registered)" in await sluice_status(gw)
+    await admin(gw, "PUT", "/api/v1/settings/load-balancing", {"enabled": True})
+    with trio.fail_after(10):  # the switch wakes the health poll at once
+        while not gw.gateway.ctx.nodes.online():
+            await trio.sleep(0.02)
+
+    text = await sluice_status(gw)
+    lines = text.splitlines()
+    assert "load balancing: on, strategy priority, 1 of 1 nodes online, 1 remote model" in lines
+    header = next(line for line in lines if line.startswith("PRIO NODE"))
+    assert header.split() == ["PRIO", "NODE", "STATUS", "LATENCY", "MODELS", "CIRCUIT",
+                              "IN-FLIGHT", "REQ", "OK", "FAIL", "AVG-TTFB"]
+    [row] = [line.split() for line in lines if "gpu-box (node-gpu0001)" in line]
+    assert row[:4] == [str(added["priority"]), "gpu-box", "(node-gpu0001)", "online"]
+    assert row[4].endswith("ms")  # the health check's latency
+    assert row[5] == "1"  # one model
+    assert row[6:] == ["closed", "0", "0", "0", "0", "-"]  # no request yet
+    assert any(line.split()[:2] == ["-", "local"] for line in lines)
+    assert max(len(line) for line in lines) <= 100
+
+    # A request forwarded to the node shows in its counters and in the totals.
+    reply = await request(gw.unix, "POST", "/v1/chat/completions", chat_body("remote-model"))
+    assert reply.status == 200, reply.body
+    assert reply.header("x-sluice-served-by") == "node:node-gpu0001"
+    with trio.fail_after(10):  # counted once the answer is relayed whole
+        while (await get_json(gw, "/api/v1/pool/routing-stats"))["totalSuccesses"] != 1:
+            await trio.sleep(0.02)
+    lines = (await sluice_status(gw)).splitlines()
+    [row] = [line.split() for line in lines if "gpu-box (node-gpu0001)" in line]
+    assert row[6:11] == ["closed", "0", "1", "1", "0"]  # CIRCUIT IN-FLIGHT REQ OK FAIL
+    assert row[11].endswith("ms")  # AVG-TTFB
+    assert "totals: requests 1, successes 1, failures 0, aborted 0, failovers 0" in lines
+
+    as_json = json.loads(await sluice_status(gw, "--json"))
+    pool = as_json["pool"]
+    assert [n["fingerprint"] for n in pool["nodes"]] == ["node-gpu0001"]
+    assert pool["distributedStatus"]["endpoints"][0]["status"] == "online"
+    assert pool["routingStats"]["nodes"][0]["successCount"] == 1
