@@ -304,8 +304,12 @@ async def test_admin_token_matrix(start_gateway: StartGateway, transport: str) -
     assert key not in as_admin.body.decode()
     # /admin/* needs it for reads too; a GET under /api/v1/ does not.
     assert (await request(address, "GET", "/admin/stats")).status == 401
+    stats = await request(address, "GET", "/admin/stats", None,
+                          [("authorization", f"Bearer {admin}")])
+    assert stats.status == 200
+    assert stats.json() == (await request(address, "GET", "/api/v1/pool/routing-stats")).json()
     assert (await request(address, "GET", "/admin/stats", None,
-                          [("authorization", f"Bearer {admin}")])).status == 404
+                          [("authorization", f"Bearer {key}")])).status == 403
     assert (await request(address, "GET", path)).status == 200
     # A relayed call is not an admin write.
     assert (await request(address, "POST", "/v1/chat/completions", chat_body())).status == 503
