@@ -177,23 +177,11 @@ class GatewayProcess:
         raise AssertionError(f"gateway {self.name} not ready in {timeout}s:\n{self.log()}")
 
     async def astop(self) -> None:
-        """SIGTERM (twice if it is still draining), then SIGKILL."""
-        proc = self.proc
-        if proc is None:
-            return
-        try:
-            for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
-                if proc.poll() is not None:
-                    break
-                proc.send_signal(sig)
-                with trio.move_on_after(STOP_TIMEOUT):
-                    while proc.poll() is None:
-                        await trio.sleep(0.02)
-        finally:
-            self._close()
+        """stop() from inside a trio loop, in a worker thread."""
+        await trio.to_thread.run_sync(self.stop)
 
     def stop(self) -> None:
-        """astop() for callers outside a trio loop."""
+        """SIGTERM (twice if it is still draining), then SIGKILL."""
         proc = self.proc
         if proc is None:
             return
