@@ -565,3 +565,22 @@ async def test_right_after_start_a_request_waits_for_the_first_node_checks(
     reply = await chat(gw)
     assert reply.status == 200
     assert reply.header("x-sluice-served-by") == "node:node-a"
+
+
+async def test_node_switches_and_order_apply_to_the_very_next_request(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
+        start_gateway: StartGateway) -> None:
+    gw, (a, b) = await pool(nursery, start_gateway, short_tmp, json_completion(),
+                            json_completion())
+    settings = gw.gateway.settings
+    nodes = settings.config.nodes
+    # Straight into the live config, before the health-check task has seen the change.
+    settings.config = attrs.evolve(settings.config, nodes=(
+        attrs.evolve(nodes[0], enabled=False), nodes[1]))
+    assert await served_by(gw, 1) == ["node-b"]
+    settings.config = attrs.evolve(settings.config, nodes=(
+        attrs.evolve(nodes[0], priority=1), attrs.evolve(nodes[1], priority=2)))
+    assert await served_by(gw, 1) == ["node-b"]
+    settings.config = attrs.evolve(settings.config, nodes=(nodes[0],))
+    assert await served_by(gw, 1) == ["node-a"]
+    assert (len(chats(a)), len(chats(b))) == (1, 2)

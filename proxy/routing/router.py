@@ -256,14 +256,21 @@ class Router:
         return counters
 
     def _views(self) -> list[NodeView]:
-        cb = self.settings.config.circuit_breaker
+        config = self.settings.config
+        cb = config.circuit_breaker
+        # The live config decides who is in: a node disabled or removed a moment ago is out
+        # even before the health-check task has caught up with the change.
+        live = {n.fingerprint: n for n in config.nodes if n.enabled}
         views = []
         for endpoint in self.nodes.endpoints:
             fp = endpoint.fingerprint
+            cfg = live.get(fp)
+            if cfg is None or cfg.base_url != endpoint.cfg.base_url:
+                continue
             counters = self._counters.get(fp)
             views.append(NodeView(
-                fingerprint=fp, priority=endpoint.cfg.priority, models=endpoint.model_ids,
-                breaker=self._breaker(fp, cb), enabled=endpoint.cfg.enabled,
+                fingerprint=fp, priority=cfg.priority, models=endpoint.model_ids,
+                breaker=self._breaker(fp, cb), enabled=True,
                 online=endpoint.status == ONLINE and endpoint.address is not None,
                 in_flight=counters.active if counters is not None else 0,
                 latency_ms=endpoint.speed.value))
