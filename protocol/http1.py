@@ -20,6 +20,9 @@ _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: (.*))?")
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+# The common chunk-size line, matched in one step: hex digits, maybe an extension, (CR)LF.
+# Whatever it accepts the general path accepts too, with the same size.
+_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\n]*)?\r?\n")
 
 
 class ProtocolError(Exception):
@@ -153,8 +156,23 @@ class ChunkedScanner:
         pos = 0
         end = len(data)
         forward_to = 0
+        size_line = _SIZE_LINE.match
         while pos < end:
             state = self._state
+            if state == _SIZE and (m := size_line(data, pos)) is not None:
+                # Fast path: a whole chunk (size line, payload, CRLF) inside this read.
+                start = m.end()
+                size = int(m[1], 16)
+                stop = start + size
+                if size and stop + 2 <= end:
+                    if not data.startswith(b"\r\n", stop):
+                        raise ProtocolError("chunk data not followed by CRLF")
+                    self.tail = (data[stop - TAIL:stop] if size >= TAIL
+                                 else (self.tail + data[start:stop])[-TAIL:])
+                    if self.collect:
+                        self.parts.append(data[start:stop])
+                    pos = forward_to = stop + 2
+                    continue
             if state == _DATA:
                 stop = min(pos + self._remaining, end)
                 self._remaining -= stop - pos

@@ -148,3 +148,30 @@ def test_chunked_garbage_raises_protocol_error_only(data: bytes) -> None:
         scan([data, data])
     except ProtocolError:
         pass
+
+
+def _outcome(pieces: list[bytes]) -> tuple[object, ...]:
+    try:
+        out, scanner = scan(pieces)
+    except ProtocolError:
+        return ("error",)
+    return (out, scanner.done, b"".join(scanner.parts), scanner.tail, scanner.leftover)
+
+
+_chunk_piece = st.one_of(
+    st.binary(max_size=12).map(lambda p: b"%x\r\n%b\r\n" % (len(p), p) if p else b""),
+    st.sampled_from([b"3;x=y\r\nabc\r\n", b"2\nab\n", b"0\r\n\r\n", b"0\r\nT: v\r\n\r\n",
+                     b"2\r\nabc", b" 2\r\nab\r\n", b"\r\n", b"z"]),
+)
+
+
+@given(st.lists(_chunk_piece, max_size=12), st.lists(st.integers(0, 300), max_size=6))
+@settings(max_examples=400, derandomize=True)
+def test_whole_reads_and_byte_reads_agree(parts: list[bytes], cuts: list[int]) -> None:
+    """The whole-chunk fast path and the step-by-step path give the same result."""
+    body = b"".join(parts)
+    whole = _outcome([body])
+    assert _outcome([body[i:i + 1] for i in range(len(body))]) == whole
+    points = sorted({c % (len(body) + 1) for c in cuts})
+    assert _outcome([body[a:b] for a, b in zip([0, *points], [*points, len(body)],
+                                               strict=True)]) == whole
