@@ -58,11 +58,11 @@ def _path(request: h11.Request) -> str:
     return request.target.split(b"?", 1)[0].decode("latin-1")
 
 
-def _small_body(request: h11.Request) -> bool:
+def _small_body(headers: list[Header]) -> bool:
     """No body, or a Content-Length one of at most REFUSED_BODY_CAP bytes."""
-    length = header_value(request.headers, b"content-length")
+    length = header_value(headers, b"content-length")
     if length is None:
-        return header_value(request.headers, b"transfer-encoding") is None
+        return header_value(headers, b"transfer-encoding") is None
     return int(length) <= REFUSED_BODY_CAP
 
 
@@ -103,6 +103,9 @@ class ClientConnection:
         self._continued = False  # 100 Continue sent for the current request
         self.loopback_peer = True  # a TCP peer on this machine (set in run)
         self.cors_origin: bytes | None = None  # the current request's allowed Origin
+        # The current request's headers as a plain list (h11's Headers is a Sequence whose
+        # every iteration step is a method call; the hot path reads them about ten times).
+        self.headers: list[Header] = []
 
     def __repr__(self) -> str:
         return (f"ClientConnection({self.transport}, requests={self.requests}, "
@@ -161,7 +164,7 @@ class ClientConnection:
             try:
                 self._check_access(request)
             except SluiceError as refused:
-                if not _small_body(request):  # refuse before a large body arrives, and close
+                if not _small_body(self.headers):  # refuse before a large body arrives, and close
                     raise
                 refusal = refused  # read a small body first, so the connection can be kept
             body = await self._read_body(request)
@@ -268,28 +271,29 @@ class ClientConnection:
             raise bad_request("expected a request", code="bad_http_request")
         if event.http_version not in (b"1.1", b"1.0"):
             raise version_not_supported(event.http_version.decode("ascii", "replace"))
-        if len(event.headers) > MAX_HEADER_LINES:
+        self.headers = headers = list(event.headers)
+        if len(headers) > MAX_HEADER_LINES:
             raise headers_too_large(f"request has more than {MAX_HEADER_LINES} header lines")
         # h11 bounds only heads that arrive in pieces; measure one that came whole too.
         size = len(event.method) + len(event.target) + 12
-        for name, value in event.headers:
+        for name, value in headers:
             size += len(name) + len(value) + 4
         if size > MAX_HEAD_SIZE:
             raise headers_too_large("request head is larger than 16 KiB")
-        if header_value(event.headers, b"transfer-encoding") is not None and \
-                header_value(event.headers, b"content-length") is not None:
+        if header_value(headers, b"transfer-encoding") is not None and \
+                header_value(headers, b"content-length") is not None:
             raise bad_request("a request must not carry both Transfer-Encoding and "
                               "Content-Length", code="bad_http_request")
         # HTTP/1.1 keeps the connection unless told otherwise; HTTP/1.0 gets one answer.
         self.keep_alive = event.http_version == b"1.1" and \
-            b"close" not in connection_tokens(event.headers)
+            b"close" not in connection_tokens(headers)
         self.chunked = event.http_version == b"1.1"
         self._continued = False
         return event
 
     async def _read_body(self, request: h11.Request) -> bytes:
         limit = self.ctx.config.api.max_body_size
-        length = header_value(request.headers, b"content-length")
+        length = header_value(self.headers, b"content-length")
         if length is not None and int(length) > limit:  # h11 has checked it is a number
             raise payload_too_large(limit)
         chunks: list[bytes] = []
@@ -319,9 +323,9 @@ class ClientConnection:
 
     def _check_access(self, request: h11.Request) -> None:
         """The DNS-rebinding guard, the admin token and access keys (SPEC §5): 401/403."""
-        self.cors_origin = auth.guard(self.ctx, self.transport, request.headers)
+        self.cors_origin = auth.guard(self.ctx, self.transport, self.headers)
         auth.authorize(self.ctx, self.transport, self.loopback_peer, request.method,
-                       _path(request), request.headers)
+                       _path(request), self.headers)
 
     async def _dispatch(self, request: h11.Request, body: bytes) -> None:
         path = _path(request)
@@ -347,7 +351,7 @@ class ClientConnection:
         if backend is not None:  # local first (SPEC §7.1)
             plan = ctx.router.local_plan(backend)
         else:  # a network node, or 503
-            forwarded = header_value(request.headers, FORWARDED) is not None
+            forwarded = header_value(self.headers, FORWARDED) is not None
             plan = await ctx.router.forward_plan(info, forwarded=forwarded)
         await self.watched(Relay(self, plan, request, body, info).run)
 

@@ -207,7 +207,7 @@ class Relay:
                 deadline.phases(timeouts.connection, answer)
 
                 headers = upstream_request_headers(
-                    self.request.headers, authority=address.authority,
+                    self.client.headers, authority=address.authority,
                     body_length=len(self.body), api_key=upstream.api_key,
                     forwarded_by=upstream.forwarded_by)
                 try:
