@@ -165,7 +165,9 @@ class Relay:
         if attempt.finished:
             return
         if self.state is RelayState.DONE:
-            outcome = Outcome.FAILURE if self.status >= 500 else Outcome.SUCCESS
+            status = self.status
+            outcome = (Outcome.SUCCESS if status < 400 else
+                       Outcome.REFUSED if status < 500 else Outcome.FAILURE)
         elif self.client.gone or self._interrupted:
             outcome = Outcome.ABORTED
         else:

@@ -584,3 +584,27 @@ async def test_node_switches_and_order_apply_to_the_very_next_request(
     settings.config = attrs.evolve(settings.config, nodes=(nodes[0],))
     assert await served_by(gw, 1) == ["node-a"]
     assert (len(chats(a)), len(chats(b))) == (1, 2)
+
+
+async def test_a_4xx_moves_no_breaker(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
+        start_gateway: StartGateway) -> None:
+    answers = iter([500, 400, 500, 400, 500])
+
+    async def alternating(req: ReceivedRequest, w: ResponseWriter) -> None:
+        await status(next(answers))(req, w)
+
+    handler, switch = switchable(alternating)
+    gw, (_a,) = await pool(nursery, start_gateway, short_tmp, handler,
+                          breaker={"failure_threshold": 3, "reset_timeout": 10.0})
+    assert [(await chat(gw)).status for _ in range(5)] == [500, 400, 500, 400, 500]
+    entry = (await stats(gw))["nodes"][0]
+    assert (entry["circuitState"], entry["consecutiveFailures"]) == ("open", 3)
+    assert (entry["successCount"], entry["failureCount"]) == (2, 3)  # 4xx: answered
+    await trio.sleep(10)
+    switch(status(404))
+    assert (await chat(gw)).status == 404  # a probe answered 4xx: released, still half-open
+    assert (await stats(gw))["nodes"][0]["circuitState"] == "half_open"
+    switch(json_completion())
+    assert (await chat(gw)).status == 200  # the next probe closes it
+    assert (await stats(gw))["nodes"][0]["circuitState"] == "closed"

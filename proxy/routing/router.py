@@ -8,10 +8,10 @@ it, and — for a forward that may fail over — the way to the next node
 (pure); this module feeds it a snapshot of the node index and reads the clock.
 
 Outcomes (SPEC §7.4, §8): an attempt is a *success* when the upstream answered below 500
-and the answer was relayed whole (a 4xx is the client's doing, the node did its job); a
+and the answer was relayed whole (a 4xx is the client's doing: the node did its job); a
 *failure* on a connect error, a 5xx, a timeout or a cut stream; *aborted* when the client
-went away first. Failures and successes move the node's breaker; aborted ones release a
-half-open probe and move nothing.
+went away first. Failures and successes below 400 move the node's breaker; a 4xx or an
+aborted attempt is client-caused: it releases a half-open probe and moves nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 
 class Outcome(enum.Enum):
-    SUCCESS = "success"
+    SUCCESS = "success"  # answered below 400 and relayed whole
+    REFUSED = "refused"  # a 4xx relayed whole: a success in the stats, neutral for the breaker
     FAILURE = "failure"
     ABORTED = "aborted"
 
@@ -105,6 +106,10 @@ class Attempt:
             counters.success += 1
             if target is not None:
                 target.succeeded(now)
+        elif outcome is Outcome.REFUSED:
+            counters.success += 1
+            if target is not None:
+                target.neutral(now)
         elif outcome is Outcome.FAILURE:
             counters.failure += 1
             if target is not None:
