@@ -17,6 +17,7 @@ import trio.testing
 
 from tests.client import Client, chat_body, read_events, request
 from tests.conftest import RunningGateway, StartGateway
+from tests.fakenode import reset_now
 from tests.fakeupstream import (
     FakeUpstream,
     Handler,
@@ -127,10 +128,6 @@ def switchable(initial: Handler) -> tuple[Handler, Callable[[Handler], None]]:
     return handler, switch
 
 
-async def reset_connection(req: ReceivedRequest, w: ResponseWriter) -> None:
-    await w.reset()
-
-
 # ---------------------------------------------------------------------------- forwarding
 
 
@@ -238,7 +235,7 @@ async def test_failover_on_a_5xx_resends_the_same_body(
 async def test_failover_on_reset_and_on_close_before_the_first_chunk(
         autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
         start_gateway: StartGateway) -> None:
-    handler, switch = switchable(reset_connection)
+    handler, switch = switchable(reset_now())
     gw, (a, b) = await pool(nursery, start_gateway, short_tmp, handler,
                             sse_stream(sse_events(3)))
     reply = await chat(gw, stream=True)
@@ -310,7 +307,7 @@ async def test_failover_disabled_returns_the_upstream_error(
                             lb={"failover_enabled": False})
     reply = await chat(gw)
     assert reply.status == 500
-    switch(reset_connection)
+    switch(reset_now())
     reply = await chat(gw)
     assert reply.status == 502
     assert reply.json()["error"]["code"] == "upstream_connection_error"
