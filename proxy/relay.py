@@ -71,7 +71,8 @@ class Deadline:
         self.total_seconds = total_seconds
         self.limit = total_limit
         self.seconds = total_seconds
-        scope.deadline = total_at
+        # The scope's deadline is first set by connecting() or connected(), before any await:
+        # each change costs a couple of microseconds, and a pooled connection skips one.
         self._connect = total_seconds
         self._answer = (total_seconds, total_limit)
 

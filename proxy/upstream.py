@@ -259,14 +259,15 @@ class UpstreamPool:
         self.connects += 1
         return UpstreamConnection(stream, address)
 
-    async def acquire(self, address: UpstreamAddress) -> UpstreamConnection:
+    def take_idle(self, address: UpstreamAddress) -> UpstreamConnection | None:
+        """An idle keep-alive connection that still looks alive, or None."""
         queue = self._idle.get(address.key)
         while queue:
             conn = queue.pop()
             if conn.looks_alive():
                 return conn
             conn.close()
-        return await self.connect(address)
+        return None
 
     def release(self, conn: UpstreamConnection) -> None:
         """Keep a connection whose exchange finished cleanly; close anything else."""
@@ -306,8 +307,10 @@ async def exchange(
     move its deadline between the connect phase and the wait for the answer. The returned
     connection is the caller's: release it to the pool or close it.
     """
-    on_connecting()
-    conn = await pool.acquire(address)
+    conn = pool.take_idle(address)
+    if conn is None:  # the connect phase only when there is one
+        on_connecting()
+        conn = await pool.connect(address)
     for attempt in (1, 2):
         on_connected()
         try:
