@@ -152,7 +152,7 @@ class NodeUpstream:
 class Plan:
     """Where one request goes. ``upstream`` and ``attempt`` are the current try."""
 
-    __slots__ = ("_request", "_router", "_tried", "attempt", "may_fail_over", "upstream")
+    __slots__ = ("_request", "_router", "attempt", "may_fail_over", "upstream")
 
     def __init__(self, upstream: Upstream, attempt: Attempt, *, router: Router | None = None,
                  request: RouteRequest | None = None, may_fail_over: bool = False) -> None:
