@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,8 @@ from proxy.upstream import UpstreamConnection, UpstreamFailure, exchange
 if TYPE_CHECKING:
     from proxy.connection import ClientConnection
     from proxy.routing.router import Plan
+
+log = logging.getLogger("sluice.relay")
 
 MAX_WHOLE_BODY = 256 * 1024 * 1024  # a non-streamed answer larger than this is refused
 
@@ -175,10 +178,18 @@ class Relay:
             outcome = Outcome.FAILURE
         attempt.finish(outcome, trio.current_time())
 
-    def _fail_over(self) -> bool:
+    def _fail_over(self, why: str) -> bool:
         """Before anything reached the client: try the next node, if the plan has one."""
-        if not self.plan.may_fail_over or not self.plan.alternate(trio.current_time()):
+        plan = self.plan
+        if not plan.may_fail_over:
             return False
+        failed = plan.upstream.served_by
+        if not plan.alternate(trio.current_time()):
+            return False
+        # A 5xx failover re-runs a request the first node may have worked on: say so.
+        log.warning("failover: %s failed (%s); %s %s sent again to %s", failed.decode(), why,
+                    self.request.method.decode("latin-1"), _path_of(self.request.target),
+                    plan.upstream.served_by.decode())
         conn = self._conn
         if conn is not None:
             self._conn = None
@@ -218,13 +229,14 @@ class Relay:
                         self.client.ctx.pool, address, self.request.method,
                         address.target(self.request.target), headers, self.body,
                         on_connecting=deadline.connecting, on_connected=deadline.connected)
-                except UpstreamFailure:
-                    if self._fail_over():
+                except UpstreamFailure as failure:
+                    if self._fail_over(str(failure)):
                         continue
                     raise
                 plan.attempt.answered(trio.current_time())
                 self._conn = conn
-                if head.status_code >= 500 and self._fail_over():
+                if head.status_code >= 500 and self._fail_over(
+                        f"it answered {head.status_code}"):
                     continue
                 try:
                     if is_event_stream(head.headers) or (
@@ -232,9 +244,9 @@ class Relay:
                         await self._relay_stream(conn, head, deadline)
                     else:
                         await self._relay_whole(conn, head)
-                except UpstreamFailure:
+                except UpstreamFailure as failure:
                     # Closed before the first body byte reached the client: a connection error.
-                    if self.state is RelayState.WAITING and self._fail_over():
+                    if self.state is RelayState.WAITING and self._fail_over(str(failure)):
                         continue
                     raise
                 return
@@ -242,7 +254,8 @@ class Relay:
             if self.client.gone:
                 raise ClientGone
             if deadline.limit == "timeouts.connection":
-                if self._fail_over():
+                if self._fail_over("it did not accept the connection within "
+                                   f"timeouts.connection ({timeouts.connection:g}s)"):
                     continue
                 raise _Timeout(deadline.error("could not connect to the upstream"))
             phase = ("the upstream sent nothing" if self.state is RelayState.WAITING
@@ -315,6 +328,10 @@ class Relay:
             await self.client.send_error_event(err, at_boundary=self.at_event_boundary)
             return
         raise AssertionError(f"relay failure in state {self.state.value}")  # pragma: no cover
+
+
+def _path_of(target: bytes) -> str:
+    return target.split(b"?", 1)[0].decode("latin-1")
 
 
 class _Timeout(Exception):

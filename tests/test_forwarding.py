@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import pytest
 import trio
 import trio.testing
 
@@ -215,7 +216,7 @@ async def test_local_first(autojump_clock: trio.testing.MockClock, nursery: trio
 
 async def test_failover_on_a_5xx_resends_the_same_body(
         autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
-        start_gateway: StartGateway) -> None:
+        start_gateway: StartGateway, caplog: pytest.LogCaptureFixture) -> None:
     gw, (a, b) = await pool(nursery, start_gateway, short_tmp, status(500),
                             json_completion("from b"))
     body = chat_body(MODEL, seed=7)
@@ -230,6 +231,9 @@ async def test_failover_on_a_5xx_resends_the_same_body(
     assert counts(data, "node-b") == (1, 1, 0, 0)
     assert data["failovers"] == 1
     assert data["nodes"][0]["consecutiveFailures"] == 1
+    # The first node may have worked on it: the log says the request ran twice.
+    assert ("failover: node:node-a failed (it answered 500); POST /v1/chat/completions sent "
+            "again to node:node-b") in caplog.text
 
 
 async def test_failover_on_reset_and_on_close_before_the_first_chunk(
