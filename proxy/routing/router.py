@@ -209,6 +209,13 @@ class Router:
     def local_plan(self, backend: Upstream) -> Plan:
         return Plan(backend, Attempt(self.local, trio.current_time()))
 
+    def node_holds(self, model: str, *, forwarded: bool) -> bool:
+        """True when a node could take ``model`` now (load balancing on, the request not
+        forwarded to us, an online node lists it); breakers are not asked here."""
+        if forwarded or not self.settings.config.load_balancing.enabled:
+            return False
+        return any(e.status == ONLINE and model in e.model_ids for e in self.nodes.endpoints)
+
     async def forward_plan(self, info: RequestInfo, *, forwarded: bool) -> Plan:
         """The plan for a model no local backend holds, or the 503 to answer (raised)."""
         config = self.settings.config
