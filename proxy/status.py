@@ -336,6 +336,11 @@ def show_pool(summary: Mapping[str, Any] | None, pool: Mapping[str, Any], *,
                               for i, c in enumerate(cells)).rstrip())
     lines.append("")
     lines.append(_totals(stats))
+    for fingerprint, parts in pool_rows(pool):
+        health = parts.get("health")
+        error = health.get("lastError") if health is not None else None
+        if isinstance(error, str) and error:
+            lines.append(f"{_clean(fingerprint)}: {_clean(error)}")
     return "\n".join(lines)
 
 

@@ -142,6 +142,9 @@ async def test_warming_online_offline(autojump_clock: trio.testing.MockClock,
 
     pool = await get_json(gw, POOL)
     assert statuses(pool) == [("node-a", "warming"), ("node-x", "offline")]
+    assert [e["lastError"] for e in pool["endpoints"]] == [
+        "GET /v1/models answered 503 (loading)",
+        f"cannot connect to unix:{gone}: ENOENT (No such file or directory)"]
     assert await models(gw) == []
     await trio.sleep(3)
     assert polls(up) == 4  # re-probed every second while warming
@@ -184,9 +187,9 @@ async def test_pool_status_disabled_and_removed_nodes(autojump_clock: trio.testi
                    {"id": "m3", "availableOn": ["node-b"]}],
         "endpoints": [
             {"fingerprint": "node-a", "baseUrl": a.url, "status": "online",
-             "loadedModelCount": 2, "priority": 2},
+             "loadedModelCount": 2, "priority": 2, "lastError": None},
             {"fingerprint": "node-b", "baseUrl": b.url, "status": "online",
-             "loadedModelCount": 2, "priority": 1}]}
+             "loadedModelCount": 2, "priority": 1, "lastError": None}]}
     assert (await get_json(gw, STATUS))["distributed"] == {
         "enabled": True, "strategy": "priority", "totalNodes": 2, "onlineNodes": 2,
         "remoteModels": 3}
@@ -225,3 +228,24 @@ async def test_switching_on_through_the_api(nursery: trio.Nursery,
     await put_lb(False)
     assert await models(gw) == []
     assert "distributed" not in await get_json(gw, STATUS)
+
+
+async def test_a_refused_check_says_what_to_fix(autojump_clock: trio.testing.MockClock,
+                                               nursery: trio.Nursery, short_tmp: Any,
+                                               start_gateway: StartGateway) -> None:
+    gw = await start_gateway([])
+    up = await start_node(nursery, str(short_tmp / "n.sock"), ["m"])
+    up.status = 401
+    configure(gw, (node("node-a", up.url, 1),), enabled=True)
+    await trio.sleep(0.1)
+    (entry,) = (await get_json(gw, POOL))["endpoints"]
+    assert entry["status"] == "offline"
+    assert entry["lastError"].startswith("GET /v1/models answered 401 (the node wants a key")
+    up.status = 403
+    await trio.sleep(INTERVAL)
+    (entry,) = (await get_json(gw, POOL))["endpoints"]
+    assert "api.allowed_hosts" in entry["lastError"]
+    up.status = 200
+    await trio.sleep(INTERVAL)
+    (entry,) = (await get_json(gw, POOL))["endpoints"]
+    assert (entry["status"], entry["lastError"]) == ("online", None)

@@ -86,6 +86,16 @@ def test_two_nodes() -> None:
         "totals: requests 169, successes 161, failures 6, aborted 1, failovers 2")
 
 
+def test_why_a_node_is_offline_follows_the_totals() -> None:
+    pool = two_nodes()
+    pool["distributedStatus"]["endpoints"][1]["lastError"] = (
+        "GET /v1/models answered 403 (a wrong key, or the node refuses this Host)")
+    pool["distributedStatus"]["endpoints"][0]["lastError"] = None
+    assert show_pool(SUMMARY, pool).splitlines()[-2:] == [
+        "totals: requests 169, successes 161, failures 6, aborted 1, failovers 2",
+        f"{SPARE}: GET /v1/models answered 403 (a wrong key, or the node refuses this Host)"]
+
+
 def test_priority_order_and_half_open_circuit() -> None:
     """Rows follow the priorities whatever order the answers list them in. A wide CIRCUIT
     column leaves less room for NODE: the fingerprints are cut to fit."""

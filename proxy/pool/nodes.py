@@ -165,7 +165,9 @@ class NodeIndex:
                 "status": status if enabled else PAUSED,
                 "latencyMs": None if latency is None else round(latency),
                 "loadedModelCount": len(endpoint.models) if online and endpoint else 0,
-                "priority": cfg.priority})
+                "priority": cfg.priority,
+                # Beyond SPEC: why the last check failed (never a key: status and address).
+                "lastError": endpoint.last_error if enabled and endpoint else None})
         summary = self.summary(config)
         del summary["remoteModels"]
         models = self.holders().items() if enabled else ()
@@ -175,6 +177,15 @@ class NodeIndex:
     @staticmethod
     def _configured(config: Config) -> list[NodeConfig]:
         return sorted((n for n in config.nodes if n.enabled), key=lambda n: -n.priority)
+
+
+# What a refused health check usually means, said where the user will look for it.
+_HINTS = {
+    401: " (the node wants a key: give it one with `sluice nodes add --api-key-file`, or "
+         "PATCH /api/v1/nodes/{fingerprint} with apiKey)",
+    403: " (a wrong key, or the node refuses this Host: on the node, list its address in "
+         "api.allowed_hosts)",
+}
 
 
 async def check_node(endpoint: NodeEndpoint, pool: UpstreamPool, api_key: str | None,
@@ -192,6 +203,7 @@ async def check_node(endpoint: NodeEndpoint, pool: UpstreamPool, api_key: str | 
         status, error = WARMING, "GET /v1/models answered 503 (loading)"
     elif error is not None:
         status = OFFLINE
+        error += _HINTS.get(probe.status or 0, "")
     else:
         status = ONLINE  # a node's own remote entries are not indexed (no multi-hop)
         models = [m for m in probe.models if m.get("owned_by") != "remote"]
