@@ -399,6 +399,9 @@ async def test_a_failed_probe_reopens_at_once(
         start_gateway: StartGateway) -> None:
     gw, (a,) = await pool(nursery, start_gateway, short_tmp, status(500),
                           breaker={"failure_threshold": 2, "reset_timeout": 30.0})
+    breaker = (await stats(gw))["circuitBreaker"]
+    assert breaker == {"failureThreshold": 2, "resetTimeoutSecs": 30}
+    assert type(breaker["resetTimeoutSecs"]) is int  # whole seconds print as 30, not 30.0
     await open_circuit(gw, 2)
     await trio.sleep(30)
     assert (await chat(gw)).status == 500  # the probe

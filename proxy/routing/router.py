@@ -319,5 +319,10 @@ class Router:
             "totalAborted": sum(n["abortedCount"] for n in every),
             "failovers": self.failovers,
             "circuitBreaker": {"failureThreshold": config.circuit_breaker.failure_threshold,
-                               "resetTimeoutSecs": config.circuit_breaker.reset_timeout},
+                               "resetTimeoutSecs": _seconds(config.circuit_breaker.reset_timeout)},
         }
+
+
+def _seconds(value: float) -> float | int:
+    """Whole seconds as an integer (``60``, as the seed shows), others as they are."""
+    return int(value) if float(value).is_integer() else value
