@@ -33,6 +33,11 @@ class RequestInfo:
                 f"timeout_class={self.timeout_class.value})")
 
 
+def request_path(target: bytes) -> str:
+    """The path of a request target, without its query string."""
+    return target.split(b"?", 1)[0].decode("latin-1")
+
+
 def timeout_class_for(path: str) -> TimeoutClass:
     if path.startswith("/v1/images/"):
         return TimeoutClass.IMAGE_GENERATION

@@ -29,7 +29,7 @@ from protocol.http1 import (
     build_response_head,
     frame_chunk,
 )
-from protocol.request_info import parse_request_body
+from protocol.request_info import parse_request_body, request_path
 from proxy import auth, sockio
 from proxy.api.routes import NEEDS_MODELS, Call, route
 from proxy.context import GatewayContext
@@ -52,10 +52,6 @@ _CLOSE = (b"connection", b"close")
 
 def _parser() -> h11.Connection:
     return h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_SIZE)
-
-
-def _path(request: h11.Request) -> str:
-    return request.target.split(b"?", 1)[0].decode("latin-1")
 
 
 def _small_body(headers: list[Header]) -> bool:
@@ -325,10 +321,10 @@ class ClientConnection:
         """The DNS-rebinding guard, the admin token and access keys (SPEC §5): 401/403."""
         self.cors_origin = auth.guard(self.ctx, self.transport, self.headers)
         auth.authorize(self.ctx, self.transport, self.loopback_peer, request.method,
-                       _path(request), self.headers)
+                       request_path(request.target), self.headers)
 
     async def _dispatch(self, request: h11.Request, body: bytes) -> None:
-        path = _path(request)
+        path = request_path(request.target)
         if request.method == b"OPTIONS":  # CORS preflight, on any path
             await self.send_whole(204, [(b"allow", PREFLIGHT_METHODS)], b"",
                                   cors=preflight_headers())

@@ -28,7 +28,7 @@ from protocol.headers import (
     upstream_request_headers,
 )
 from protocol.http1 import ResponseHead
-from protocol.request_info import RequestInfo, total_timeout
+from protocol.request_info import RequestInfo, request_path, total_timeout
 from protocol.sse import TAIL, ends_event
 from proxy.errors import ClientGone
 from proxy.routing.router import Outcome
@@ -67,20 +67,16 @@ class Deadline:
                  "total_seconds")
 
     def __init__(self, scope: trio.CancelScope, total_at: float, total_limit: str,
-                 total_seconds: float) -> None:
+                 total_seconds: float, *, connect: float, answer: tuple[float, str]) -> None:
         self.scope = scope
         self.total_at = total_at
         self.total_limit = total_limit
         self.total_seconds = total_seconds
         self.limit = total_limit
         self.seconds = total_seconds
-        # The scope's deadline is first set by connecting() or connected(), before any await:
-        # each change costs a couple of microseconds, and a pooled connection skips one.
-        self._connect = total_seconds
-        self._answer = (total_seconds, total_limit)
-
-    def phases(self, connect: float, answer: tuple[float, str]) -> None:
-        """The limits of the connect phase and of the wait for the response head."""
+        # The limits of the connect phase and of the wait for the response head. The scope's
+        # deadline is first set by connecting() or connected(), before any await: each
+        # change costs a couple of microseconds, and a pooled connection skips one.
         self._connect = connect
         self._answer = answer
 
@@ -188,7 +184,7 @@ class Relay:
             return False
         # A 5xx failover re-runs a request the first node may have worked on: say so.
         log.warning("failover: %s failed (%s); %s %s sent again to %s", failed.decode(), why,
-                    self.request.method.decode("latin-1"), _path_of(self.request.target),
+                    self.request.method.decode("latin-1"), request_path(self.request.target),
                     plan.upstream.served_by.decode())
         conn = self._conn
         if conn is not None:
@@ -217,8 +213,8 @@ class Relay:
                 # One scope per attempt, all with the same total: its deadline moves between
                 # the limits, and the connection's reader cancels it if the client leaves.
                 self.client.request_scope = scope
-                deadline = Deadline(scope, total_at, total_limit, total)
-                deadline.phases(timeouts.connection, answer)
+                deadline = Deadline(scope, total_at, total_limit, total,
+                                    connect=timeouts.connection, answer=answer)
 
                 headers = upstream_request_headers(
                     self.client.headers, authority=address.authority,
@@ -328,10 +324,6 @@ class Relay:
             await self.client.send_error_event(err, at_boundary=self.at_event_boundary)
             return
         raise AssertionError(f"relay failure in state {self.state.value}")  # pragma: no cover
-
-
-def _path_of(target: bytes) -> str:
-    return target.split(b"?", 1)[0].decode("latin-1")
 
 
 class _Timeout(Exception):
