@@ -101,23 +101,17 @@ class Attempt:
         self.finished = True
         counters = self._counters
         counters.active -= 1
-        target = self.target
-        if outcome is Outcome.SUCCESS:
-            counters.success += 1
-            if target is not None:
-                target.succeeded(now)
-        elif outcome is Outcome.REFUSED:
-            counters.success += 1
-            if target is not None:
-                target.neutral(now)
-        elif outcome is Outcome.FAILURE:
+        if outcome is Outcome.FAILURE:
             counters.failure += 1
-            if target is not None:
-                target.failed(now)
-        else:
+            report = Target.failed
+        elif outcome is Outcome.ABORTED:
             counters.aborted += 1
-            if target is not None:
-                target.neutral(now)
+            report = Target.neutral
+        else:  # answered; a 4xx is the client's doing and moves no breaker
+            counters.success += 1
+            report = Target.succeeded if outcome is Outcome.SUCCESS else Target.neutral
+        if self.target is not None:
+            report(self.target, now)
 
 
 class Upstream(Protocol):
