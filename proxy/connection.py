@@ -342,14 +342,17 @@ class ClientConnection:
         info = parse_request_body(path, body)
         ctx = self.ctx
         backend = ctx.backends.holder_of(info.model)
-        forwarded = header_value(self.headers, FORWARDED) is not None
-        if backend is None and not ctx.router.node_holds(info.model, forwarded=forwarded):
-            # Right after start, or while a managed server starts: wait for the local one.
-            backend = await ctx.backends.wait_for_holder(info.model)
-        if backend is not None:  # local first (SPEC §7.1)
+        if backend is not None:  # local first (SPEC §7.1): the hot path asks nothing else
             plan = ctx.router.local_plan(backend)
-        else:  # a network node, or 503
-            plan = await ctx.router.forward_plan(info, forwarded=forwarded)
+        else:
+            forwarded = header_value(self.headers, FORWARDED) is not None
+            if not ctx.router.node_holds(info.model, forwarded=forwarded):
+                # Right after start, or while a managed server starts: wait for the local one.
+                backend = await ctx.backends.wait_for_holder(info.model)
+            if backend is not None:
+                plan = ctx.router.local_plan(backend)
+            else:  # a network node, or 503
+                plan = await ctx.router.forward_plan(info, forwarded=forwarded)
         await self.watched(Relay(self, plan, request, body, info).run)
 
     async def watched(self, work: Callable[[], Awaitable[None]]) -> None:

@@ -204,11 +204,12 @@ class Router:
         return Plan(backend, Attempt(self.local, trio.current_time()))
 
     def node_holds(self, model: str, *, forwarded: bool) -> bool:
-        """True when a node could take ``model`` now (load balancing on, the request not
-        forwarded to us, an online node lists it); breakers are not asked here."""
+        """True when a node could take ``model`` now: load balancing on, the request not
+        forwarded to us, and a node that routing would consider (enabled in the live
+        config, online) lists it. Breakers are not asked here."""
         if forwarded or not self.settings.config.load_balancing.enabled:
             return False
-        return any(e.status == ONLINE and model in e.model_ids for e in self.nodes.endpoints)
+        return any(view.online and model in view.models for view in self._views())
 
     async def forward_plan(self, info: RequestInfo, *, forwarded: bool) -> Plan:
         """The plan for a model no local backend holds, or the 503 to answer (raised)."""
