@@ -32,6 +32,13 @@ class Reply:
         return f"Reply({self.status}, {len(self.body)} bytes, complete={self.complete})"
 
 
+def assert_refused(reply: Reply, code: str) -> None:
+    """A routing refusal: 503 with an OpenAI-shaped server_error of this ``code``."""
+    assert reply.status == 503, reply
+    error = reply.json()["error"]
+    assert (error["code"], error["type"]) == (code, "server_error"), error
+
+
 async def connect(address: str) -> trio.SocketStream:
     """``address`` is ``unix:/path`` or ``127.0.0.1:port``."""
     if address.startswith("unix:"):

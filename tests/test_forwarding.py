@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.client import Client, chat_body, read_events, request
+from tests.client import Client, assert_refused, chat_body, read_events, request
 from tests.conftest import RunningGateway, StartGateway
 from tests.fakenode import reset_now
 from tests.fakeupstream import (
@@ -105,10 +105,6 @@ def counts(data: dict[str, Any], fp: str) -> tuple[int, int, int, int]:
             entry["abortedCount"])
 
 
-def refused(reply: Any, code: str) -> bool:
-    return bool(reply.status == 503 and reply.json()["error"]["code"] == code)
-
-
 def gated(gate: trio.Event, then: Handler) -> Handler:
     async def handler(req: ReceivedRequest, w: ResponseWriter) -> None:
         await gate.wait()
@@ -170,7 +166,7 @@ async def test_a_forwarded_request_is_never_forwarded_again(
         start_gateway: StartGateway) -> None:
     gw, (a,) = await pool(nursery, start_gateway, short_tmp, json_completion())
     reply = await chat(gw, headers=[("x-sluice-forwarded", "some-other-gateway")])
-    assert refused(reply, "model_not_available")
+    assert_refused(reply, "model_not_available")
     assert chats(a) == []
     assert (await stats(gw))["totalRequests"] == 0
 
@@ -182,7 +178,7 @@ async def test_load_balancing_off_serves_local_only(
     configure(gw, enabled=False)
     await trio.sleep(0.1)
     reply = await chat(gw)
-    assert refused(reply, "model_not_available")
+    assert_refused(reply, "model_not_available")
     assert chats(a) == []
 
 
@@ -191,7 +187,7 @@ async def test_a_model_held_nowhere_is_503(
         start_gateway: StartGateway) -> None:
     gw, (a,) = await pool(nursery, start_gateway, short_tmp, json_completion())
     reply = await request(gw.unix, "POST", CHAT, chat_body("nobody-has-it"))
-    assert refused(reply, "model_not_available")
+    assert_refused(reply, "model_not_available")
     assert chats(a) == []
 
 
@@ -368,7 +364,7 @@ async def test_breaker_opens_skips_and_lets_one_probe_through(
     entry = (await stats(gw))["nodes"][0]
     assert (entry["circuitOpen"], entry["circuitState"], entry["consecutiveFailures"]) == (
         True, "open", 3)
-    assert refused(await chat(gw), "all_circuits_open")
+    assert_refused(await chat(gw), "all_circuits_open")
     assert len(chats(a)) == 3  # skipped while open
 
     await trio.sleep(60)

@@ -40,7 +40,7 @@ import openai
 import pytest
 import trio
 
-from tests.client import Client, Reply, chat_body, read_events
+from tests.client import Client, Reply, assert_refused, chat_body, read_events
 from tests.fakenode import (
     CHAT,
     FakeNode,
@@ -82,12 +82,6 @@ def served_by(reply: Reply) -> str | None:
 def error_of(reply: Reply) -> dict[str, Any]:
     error: dict[str, Any] = reply.json()["error"]
     return error
-
-
-def assert_refused(reply: Reply, code: str) -> None:
-    assert reply.status == 503, reply
-    error = error_of(reply)
-    assert (error["code"], error["type"]) == (code, "server_error"), error
 
 
 def content(reply: Reply) -> str:
