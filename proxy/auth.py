@@ -15,9 +15,8 @@ import logging
 import os
 import socket
 import struct
-import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -39,7 +38,6 @@ from protocol.errors import bad_request
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
-    from proxy.settings import Settings
 
 log = logging.getLogger("sluice.auth")
 
@@ -113,14 +111,16 @@ def guard(ctx: GatewayContext, transport: str, headers: Sequence[Header]) -> byt
 
 
 def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, method: bytes,
-              path: str, headers: Sequence[Header]) -> None:
-    """The admin token and access-key checks; raises 401/403."""
+              path: str, headers: Sequence[Header]) -> str | None:
+    """The admin token and access-key checks; raises 401/403. Returns the id of the access
+    key the request used (the caller records its use: :meth:`Settings.key_used`), else
+    None."""
     if method == b"OPTIONS":  # a preflight carries no credentials
-        return
+        return None
     admin_call = needs_admin(method, path)
     if not admin_call and (transport != "tcp" or path in OPEN_PATHS or
                            (loopback_peer and not ctx.config.api.require_auth)):
-        return
+        return None
     settings = ctx.settings
     token = bearer_token(_values(headers, b"authorization"))
     admin = settings.secrets.admin_token
@@ -129,29 +129,13 @@ def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, method: 
             raise admin_token_missing()
         if not token_equals(token, admin):
             raise admin_token_invalid()
-        return
+        return None
     if token is None:
         raise key_missing()
     if token_equals(token, admin):
-        return
+        return None
     entry = key_matches(token, settings.secrets.access_keys)
     if entry is None:
         raise key_invalid()
-    touch(settings, entry)
-
-
-def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def touch(settings: Settings, entry: dict[str, Any]) -> None:
-    """Record a key's use: secrets.yaml is written on its first use in each minute only."""
-    now = now_iso()
-    last = entry.get("last_used_at")
-    if isinstance(last, str) and last[:16] == now[:16]:
-        return
-    entry["last_used_at"] = now
-    try:
-        settings.save_secrets()
-    except OSError as exc:
-        log.warning("cannot record an access key's use in secrets.yaml: %s", exc.strerror)
+    key_id = entry.get("id")
+    return key_id if isinstance(key_id, str) else None

@@ -158,7 +158,9 @@ class ClientConnection:
         try:
             request = await self._read_head()
             try:
-                self._check_access(request)
+                key_id = self._check_access(request)
+                if key_id is not None:
+                    await self.ctx.settings.key_used(key_id)
             except SluiceError as refused:
                 if not _small_body(self.headers):  # refuse before a large body arrives, and close
                     raise
@@ -317,11 +319,12 @@ class ClientConnection:
 
     # ----------------------------------------------------------------- dispatch
 
-    def _check_access(self, request: h11.Request) -> None:
-        """The DNS-rebinding guard, the admin token and access keys (SPEC §5): 401/403."""
+    def _check_access(self, request: h11.Request) -> str | None:
+        """The DNS-rebinding guard, the admin token and access keys (SPEC §5): 401/403.
+        Returns the id of the access key used, if any."""
         self.cors_origin = auth.guard(self.ctx, self.transport, self.headers)
-        auth.authorize(self.ctx, self.transport, self.loopback_peer, request.method,
-                       request_path(request.target), self.headers)
+        return auth.authorize(self.ctx, self.transport, self.loopback_peer, request.method,
+                              request_path(request.target), self.headers)
 
     async def _dispatch(self, request: h11.Request, body: bytes) -> None:
         path = request_path(request.target)

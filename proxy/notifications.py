@@ -4,8 +4,9 @@ shown by ``GET /api/v1/notifications`` and ``sluice status`` and logged once at 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
+
+from proxy.settings import now_iso
 
 log = logging.getLogger("sluice.notifications")
 
@@ -23,7 +24,7 @@ class Notifications:
         if self._items.get(code, {}).get("message") != message:
             log.warning("%s", message)
         self._items[code] = {"code": code, "level": level, "message": message,
-                             "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                             "createdAt": now_iso()}
 
     def clear(self, code: str) -> None:
         self._items.pop(code, None)

@@ -8,17 +8,20 @@ logs or ``repr()``.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
+import trio
 import yaml
 
 from protocol.access import check_secret_maps
@@ -32,12 +35,19 @@ from protocol.config import (
 )
 from protocol.errors import ConfigError
 
-__all__ = ["Secrets", "Settings", "check_config", "resolve_data_dir"]
+__all__ = ["Secrets", "Settings", "check_config", "now_iso", "resolve_data_dir"]
+
+log = logging.getLogger("sluice.settings")
 
 CONFIG_FILE = "config.yaml"
 SECRETS_FILE = "secrets.yaml"
 NODE_ID_FILE = "node.id"
 _NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def now_iso() -> str:
+    """The timestamp format of every file and answer: UTC, to the second (``...Z``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def resolve_data_dir(arg: str | None) -> Path:
@@ -175,6 +185,7 @@ class Settings:
         self.secrets = secrets
         self.node_id = node_id
         self._subscribers: list[Callable[[Config], None]] = []
+        self._writer = trio.Lock()  # one write at a time, each in a worker thread
 
     def __repr__(self) -> str:
         return (
@@ -239,6 +250,26 @@ class Settings:
         for callback in list(self._subscribers):
             callback(cfg)
         return cfg
+
+    async def key_used(self, key_id: str) -> None:
+        """Record that an access key was used now. secrets.yaml is written on the key's first
+        use in each minute only, in a worker thread (a slow disk never stalls the loop);
+        a failed write is logged, never the request's problem."""
+        now = now_iso()
+        for entry in self.secrets.access_keys:
+            if entry.get("id") == key_id:
+                break
+        else:
+            return
+        last = entry.get("last_used_at")
+        if isinstance(last, str) and last[:16] == now[:16]:
+            return
+        entry["last_used_at"] = now
+        try:
+            async with self._writer:
+                await trio.to_thread.run_sync(self.save_secrets)
+        except OSError as exc:
+            log.warning("cannot record an access key's use in secrets.yaml: %s", exc.strerror)
 
     def save_secrets(self) -> None:
         """Write secrets.yaml atomically with mode 0600."""

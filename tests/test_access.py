@@ -164,6 +164,15 @@ async def test_authorize_decision_by_peer(start_gateway: StartGateway) -> None:
         assert check(transport, True, None, b"DELETE", "/api/v1/access-keys/x") == 401
         assert check(transport, True, key, b"DELETE", "/api/v1/access-keys/x") == 403
         assert check(transport, True, admin, b"DELETE", "/api/v1/access-keys/x") == 200
+    # The key's use is the caller's to record (Settings.key_used): authorize names it.
+    def used(token: str) -> str | None:
+        return auth.authorize(ctx, "tcp", False, b"POST", "/v1/chat/completions",
+                              [(b"authorization", f"Bearer {token}".encode())])
+
+    assert used(key) == "ak-1"
+    assert used(admin) is None
+    assert ctx.settings.secrets.access_keys[0]["last_used_at"] is None
+    await ctx.settings.key_used("ak-1")
     assert ctx.settings.secrets.access_keys[0]["last_used_at"] is not None
 
 

@@ -12,7 +12,6 @@ from typing import Any
 import trio
 import yaml
 
-from proxy import auth
 from proxy.settings import Settings
 from tests.client import Reply, request
 from tests.conftest import RunningGateway, StartGateway, gateway_config, open_settings
@@ -95,7 +94,7 @@ async def test_last_used_is_recorded_once_a_minute(start_gateway: StartGateway) 
     if entry["last_used_at"][:16] == used[:16]:  # same minute: the file was not rewritten
         assert secrets_file.stat().st_mtime_ns == first
     entry["last_used_at"] = "2000-01-01T00:00:00Z"  # a minute later: written again
-    auth.touch(gw.gateway.settings, entry)
+    await gw.gateway.settings.key_used(entry["id"])
     assert "2000-01-01" not in secrets_file.read_text()
 
 

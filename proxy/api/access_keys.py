@@ -10,7 +10,7 @@ from typing import Any
 from protocol.access import hash_key, new_access_key
 from protocol.errors import SluiceError, bad_request
 from proxy.api.call import Call
-from proxy.auth import now_iso
+from proxy.settings import now_iso
 
 MAX_NAME = 100
 
