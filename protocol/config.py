@@ -7,7 +7,7 @@ as :class:`ConfigError` naming the dotted YAML path (``timeouts.request.streamin
 """
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Final, get_args, get_origin
 
 import attrs
@@ -540,3 +540,8 @@ def dump_config_yaml(cfg: Config) -> str:
                               allow_unicode=True, width=1 << 16)
         parts.append("\n".join(_annotate(section, text.splitlines())) + "\n")
     return "".join(parts)
+
+
+def by_priority(nodes: Iterable[NodeConfig]) -> list[NodeConfig]:
+    """Nodes in routing order: the largest priority (the top of the list) first."""
+    return sorted(nodes, key=lambda n: -n.priority)

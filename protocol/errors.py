@@ -75,6 +75,11 @@ def not_found(message: str) -> SluiceError:
                        source=Source.CLIENT)
 
 
+def model_not_found(model: str) -> SluiceError:
+    return SluiceError(404, f"model {model!r} does not exist", type="invalid_request_error",
+                       code="model_not_found", param="model", source=Source.CLIENT)
+
+
 def method_not_allowed(method: str, allow: tuple[str, ...]) -> SluiceError:
     return SluiceError(
         405,

@@ -1,9 +1,21 @@
-"""The state shared by every connection, passed explicitly (no module-level singletons)."""
+"""What every connection shares, built once when the gateway has bound its listeners and
+passed explicitly (no module-level singletons). Each part has its own owner:
+
+- ``settings`` — config.yaml and secrets.yaml (:mod:`proxy.settings`);
+- ``connections`` — idle keep-alive connections to model servers (:mod:`proxy.upstream`);
+- ``backends`` — local model servers and their models (:mod:`proxy.pool.backends`);
+- ``nodes`` — network nodes and their models (:mod:`proxy.pool.nodes`);
+- ``router`` — the routing decision, breakers and counters (:mod:`proxy.routing.router`);
+- ``clients`` — the client connections: how many, draining or not (:class:`Clients`);
+- ``listening`` — where the gateway listens (:class:`Listening`, fixed at start);
+- ``notifications``, ``supervisor`` (managed model servers, when there are any).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import attrs
 import trio
 
 from protocol.config import Config
@@ -11,39 +23,77 @@ from proxy.notifications import Notifications
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
 from proxy.routing.router import Router
-from proxy.upstream import UpstreamPool
+from proxy.upstream import ConnectionPool
 
 if TYPE_CHECKING:
     from proxy.models.supervisor import Supervisor
     from proxy.settings import Settings
 
 
-class GatewayContext:
-    def __init__(self, settings: Settings, pool: UpstreamPool, backends: BackendRegistry) -> None:
-        self.settings = settings
-        self.pool = pool
-        self.backends = backends
-        self.nodes = NodeIndex()  # network nodes and their models (SPEC §7.2)
-        self.router = Router(settings, self.nodes)  # breakers, counters, failover (§7.4)
+@attrs.frozen
+class Listening:
+    """Where this gateway listens: its local socket (or, when no socket folder works, the
+    loopback TCP port standing in for it) and the TCP API port (None when off)."""
+
+    socket_path: str | None = None
+    local_tcp_port: int | None = None
+    tcp_port: int | None = None
+
+
+class Clients:
+    """The client connections of the gateway: the count (for ``api.max_connections``) and
+    the drain. Owned by the server; a connection registers its idle wait here so that a drain
+    ends it at once."""
+
+    __slots__ = ("count", "draining", "idle_scopes")
+
+    def __init__(self) -> None:
+        self.count = 0
         self.draining = False
-        self.idle_scopes: set[trio.CancelScope] = set()  # connections waiting for a request
-        self.connection_count = 0
-        self.socket_path: str | None = None
-        self.local_tcp_port: int | None = None  # the local listener when no socket folder works
-        self.tcp_port: int | None = None
-        self.supervisor: Supervisor | None = None
-        self.notifications = Notifications()
+        self.idle_scopes: set[trio.CancelScope] = set()
 
     def __repr__(self) -> str:
-        return (f"GatewayContext(connections={self.connection_count}, "
-                f"draining={self.draining}, {self.pool!r})")
-
-    @property
-    def config(self) -> Config:
-        return self.settings.config
+        return f"Clients(count={self.count}, draining={self.draining})"
 
     def begin_drain(self) -> None:
         """Stop taking requests: idle connections close now, busy ones after their answer."""
         self.draining = True
         for scope in self.idle_scopes:
             scope.cancel()
+
+
+@attrs.frozen(repr=False)
+class GatewayContext:
+    settings: Settings
+    connections: ConnectionPool
+    backends: BackendRegistry
+    nodes: NodeIndex
+    router: Router
+    notifications: Notifications
+    clients: Clients
+    listening: Listening
+    supervisor: Supervisor | None = None
+
+    def __repr__(self) -> str:
+        return f"GatewayContext({self.listening!r}, {self.clients!r}, {self.connections!r})"
+
+    @property
+    def config(self) -> Config:
+        return self.settings.config
+
+    # Read-only views of the parts above, for status answers and tests.
+    @property
+    def socket_path(self) -> str | None:
+        return self.listening.socket_path
+
+    @property
+    def local_tcp_port(self) -> int | None:
+        return self.listening.local_tcp_port
+
+    @property
+    def tcp_port(self) -> int | None:
+        return self.listening.tcp_port
+
+    @property
+    def connection_count(self) -> int:
+        return self.clients.count

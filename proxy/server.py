@@ -17,8 +17,9 @@ import trio
 
 from protocol.config import ModelConfig
 from protocol.errors import overloaded
+from protocol.response import Response
 from proxy.connection import ClientConnection
-from proxy.context import GatewayContext
+from proxy.context import Clients, GatewayContext, Listening
 from proxy.listeners import (
     SOCKET_NAME,
     ListenerError,
@@ -33,17 +34,20 @@ from proxy.listeners import (
 )
 from proxy.models.launcher import INSTALL_HINT
 from proxy.models.supervisor import Supervisor
+from proxy.notifications import Notifications
 from proxy.pool.backends import BackendRegistry, run_health_checks
-from proxy.pool.nodes import run_node_checks
+from proxy.pool.node_checks import run_node_checks
+from proxy.pool.nodes import NodeIndex
+from proxy.routing.router import Router
 from proxy.settings import Settings
-from proxy.upstream import UpstreamPool
+from proxy.upstream import ConnectionPool
 
 log = logging.getLogger("sluice.server")
 
 STATE_FILE = "state.json"  # where the running gateway listens (for the CLI)
 DRAIN_TIMEOUT = 30.0  # seconds running answers get to finish after a stop signal
 _ACCEPT_RETRY = 0.1  # pause after EMFILE and friends before accepting again
-_REFUSE_DRAIN = 64 * 1024  # request bytes read (and dropped) from a refused connection
+_TURNED_AWAY_DRAIN = 64 * 1024  # request bytes read (and dropped) from a turned-away connection
 _FD_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
@@ -52,13 +56,21 @@ class StartupError(Exception):
 
 
 class Gateway:
+    """The whole gateway. Its parts are made here; the context that connections share is
+    made once the listeners are bound (:attr:`ctx`, from then on)."""
+
+    ctx: GatewayContext
+
     def __init__(self, settings: Settings, *, drain_timeout: float = DRAIN_TIMEOUT,
                  extra_models: Sequence[ModelConfig] = ()) -> None:
         self.settings = settings
         self.drain_timeout = drain_timeout
-        self.pool = UpstreamPool()
+        self.connections = ConnectionPool()
         self.backends = BackendRegistry(settings.config.backends, settings.secrets.backend_keys)
-        self.ctx = GatewayContext(settings, self.pool, self.backends)
+        self.nodes = NodeIndex()
+        self.router = Router(settings, self.backends, self.nodes)
+        self.notifications = Notifications()
+        self.clients = Clients()
         configured = {m.name for m in settings.config.models}
         self.models = [*settings.config.models,
                        *(m for m in extra_models if m.name not in configured)]
@@ -71,7 +83,7 @@ class Gateway:
         self._state_file = settings.data_dir / STATE_FILE
 
     def __repr__(self) -> str:
-        return f"Gateway(socket={self.ctx.socket_path}, port={self.ctx.tcp_port}, {self.ctx!r})"
+        return f"Gateway({self.clients!r}, {self.connections!r})"
 
     def shutdown(self) -> None:
         """Begin the graceful stop (what SIGTERM does)."""
@@ -79,23 +91,29 @@ class Gateway:
 
     async def run(self, *, handle_signals: bool = False,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await self._open_listeners()
+        listeners, listening = await self._open_listeners()
         try:
+            supervisor = None
+            if self.models:
+                supervisor = Supervisor(
+                    self.models, self.settings.data_dir,
+                    None if self._socket_path is None else self._socket_path.parent,
+                    self.backends, self.connections)
+            self.ctx = GatewayContext(
+                settings=self.settings, connections=self.connections, backends=self.backends,
+                nodes=self.nodes, router=self.router, notifications=self.notifications,
+                clients=self.clients, listening=listening, supervisor=supervisor)
             async with trio.open_nursery() as background:
                 if handle_signals:
                     background.start_soon(self._watch_signals, background.cancel_scope)
-                if self.models:
-                    supervisor = Supervisor(
-                        self.models, self.settings.data_dir,
-                        None if self._socket_path is None else self._socket_path.parent,
-                        self.backends, self.pool)
-                    self.ctx.supervisor = supervisor
+                if supervisor is not None:
                     background.start_soon(supervisor.run)
                 # Requests that come before a backend's first check wait for it
                 # (BackendRegistry.wait_for_holder), so the first request finds its model.
-                await background.start(run_health_checks, self.backends, self.pool,
+                await background.start(run_health_checks, self.backends, self.connections,
                                        lambda: self.settings.config)
-                background.start_soon(run_node_checks, self.ctx.nodes, self.pool, self.settings)
+                background.start_soon(run_node_checks, self.nodes, self.connections,
+                                      self.settings)
                 async with trio.open_nursery() as connections:
                     async with trio.open_nursery() as accepting:
                         for listener, transport in listeners:
@@ -106,9 +124,9 @@ class Gateway:
                     for listener, _ in listeners:
                         listener.socket.close()
                     self._remove_socket()
-                    log.info("stopping: %d connection(s) to drain", self.ctx.connection_count)
-                    self.ctx.begin_drain()
-                    if self.ctx.connection_count:
+                    log.info("stopping: %d connection(s) to drain", self.clients.count)
+                    self.clients.begin_drain()
+                    if self.clients.count:
                         with trio.move_on_after(self.drain_timeout):
                             await self._drained.wait()
                     connections.cancel_scope.cancel()
@@ -116,7 +134,7 @@ class Gateway:
         finally:
             for listener, _ in listeners:
                 listener.socket.close()
-            self.pool.close()
+            self.connections.close()
             self._remove_socket()
             self._state_file.unlink(missing_ok=True)
         log.info("stopped")
@@ -128,7 +146,7 @@ class Gateway:
                     log.warning("second %s: cancelling running answers",
                                 signal.Signals(signum).name)
                     everything.cancel()
-                    self.ctx.begin_drain()
+                    self.clients.begin_drain()
                     self._drained.set()
                     return
                 log.info("%s received: draining (send again to stop at once)",
@@ -139,12 +157,15 @@ class Gateway:
         await self._stop.wait()
         accepting.cancel()
 
-    async def _open_listeners(self) -> list[tuple[trio.SocketListener, str]]:
+    async def _open_listeners(self) -> tuple[list[tuple[trio.SocketListener, str]], Listening]:
         """Bind every listener (SPEC §4): the local socket in the first usable folder, else
         127.0.0.1 on ``local.fallback_port``; then the API server unless disabled."""
         cfg = self.settings.config
         out: list[tuple[trio.SocketListener, str]] = []
         api_hosts: list[str] = []
+        socket_path: str | None = None
+        local_tcp_port: int | None = None
+        tcp_port: int | None = None
         try:
             await self._refuse_if_running()
             choice = choose_socket_dir(cfg.local.socket_dir, self.settings.data_dir)
@@ -154,27 +175,27 @@ class Gateway:
                 out.append((await open_unix_listener(path), "unix"))
                 info = os.lstat(path)
                 self._socket_path, self._socket_id = path, (info.st_dev, info.st_ino)
-                self.ctx.socket_path = os.fspath(path)
+                socket_path = os.fspath(path)
             else:
                 # Never a wildcard address, whatever allow_external_access says: this stands
                 # in for the private socket, it does not publish anything.
                 listener = await open_tcp_listener("127.0.0.1", cfg.local.fallback_port)
                 out.append((listener, "local-tcp"))
-                self.ctx.local_tcp_port = bound_port(listener)
-                self.ctx.notifications.raise_("local_socket_unavailable", (
+                local_tcp_port = bound_port(listener)
+                self.notifications.raise_("local_socket_unavailable", (
                     "no folder works for the local socket ("
                     f"{choice.reasons()}), so the local listener is on loopback TCP "
-                    f"127.0.0.1:{self.ctx.local_tcp_port} instead: any local process can "
+                    f"127.0.0.1:{local_tcp_port} instead: any local process can "
                     "reach it and the admin token is the only guard. Set local.socket_dir to "
                     "a short private folder (or make /tmp writable) and restart."))
             if cfg.api.enabled:
                 external = cfg.api.allow_external_access
                 api = await open_api_listeners(cfg.api.port, external=external)
                 out.extend((listener, "tcp") for listener in api)
-                self.ctx.tcp_port = bound_port(api[0])
+                tcp_port = bound_port(api[0])
                 api_hosts = [listener.socket.getsockname()[0] for listener in api]
                 if external and not self.settings.secrets.access_keys:
-                    self.ctx.notifications.raise_("external_access_without_keys", (
+                    self.notifications.raise_("external_access_without_keys", (
                         "external access is on but no access key exists: remote clients "
                         "will be refused until one is made (sluice keys create)"))
         except BaseException:
@@ -182,14 +203,15 @@ class Gateway:
                 listener.socket.close()
             self._remove_socket()
             raise
-        where = [f"unix:{self.ctx.socket_path}"] if self.ctx.socket_path else []
-        if self.ctx.local_tcp_port is not None:
-            where.append(f"http://127.0.0.1:{self.ctx.local_tcp_port} (local fallback)")
-        where.extend(f"http://{host if ':' not in host else f'[{host}]'}:{self.ctx.tcp_port}"
+        listening = Listening(socket_path, local_tcp_port, tcp_port)
+        where = [f"unix:{socket_path}"] if socket_path else []
+        if local_tcp_port is not None:
+            where.append(f"http://127.0.0.1:{local_tcp_port} (local fallback)")
+        where.extend(f"http://{host if ':' not in host else f'[{host}]'}:{tcp_port}"
                      for host in api_hosts)
         log.info("sluice listening on %s", " and ".join(where))
-        self._write_state()
-        return out
+        self._write_state(listening)
+        return out, listening
 
     async def _refuse_if_running(self) -> None:
         """Another gateway on this data dir (its state file names a live process whose
@@ -221,11 +243,11 @@ class Gateway:
             raise ListenerError(f"another gateway (pid {pid}) is already running for "
                                 f"{self.settings.data_dir}: it answers on {where}")
 
-    def _write_state(self) -> None:
+    def _write_state(self, listening: Listening) -> None:
         """Where this gateway listens, for the CLI (``sluice status``) to find it: the
         socket path, or the fallback port when no socket folder works."""
-        state = {"pid": os.getpid(), "socketPath": self.ctx.socket_path,
-                 "localTcpPort": self.ctx.local_tcp_port, "tcpPort": self.ctx.tcp_port}
+        state = {"pid": os.getpid(), "socketPath": listening.socket_path,
+                 "localTcpPort": listening.local_tcp_port, "tcpPort": listening.tcp_port}
         tmp = self._state_file.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as out:
@@ -255,34 +277,33 @@ class Gateway:
                     await trio.sleep(_ACCEPT_RETRY)
                     continue
                 raise
-            if self.ctx.connection_count >= self.settings.config.api.max_connections:
-                nursery.start_soon(self._refuse, stream)
+            if self.clients.count >= self.settings.config.api.max_connections:
+                nursery.start_soon(self._turn_away, stream)
             else:
-                self.ctx.connection_count += 1
+                self.clients.count += 1
                 nursery.start_soon(self._handle, stream, transport)
 
     async def _handle(self, stream: trio.SocketStream, transport: str) -> None:
         try:
             await ClientConnection(stream, self.ctx, transport=transport).run()
         finally:
-            self.ctx.connection_count -= 1
-            if self.ctx.draining and not self.ctx.connection_count:
+            self.clients.count -= 1
+            if self.clients.draining and not self.clients.count:
                 self._drained.set()
 
-    async def _refuse(self, stream: trio.SocketStream) -> None:
+    async def _turn_away(self, stream: trio.SocketStream) -> None:
         """Over api.max_connections: a fast 503 without reading the request, then close."""
         err = overloaded("too many connections (api.max_connections); try again shortly")
-        body = err.body()
-        head = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-                b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n")
+        answer = Response(keep_alive=False).whole(
+            err.status, [(b"content-type", b"application/json")], err.body())
         with trio.move_on_after(1):
             try:
-                await stream.send_all(head + body)
+                await stream.send_all(answer)
                 # Closing with unread request bytes would send a reset that can destroy the
                 # 503 in flight: finish our side, then drain briefly before closing.
                 await stream.send_eof()
                 drained = 0
-                while drained < _REFUSE_DRAIN and (data := await stream.receive_some(65536)):
+                while drained < _TURNED_AWAY_DRAIN and (data := await stream.receive_some(65536)):
                     drained += len(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass

@@ -1,5 +1,5 @@
 """The upstream side: a lean HTTP/1.1 client (:mod:`protocol.http1`) on trio sockets with a
-keep-alive pool per address.
+keep-alive connections per address.
 
 Timeouts belong to the caller (cancel scopes around these calls). Every OS and protocol failure
 is translated here, once, into a :class:`UpstreamFailure` that says whether any response
@@ -9,7 +9,7 @@ byte had arrived, because only a failure before that may be retried on a fresh c
 from __future__ import annotations
 
 import errno
-import socket
+import select
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -58,9 +58,9 @@ class UpstreamConnection:
         self.fd = stream.socket.fileno()
         self.address = address
         self.reused = False
-        self._reset()
+        self._start()
 
-    def _reset(self) -> None:
+    def _start(self) -> None:
         self.head: ResponseHead | None = None
         self._buffer = b""  # received bytes not yet handed out
         self._eof = False
@@ -213,27 +213,26 @@ class UpstreamConnection:
         """Close at once (synchronous, so it is safe in cancelled and finally blocks)."""
         self.stream.socket.close()
 
+    def recycle(self) -> None:
+        """Ready for the next exchange on the same connection (the pool's, once released)."""
+        self._start()
+        self.reused = True
+
     def looks_alive(self) -> bool:
-        """False when an idle connection has been closed or has unsolicited bytes."""
-        raw = getattr(self.stream.socket, "_sock", None)  # trio's stdlib socket, if exposed
-        probe = raw if isinstance(raw, socket.socket) else \
-            socket.socket(fileno=self.stream.socket.fileno())
+        """False when an idle connection has been closed, reset or has unsolicited bytes:
+        anything readable on an idle connection (EOF included) means it is spent."""
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN | select.POLLPRI)
         try:
-            probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return True
+            return not poller.poll(0)
         except OSError:
             return False
-        finally:
-            if probe is not raw:
-                probe.detach()
-        return False  # EOF (b"") or bytes nobody asked for: either way the connection is spent
 
 
 _NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(4)
 
 
-class UpstreamPool:
+class ConnectionPool:
     """Idle keep-alive connections per upstream address (most recently used first)."""
 
     def __init__(self) -> None:
@@ -242,7 +241,7 @@ class UpstreamPool:
 
     def __repr__(self) -> str:
         idle = sum(len(q) for q in self._idle.values())
-        return f"UpstreamPool(addresses={len(self._idle)}, idle={idle}, connects={self.connects})"
+        return f"ConnectionPool(addresses={len(self._idle)}, idle={idle}, connects={self.connects})"
 
     async def connect(self, address: UpstreamAddress) -> UpstreamConnection:
         """A fresh connection. Raises UpstreamFailure(connect=True) when it cannot be made."""
@@ -274,8 +273,7 @@ class UpstreamPool:
         if not conn.reusable:
             conn.close()
             return
-        conn._reset()
-        conn.reused = True
+        conn.recycle()
         queue = self._idle.setdefault(conn.address.key, deque())
         queue.append(conn)
         while len(queue) > IDLE_PER_ADDRESS:
@@ -289,7 +287,7 @@ class UpstreamPool:
 
 
 async def exchange(
-    pool: UpstreamPool,
+    connections: ConnectionPool,
     address: UpstreamAddress,
     method: bytes,
     target: bytes,
@@ -307,10 +305,10 @@ async def exchange(
     move its deadline between the connect phase and the wait for the answer. The returned
     connection is the caller's: release it to the pool or close it.
     """
-    conn = pool.take_idle(address)
+    conn = connections.take_idle(address)
     if conn is None:  # the connect phase only when there is one
         on_connecting()
-        conn = await pool.connect(address)
+        conn = await connections.connect(address)
     for attempt in (1, 2):
         on_connected()
         try:
@@ -324,12 +322,12 @@ async def exchange(
             conn.close()
             raise
         on_connecting()
-        conn = await pool.connect(address)
+        conn = await connections.connect(address)
     raise AssertionError("unreachable")
 
 
 async def fetch(
-    pool: UpstreamPool,
+    connections: ConnectionPool,
     address: UpstreamAddress,
     path: bytes,
     *,
@@ -340,11 +338,11 @@ async def fetch(
     headers: list[Header] = [(b"host", address.authority), (b"accept", b"application/json")]
     if api_key:
         headers.append((b"authorization", b"Bearer " + api_key.encode()))
-    conn, head = await exchange(pool, address, b"GET", address.target(path), headers, b"")
+    conn, head = await exchange(connections, address, b"GET", address.target(path), headers, b"")
     try:
         body = await conn.receive_body(cap)
     except BaseException:
         conn.close()
         raise
-    pool.release(conn)
+    connections.release(conn)
     return head.status_code, body

@@ -10,11 +10,10 @@ import pytest
 from proxy.routing.breaker import BreakerState, CircuitBreaker
 from proxy.routing.resolve import (
     ALL_CIRCUITS_OPEN,
-    LOCAL,
     MODEL_NOT_AVAILABLE,
     Forward,
     NodeView,
-    Refusal,
+    NoRoute,
     RouteRequest,
     resolve,
 )
@@ -61,20 +60,16 @@ class Row(NamedTuple):
     case: str
     request: dict[str, Any]  # RouteRequest fields beyond model/probe_ttl
     nodes: list[NodeView]
-    expected: str  # "local", "refuse <code>", or "forward <fingerprints in order>"
+    expected: str  # "refuse <code>" or "forward <fingerprints in order>" (local: test_plan)
     may_fail_over: bool | None = None
 
 
-LB = {"local": False, "load_balancing": True}
+LB = {"load_balancing": True}
 ROWS = [
     # Load balancing off: local only, 503 when the model is not running here.
-    Row("lb_off_model_local", {"local": True, "load_balancing": False}, three(), "local"),
-    Row("lb_off_model_not_local_is_503", {"local": False, "load_balancing": False}, three(),
+    Row("lb_off_model_not_local_is_503", {"load_balancing": False}, three(),
         f"refuse {MNA}"),
     # Load balancing on.
-    Row("lb_on_model_local", {"local": True, "load_balancing": True}, three(), "local"),
-    Row("lb_on_duplicate_local_and_remote_id_local_wins", {"local": True,
-        "load_balancing": True}, [node("a", 3, "m other")], "local"),
     Row("lb_on_model_on_a_node_is_forwarded", LB, [node("a", 3, "x"), node("b", 2, "m x")],
         "forward b", True),
     Row("lb_on_model_nowhere_is_503", LB, [node("a", 3, "x y")], f"refuse {MNA}"),
@@ -104,8 +99,6 @@ ROWS = [
         [node("a", 3, circuit="probe_out"), node("b", 2, circuit="open")], f"refuse {ACO}"),
     Row("online_by_health_check_but_circuit_open_still_skipped", LB,
         [node("a", 3, online=True, circuit="open")], f"refuse {ACO}"),
-    Row("open_circuits_ignored_when_the_model_is_local", {"local": True,
-        "load_balancing": True}, three(a="open", b="open", c="open"), "local"),
     # Failover: on a connect error or 5xx, resolved again without the failed node, once.
     Row("node_unreachable_failover_on_may_retry", LB, three(), "forward abc", True),
     Row("node_unreachable_failover_on_retry_excludes_tried", {**LB, "tried": {"a"}}, three(),
@@ -119,8 +112,6 @@ ROWS = [
     Row("failover_with_only_open_circuits_left", {**LB, "tried": {"a"}},
         three(b="open", c="open"), f"refuse {ACO}"),
     # Loop guard: a forwarded request is served locally or refused, never forwarded.
-    Row("forwarded_request_model_local", {"local": True, "load_balancing": True,
-        "forwarded": True}, three(), "local"),
     Row("forwarded_request_not_local_is_503_never_a_node", {**LB, "forwarded": True},
         three(), f"refuse {MNA}"),
 ]
@@ -133,10 +124,8 @@ def test_resolution_table(row: Row) -> None:
     request = RouteRequest(model="m", probe_ttl=TTL, **fields)
     result = resolve(request, row.nodes, RoundRobinCursor(), NOW)
     kind, _, detail = row.expected.partition(" ")
-    if kind == "local":
-        assert result is LOCAL
-    elif kind == "refuse":
-        assert isinstance(result, Refusal)
+    if kind == "refuse":
+        assert isinstance(result, NoRoute)
         assert (result.status, result.code) == (503, detail)
     else:
         assert isinstance(result, Forward)
@@ -146,7 +135,7 @@ def test_resolution_table(row: Row) -> None:
 
 
 def request(**fields: Any) -> RouteRequest:
-    return RouteRequest(model="m", local=False, load_balancing=True, probe_ttl=TTL, **fields)
+    return RouteRequest(model="m", load_balancing=True, probe_ttl=TTL, **fields)
 
 
 def test_failover_sequence_with_breakers() -> None:
@@ -181,7 +170,7 @@ def test_ten_concurrent_resolutions_to_a_half_open_node_send_one_probe() -> None
     forwards = [r for r in results if isinstance(r, Forward)]
     assert len(forwards) == 1
     assert forwards[0].targets[0].permit.probe
-    assert {r.code for r in results if isinstance(r, Refusal)} == {ACO}
+    assert {r.code for r in results if isinstance(r, NoRoute)} == {ACO}
     forwards[0].choose(NOW).succeeded(NOW + 1)
     assert nodes[0].breaker.state(NOW + 1) is BreakerState.CLOSED
 
@@ -197,9 +186,9 @@ def test_round_robin_cursor_advances_once_per_resolution() -> None:
 
 
 def test_refusal_errors() -> None:
-    missing = Refusal("m", MNA).error()
+    missing = NoRoute("m", MNA).error()
     assert (missing.status, missing.code, missing.param) == (503, MNA, "model")
-    opened = Refusal("m", ACO).error()
+    opened = NoRoute("m", ACO).error()
     assert (opened.status, opened.code) == (503, ACO)
     assert json.loads(opened.body())["error"]["code"] == ACO
 

@@ -121,7 +121,7 @@ async def ask_identity(call: Call, address: UpstreamAddress, key: str | None) ->
     not answer one in time (or answers something that is not a fingerprint)."""
     with trio.move_on_after(min(IDENTITY_TIMEOUT, call.ctx.config.timeouts.health_check.timeout)):
         try:
-            status, body = await fetch(call.ctx.pool, address, IDENTITY_PATH, api_key=key,
+            status, body = await fetch(call.ctx.connections, address, IDENTITY_PATH, api_key=key,
                                        cap=64 * 1024)
         except (UpstreamFailure, OSError, ValueError) as exc:
             log.info("node %r did not answer its identity: %s", address, type(exc).__name__)

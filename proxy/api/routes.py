@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from protocol.errors import SluiceError, method_not_allowed, not_found
+from protocol.errors import method_not_allowed, model_not_found, not_found
 from protocol.openai import merge_model_lists
-from proxy.api import access_keys, nodes, settings_api, settings_lb
+from proxy.api import access_keys, nodes, pool_status, settings_api, settings_lb
 from proxy.api.call import Call, Handler
+from proxy.routing.stats import routing_stats as stats_of
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
@@ -45,8 +46,7 @@ def get_model(call: Call) -> tuple[int, Any]:
     for entry in model_entries(call.ctx):
         if entry["id"] == model_id:
             return 200, entry
-    raise SluiceError(404, f"model {model_id!r} does not exist", type="invalid_request_error",
-                      code="model_not_found", param="model")
+    raise model_not_found(model_id)
 
 
 def notifications(call: Call) -> tuple[int, Any]:
@@ -63,7 +63,7 @@ def inference_status(call: Call) -> tuple[int, Any]:
     loaded: list[str] = []
     backends = []
     for backend in ctx.backends.backends:
-        live = backend.online and backend.address is not None
+        live = backend.live
         ids = [m["id"] for m in backend.models] if live else []
         for model_id in ids:
             if model_id not in loaded:
@@ -84,7 +84,7 @@ def inference_status(call: Call) -> tuple[int, Any]:
     else:
         body["localTcp"] = f"127.0.0.1:{ctx.local_tcp_port}"
     if ctx.config.load_balancing.enabled:
-        body["distributed"] = ctx.nodes.summary(ctx.config)
+        body["distributed"] = pool_status.summary(ctx.nodes, ctx.config)
     body["models"] = loaded
     body["backends"] = backends
     body["managedModels"] = ctx.supervisor.status() if ctx.supervisor else []
@@ -93,12 +93,12 @@ def inference_status(call: Call) -> tuple[int, Any]:
 
 def distributed_status(call: Call) -> tuple[int, Any]:
     """SPEC §8: the pool, its models and each enabled node in priority order."""
-    return 200, call.ctx.nodes.pool_status(call.ctx.config)
+    return 200, pool_status.pool_status(call.ctx.nodes, call.ctx.config)
 
 
 def routing_stats(call: Call) -> tuple[int, Any]:
     """SPEC §8: per-node and local attempt counters, breaker states, failovers."""
-    return 200, call.ctx.router.stats()
+    return 200, stats_of(call.ctx.router, call.ctx.config)
 
 
 ROUTES: dict[str, dict[bytes, AnyHandler]] = {

@@ -28,7 +28,7 @@ from protocol.upstream_url import parse_upstream_url
 from proxy.listeners import MAX_SOCKET_PATH
 from proxy.models.logs import RotatingLog
 from proxy.pool.backends import BackendRegistry, LocalBackend
-from proxy.upstream import UpstreamFailure, UpstreamPool, fetch
+from proxy.upstream import ConnectionPool, UpstreamFailure, fetch
 
 log = logging.getLogger("sluice.models")
 
@@ -119,10 +119,10 @@ class ManagedModel:
 
 class Supervisor:
     def __init__(self, models: Sequence[ModelConfig], data_dir: Path, socket_dir: Path | None,
-                 registry: BackendRegistry, pool: UpstreamPool) -> None:
+                 registry: BackendRegistry, connections: ConnectionPool) -> None:
         self.models = [ManagedModel(cfg, data_dir, socket_dir) for cfg in models]
         self.registry = registry
-        self.pool = pool
+        self.connections = connections
         for model in self.models:
             registry.starting.add(model.name)
             registry.add(model.backend)
@@ -156,18 +156,12 @@ class Supervisor:
             self._first_start_over(model)
 
     def _first_start_over(self, model: ManagedModel) -> None:
-        if model.name in self.registry.starting:
-            self.registry.starting.discard(model.name)
-            self.registry.reindex()
+        self.registry.first_start_over(model.name)
 
     def _set_down(self, model: ManagedModel) -> None:
-        model.backend.address = None
-        model.backend.online = False
-        model.backend.last_error = model.last_error
-        model.backend.models = []
         model.pid = None
         model.url = None
-        self.registry.reindex()
+        self.registry.server_down(model.backend, model.last_error)
 
     async def _run_once(self, model: ManagedModel) -> None:
         """Start the server, serve until it dies (or we are cancelled, then stop it)."""
@@ -222,7 +216,7 @@ class Supervisor:
         address = parse_upstream_url(url)
         while proc.poll() is None:
             try:
-                status, _ = await fetch(self.pool, address, b"/health")
+                status, _ = await fetch(self.connections, address, b"/health")
                 if status == 200:
                     return url
             except UpstreamFailure:
@@ -235,13 +229,8 @@ class Supervisor:
         model.url = url
         model.state = ModelState.RUNNING
         model.last_error = None
-        backend = model.backend
-        backend.address = parse_upstream_url(url)
-        backend.url = url
-        backend.online = True
-        backend.models = [{"id": model.name, "object": "model", "owned_by": "llamacpp"}]
-        self._first_start_over(model)
-        self.registry.reindex()
+        self.registry.server_up(model.backend, url,
+                                [{"id": model.name, "object": "model", "owned_by": "llamacpp"}])
         log.info("model server %s running (pid %s) on %s", model.name, model.pid, url)
 
 

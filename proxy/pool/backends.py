@@ -1,5 +1,10 @@
 """Local model servers (``backends:``): their model lists and the health poll that keeps
-them current. Routing asks :meth:`BackendRegistry.holder_of` which backend serves a model."""
+them current. Routing asks :meth:`BackendRegistry.holder_of` which backend serves a model.
+
+The registry is the one owner of a backend's state: the health poll and the supervisor of
+managed servers report what they found through its methods (:meth:`~BackendRegistry.checked`,
+:meth:`~BackendRegistry.server_up`, :meth:`~BackendRegistry.server_down`), which change the
+backend and re-index the models in one step."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from protocol.config import BackendConfig, Config
 from protocol.openai import merge_model_lists
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.pool.probe import probe_models
-from proxy.upstream import UpstreamPool
+from proxy.upstream import ConnectionPool
 
 log = logging.getLogger("sluice.backends")
 
@@ -41,6 +46,11 @@ class LocalBackend:
     @property
     def api_key(self) -> str | None:
         return self._api_key
+
+    @property
+    def live(self) -> bool:
+        """Routed to and listed: it answered its last check and has an address."""
+        return self.online and self.address is not None
 
     def __repr__(self) -> str:  # never shows the key
         where = self.address.key if self.address is not None else "down"
@@ -78,13 +88,51 @@ class BackendRegistry:
         self.reindex()
 
     def model_entries(self) -> list[dict[str, Any]]:
-        return merge_model_lists(
-            (b.name, b.models) for b in self.backends if b.online and b.address is not None)
+        return merge_model_lists((b.name, b.models) for b in self.backends if b.live)
+
+    def checked(self, backend: LocalBackend, models: list[dict[str, Any]], error: str | None,
+                latency_ms: float | None) -> None:
+        """A health check's result: online with ``models``, or offline with ``error``."""
+        was_online = backend.online
+        backend.online = error is None
+        backend.last_error = error
+        backend.models = models
+        backend.latency_ms = latency_ms
+        if error is not None and was_online:
+            log.warning("backend %s went offline: %s", backend.name, error)
+        elif error is None and not was_online:
+            log.info("backend %s online with models %s", backend.name,
+                     ", ".join(m["id"] for m in models) or "(none)")
+        self.reindex()
+
+    def server_up(self, backend: LocalBackend, url: str, models: list[dict[str, Any]]) -> None:
+        """A managed server listens on ``url`` and serves ``models``."""
+        backend.address = parse_upstream_url(url)
+        backend.url = url
+        backend.online = True
+        backend.last_error = None
+        backend.models = models
+        self.starting.discard(backend.name)
+        self.reindex()
+
+    def server_down(self, backend: LocalBackend, error: str | None) -> None:
+        """A managed server stopped: no address, no models, until it is up again."""
+        backend.address = None
+        backend.online = False
+        backend.last_error = error
+        backend.models = []
+        self.reindex()
+
+    def first_start_over(self, name: str) -> None:
+        """A managed server's first start ended (up or failed): stop waiting for it."""
+        if name in self.starting:
+            self.starting.discard(name)
+            self.reindex()
 
     def reindex(self) -> None:
         index: dict[str, LocalBackend] = {}
         for backend in self.backends:  # config order: the first holder wins
-            if backend.online and backend.address is not None:
+            if backend.live:
                 for entry in backend.models:
                     index.setdefault(entry["id"], backend)
         self._by_model = index
@@ -101,29 +149,21 @@ def pin(models: list[dict[str, Any]], pinned: str | None) -> list[dict[str, Any]
     return [{**reported, "id": pinned}]
 
 
-async def check_backend(backend: LocalBackend, pool: UpstreamPool, timeout: float) -> None:
-    """Fetch the backend's ``/v1/models`` within ``timeout``; record online state and models."""
+async def check_backend(registry: BackendRegistry, backend: LocalBackend,
+                        connections: ConnectionPool, timeout: float) -> None:
+    """Fetch the backend's ``/v1/models`` within ``timeout``; the registry records it."""
     address = backend.address
     if address is None:
         return
-    probe = await probe_models(pool, address, api_key=backend.api_key, timeout=timeout)
+    probe = await probe_models(connections, address, api_key=backend.api_key, timeout=timeout)
     error = probe.error
     models = pin(probe.models, backend.pinned_model) if error is None else []
-    was_online = backend.online
-    backend.online = error is None
-    backend.last_error = error
-    backend.models = models
-    backend.latency_ms = probe.latency_ms
-    if error is not None and was_online:
-        log.warning("backend %s went offline: %s", backend.name, error)
-    elif error is None and not was_online:
-        log.info("backend %s online with models %s", backend.name,
-                 ", ".join(m["id"] for m in models) or "(none)")
+    registry.checked(backend, models, error, probe.latency_ms)
 
 
 async def run_health_checks(
     registry: BackendRegistry,
-    pool: UpstreamPool,
+    connections: ConnectionPool,
     get_config: Callable[[], Config],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -131,16 +171,12 @@ async def run_health_checks(
     """Poll every backend each ``health_checks.interval``. Each backend's answer is indexed
     as soon as it comes, so one slow backend delays nobody else's models."""
 
-    async def check(backend: LocalBackend, timeout: float) -> None:
-        await check_backend(backend, pool, timeout)
-        registry.reindex()
-
     task_status.started()
     while True:
         config = get_config().timeouts.health_check
         async with trio.open_nursery() as nursery:
             for backend in registry.backends:
-                nursery.start_soon(check, backend, config.timeout)
+                nursery.start_soon(check_backend, registry, backend, connections, config.timeout)
         if not registry.ready.is_set():
             registry.ready.set()
             registry.reindex()  # wake waiters: the answer is now final

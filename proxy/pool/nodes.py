@@ -1,31 +1,26 @@
-"""Network nodes (``nodes:``): the health poll and the distributed model index (SPEC §7.2).
+"""Network nodes (``nodes:``): the distributed model index (SPEC §7.2).
 
-One task checks every enabled node each ``timeouts.health_check.interval`` with
-``GET /v1/models`` (the node's key as Bearer, ``timeout`` per check, all nodes at once). A
-node answering 503 (a llama.cpp or sluice server still loading) is ``warming`` and is probed
-again every second until it answers 200. Entries a node itself marks ``owned_by: "remote"``
-are not indexed (no multi-hop). With load balancing off nothing is sent to any node and the
-index is empty; switching it on wakes the poll at once. Health checks never touch circuit
-breakers.
+:class:`NodeIndex` holds the enabled nodes in priority order and what each one's last health
+check found (:mod:`proxy.pool.node_checks` runs the checks and reports them here, through
+:meth:`NodeIndex.checked`). A node is *online* when its last check answered 200 and its URL
+parses: :attr:`NodeEndpoint.online` is the one definition, used by routing, the model list
+and the status answers.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Iterable
+from typing import Any
 
 import trio
 
-from protocol.config import Config, NodeConfig
+from protocol.config import NodeConfig, by_priority
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
-from proxy.pool.probe import ModelProbe, probe_models
 from proxy.routing.strategies import LatencyAverage
-from proxy.upstream import UpstreamPool
 
 log = logging.getLogger("sluice.nodes")
 
-WARMING_RETRY = 1.0  # seconds between probes of a warming node
 ONLINE, OFFLINE, WARMING, UNKNOWN, PAUSED = "online", "offline", "warming", "unknown", "paused"
 
 
@@ -53,6 +48,11 @@ class NodeEndpoint:
     @property
     def fingerprint(self) -> str:
         return self.cfg.fingerprint
+
+    @property
+    def online(self) -> bool:
+        """Its last health check answered (and its URL parses): it may be routed to."""
+        return self.status == ONLINE and self.address is not None
 
 
 class NodeIndex:
@@ -84,7 +84,7 @@ class NodeIndex:
         URL changed starts over as unchecked."""
         old = {e.fingerprint: e for e in self.endpoints}
         out = []
-        for cfg in sorted((n for n in nodes if n.enabled), key=lambda n: -n.priority):
+        for cfg in by_priority(n for n in nodes if n.enabled):
             endpoint = old.get(cfg.fingerprint)
             if endpoint is None or endpoint.cfg.base_url != cfg.base_url:
                 endpoint = NodeEndpoint(cfg)
@@ -118,7 +118,7 @@ class NodeIndex:
         return None
 
     def online(self) -> list[NodeEndpoint]:
-        return [e for e in self.endpoints if e.status == ONLINE]
+        return [e for e in self.endpoints if e.online]
 
     def remote_models(self) -> list[dict[str, Any]]:
         """Every online node's models, top node first; an id listed once."""
@@ -141,131 +141,15 @@ class NodeIndex:
                     fps.append(endpoint.fingerprint)
         return out
 
-    def summary(self, config: Config) -> dict[str, Any]:
-        """The ``distributed`` block of ``/api/v1/inference/status``."""
-        lb = config.load_balancing
-        return {"enabled": lb.enabled, "strategy": lb.strategy,
-                "totalNodes": len(self._configured(config)),
-                "onlineNodes": len(self.online()) if lb.enabled else 0,
-                "remoteModels": len(self.holders()) if lb.enabled else 0}
-
-    def pool_status(self, config: Config) -> dict[str, Any]:
-        """``GET /api/v1/pool/distributed-status``: the summary, the models and each
-        enabled node in priority order (``paused`` while load balancing is off)."""
-        enabled = config.load_balancing.enabled
-        by_fp = {e.fingerprint: e for e in self.endpoints}
-        endpoints = []
-        for cfg in self._configured(config):
-            endpoint = by_fp.get(cfg.fingerprint)
-            status = UNKNOWN if endpoint is None else endpoint.status
-            online = enabled and status == ONLINE and endpoint is not None
-            latency = endpoint.latency_ms if online and endpoint is not None else None
-            endpoints.append({
-                "fingerprint": cfg.fingerprint, "baseUrl": cfg.base_url,
-                "status": status if enabled else PAUSED,
-                "latencyMs": None if latency is None else round(latency),
-                "loadedModelCount": len(endpoint.models) if online and endpoint else 0,
-                "priority": cfg.priority,
-                # Beyond SPEC: why the last check failed (never a key: status and address).
-                "lastError": endpoint.last_error if enabled and endpoint else None})
-        summary = self.summary(config)
-        del summary["remoteModels"]
-        models = self.holders().items() if enabled else ()
-        return {**summary, "models": [{"id": m, "availableOn": fps} for m, fps in models],
-                "endpoints": endpoints}
-
-    @staticmethod
-    def _configured(config: Config) -> list[NodeConfig]:
-        return sorted((n for n in config.nodes if n.enabled), key=lambda n: -n.priority)
-
-
-# What a refused health check usually means, said where the user will look for it.
-_HINTS = {
-    401: " (the node wants a key: give it one with `sluice nodes add --api-key-file`, or "
-         "PATCH /api/v1/nodes/{fingerprint} with apiKey)",
-    403: " (a wrong key, or the node refuses this Host: on the node, list its address in "
-         "api.allowed_hosts)",
-}
-
-
-async def check_node(endpoint: NodeEndpoint, pool: UpstreamPool, api_key: str | None,
-                     timeout: float) -> None:
-    """Fetch the node's ``/v1/models`` within ``timeout``; record status, latency, models."""
-    try:
-        address = parse_upstream_url(endpoint.cfg.base_url)
-    except ValueError as exc:
-        probe = ModelProbe(None, [], str(exc), None)
-    else:
-        probe = await probe_models(pool, address, api_key=api_key, timeout=timeout)
-    error = probe.error
-    models: list[dict[str, Any]] = []
-    if probe.status == 503:
-        status, error = WARMING, "GET /v1/models answered 503 (loading)"
-    elif error is not None:
-        status = OFFLINE
-        error += _HINTS.get(probe.status or 0, "")
-    else:
-        status = ONLINE  # a node's own remote entries are not indexed (no multi-hop)
-        models = [m for m in probe.models if m.get("owned_by") != "remote"]
-    was = endpoint.status
-    endpoint.status, endpoint.models, endpoint.last_error = status, models, error
-    endpoint.model_ids = frozenset(m["id"] for m in models)
-    endpoint.latency_ms = probe.latency_ms if status == ONLINE else None
-    if endpoint.latency_ms is not None:
-        endpoint.speed.add(endpoint.latency_ms)
-    if status != was:
-        log.info("node %s is %s%s", endpoint.fingerprint, status,
-                 f": {error}" if error else "")
-
-
-class _NodeSecrets(Protocol):
-    @property
-    def node_keys(self) -> Mapping[str, str]: ...
-
-
-class NodeSettings(Protocol):
-    """What the poll reads from :class:`proxy.settings.Settings`."""
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def secrets(self) -> _NodeSecrets: ...
-
-    def subscribe(self, callback: Callable[[Config], None]) -> Callable[[], None]: ...
-
-
-async def run_node_checks(index: NodeIndex, pool: UpstreamPool, settings: NodeSettings) -> None:
-    """Poll the enabled nodes each interval while load balancing is on; warming nodes every
-    second in between. A settings change starts a round at once."""
-    unsubscribe = settings.subscribe(lambda _cfg: index.wake())
-    try:
-        next_round = trio.current_time()
-        while True:
-            config = settings.config
-            if not config.load_balancing.enabled:
-                index.pause()
-                await index.sleep(float("inf"))
-                next_round = trio.current_time()
-                continue
-            index.sync(config.nodes)
-            hc = config.timeouts.health_check
-            now = trio.current_time()
-            full = now >= next_round
-            if full:
-                next_round = now + hc.interval
-            targets = [e for e in index.endpoints if full or e.status == WARMING]
-            keys = settings.secrets.node_keys
-            async with trio.open_nursery() as nursery:
-                for endpoint in targets:
-                    nursery.start_soon(check_node, endpoint, pool,
-                                       keys.get(endpoint.fingerprint), hc.timeout)
-            if full:
-                index.round_done()
-            delay = next_round - trio.current_time()
-            if any(e.status == WARMING for e in index.endpoints):
-                delay = min(delay, WARMING_RETRY)
-            if await index.sleep(max(delay, 0.0)):
-                next_round = trio.current_time()
-    finally:
-        unsubscribe()
+    def checked(self, endpoint: NodeEndpoint, status: str, models: list[dict[str, Any]],
+                error: str | None, latency_ms: float | None) -> None:
+        """A health check's result for ``endpoint``."""
+        was = endpoint.status
+        endpoint.status, endpoint.models, endpoint.last_error = status, models, error
+        endpoint.model_ids = frozenset(m["id"] for m in models)
+        endpoint.latency_ms = latency_ms if status == ONLINE else None
+        if endpoint.latency_ms is not None:
+            endpoint.speed.add(endpoint.latency_ms)
+        if status != was:
+            log.info("node %s is %s%s", endpoint.fingerprint, status,
+                     f": {error}" if error else "")

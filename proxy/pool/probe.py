@@ -9,7 +9,7 @@ import trio
 
 from protocol.openai import parse_model_list
 from protocol.upstream_url import UpstreamAddress
-from proxy.upstream import UpstreamFailure, UpstreamPool, fetch
+from proxy.upstream import ConnectionPool, UpstreamFailure, fetch
 
 
 class ModelProbe:
@@ -29,15 +29,15 @@ class ModelProbe:
         return f"ModelProbe(status={self.status}, models={len(self.models)}, error={self.error!r})"
 
 
-async def probe_models(pool: UpstreamPool, address: UpstreamAddress, *, api_key: str | None,
-                       timeout: float) -> ModelProbe:
+async def probe_models(connections: ConnectionPool, address: UpstreamAddress, *,
+                       api_key: str | None, timeout: float) -> ModelProbe:
     started = trio.current_time()
     status: int | None = None
     models: list[dict[str, Any]] = []
     error: str | None = None
     with trio.move_on_after(timeout) as scope:
         try:
-            status, body = await fetch(pool, address, b"/v1/models", api_key=api_key)
+            status, body = await fetch(connections, address, b"/v1/models", api_key=api_key)
             if status == 200:
                 models = parse_model_list(body)
             else:

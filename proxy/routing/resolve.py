@@ -1,22 +1,23 @@
-"""Where one request goes (SPEC §7.1, §7.4): local first, then nodes by strategy.
+"""Which node takes a request no local backend holds (SPEC §7.1, §7.4). Local first is
+decided before this, by :meth:`proxy.routing.router.Router.plan`.
 
 Pure and synchronous: the caller snapshots its state into a :class:`RouteRequest` and
 :class:`NodeView` values, passes ``now`` (``trio.current_time()``) and a
 :class:`RoundRobinCursor`, and gets back one of
 
-- :data:`LOCAL` — a local backend holds the model (a local id always wins over a remote one);
 - a :class:`Forward` — the eligible nodes in strategy order, each with its breaker permit;
-- a :class:`Refusal` — 503 with ``code`` ``model_not_available`` (nobody eligible holds it,
+- a :class:`NoRoute` — 503 with ``code`` ``model_not_available`` (nobody eligible holds it,
   load balancing is off, or the request was already forwarded to us) or
   ``all_circuits_open`` (eligible holders exist, but every one's circuit is open, or
   half-open with its single probe already out).
 
-Eligible = enabled, online, holds the model, not yet tried by this request, and its breaker
-grants a permit now. Using a Forward: call :meth:`Forward.choose` straight away (no await in
-between), which returns the first target and releases the permits of the others, then
-report the outcome on the chosen :class:`Target`. On a connect error or a 5xx with
+Eligible (:func:`holders`, the one rule) = load balancing on, the request not forwarded to
+us, the node enabled, online, holding the model and not yet tried by this request; then its
+breaker must grant a permit now. Using a Forward: call :meth:`Forward.choose` straight away
+(no await in between), which returns the first target and releases the permits of the
+others, then report the outcome on the chosen :class:`Target`. On a connect error or a 5xx with
 ``forward.may_fail_over``, resolve again with the failed fingerprint added to ``tried``; a
-refusal then means there is no alternate, and the first upstream error is the answer.
+:class:`NoRoute` then means there is no alternate, and the first upstream error is the answer.
 """
 
 from __future__ import annotations
@@ -55,24 +56,12 @@ class RouteRequest:
     """The facts of one request that routing needs."""
 
     model: str
-    local: bool  # a local backend lists the model
     load_balancing: bool
     probe_ttl: float  # the request's own total timeout: bounds a half-open probe
     strategy: Strategy | str = Strategy.PRIORITY
     failover: bool = True  # load_balancing.failover_enabled
     forwarded: bool = False  # came with x-sluice-forwarded: never forward again
     tried: frozenset[str] = frozenset()  # fingerprints this request already failed on
-
-
-@attrs.frozen
-class Local:
-    """Serve the request from a local backend."""
-
-    def __repr__(self) -> str:
-        return "LOCAL"
-
-
-LOCAL = Local()
 
 
 @attrs.frozen
@@ -112,7 +101,7 @@ class Forward:
 
 
 @attrs.frozen
-class Refusal:
+class NoRoute:
     """No route: answer 503 with this ``code``."""
 
     model: str
@@ -125,37 +114,37 @@ class Refusal:
         return model_not_available(self.model)
 
 
-Route = Local | Forward
+def holders(request: RouteRequest, nodes: Sequence[NodeView]) -> list[NodeView]:
+    """The nodes that may take ``request`` (breakers aside): none with load balancing off or
+    for a request already forwarded to us; else the enabled, online nodes that hold the
+    model and were not tried by this request yet."""
+    if request.forwarded or not request.load_balancing:
+        return []
+    return [node for node in nodes
+            if node.enabled and node.online and request.model in node.models
+            and node.fingerprint not in request.tried]
 
 
 def resolve(
     request: RouteRequest, nodes: Sequence[NodeView], cursor: RoundRobinCursor, now: float
-) -> Route | Refusal:
+) -> Forward | NoRoute:
     """Resolve one request (see the module docstring). Advances ``cursor`` for round-robin
     and takes breaker permits; nothing else changes."""
     strategy = Strategy(request.strategy)  # an unknown one fails before any permit is taken
-    if request.local:
-        return LOCAL
-    if request.forwarded or not request.load_balancing:
-        return Refusal(request.model, MODEL_NOT_AVAILABLE)
-    holders = [
-        node for node in nodes
-        if node.enabled and node.online and request.model in node.models
-        and node.fingerprint not in request.tried
-    ]
-    if not holders:
-        return Refusal(request.model, MODEL_NOT_AVAILABLE)
-    if len({node.fingerprint for node in holders}) != len(holders):
+    eligible = holders(request, nodes)
+    if not eligible:
+        return NoRoute(request.model, MODEL_NOT_AVAILABLE)
+    if len({node.fingerprint for node in eligible}) != len(eligible):
         raise ValueError("a node fingerprint is listed twice")
     granted: dict[str, Target] = {}
     candidates: list[Candidate] = []
-    for node in holders:
+    for node in eligible:
         permit = node.breaker.allow(now, request.probe_ttl)
         if permit is not None:
             granted[node.fingerprint] = Target(node.fingerprint, node.breaker, permit)
             candidates.append(node.candidate())
     if not candidates:
-        return Refusal(request.model, ALL_CIRCUITS_OPEN)
+        return NoRoute(request.model, ALL_CIRCUITS_OPEN)
     ordered = order_candidates(strategy, candidates, cursor)
     return Forward(
         targets=tuple(granted[c.fingerprint] for c in ordered),

@@ -1,0 +1,43 @@
+"""The node pool as the status endpoints show it (SPEC §8): the ``distributed`` block of
+``/api/v1/inference/status`` and ``GET /api/v1/pool/distributed-status``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.config import Config, by_priority
+from proxy.pool.nodes import PAUSED, UNKNOWN, NodeIndex
+
+
+def summary(index: NodeIndex, config: Config) -> dict[str, Any]:
+    """The ``distributed`` block of ``/api/v1/inference/status``."""
+    lb = config.load_balancing
+    return {"enabled": lb.enabled, "strategy": lb.strategy,
+            "totalNodes": sum(1 for n in config.nodes if n.enabled),
+            "onlineNodes": len(index.online()) if lb.enabled else 0,
+            "remoteModels": len(index.holders()) if lb.enabled else 0}
+
+
+def pool_status(index: NodeIndex, config: Config) -> dict[str, Any]:
+    """``GET /api/v1/pool/distributed-status``: the summary, the models and each enabled
+    node in priority order (``paused`` while load balancing is off)."""
+    enabled = config.load_balancing.enabled
+    by_fp = {e.fingerprint: e for e in index.endpoints}
+    endpoints = []
+    for cfg in by_priority(n for n in config.nodes if n.enabled):
+        endpoint = by_fp.get(cfg.fingerprint)
+        online = enabled and endpoint is not None and endpoint.online
+        latency = endpoint.latency_ms if online and endpoint is not None else None
+        endpoints.append({
+            "fingerprint": cfg.fingerprint, "baseUrl": cfg.base_url,
+            "status": (UNKNOWN if endpoint is None else endpoint.status) if enabled else PAUSED,
+            "latencyMs": None if latency is None else round(latency),
+            "loadedModelCount": len(endpoint.models) if online and endpoint else 0,
+            "priority": cfg.priority,
+            # Beyond SPEC: why the last check failed (never a key: status and address).
+            "lastError": endpoint.last_error if enabled and endpoint else None})
+    head = summary(index, config)
+    del head["remoteModels"]
+    models = index.holders().items() if enabled else ()
+    return {**head, "models": [{"id": m, "availableOn": fps} for m, fps in models],
+            "endpoints": endpoints}

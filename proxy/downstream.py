@@ -1,0 +1,104 @@
+"""The write side of one client connection: what the exchange and the relay send.
+
+A :class:`Downstream` sends the bytes that the request's :class:`protocol.response.Response`
+produces, straight to the socket (:mod:`proxy.sockio`); a failed send marks the client gone
+and raises :class:`~proxy.errors.ClientGone` (after a failed send nothing more can be sent:
+a partial write cannot be known). This is the whole interface the relay sees of the client:
+head, body, end, error event — and whether the client is gone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from protocol.errors import SluiceError
+from protocol.headers import Header
+from protocol.response import Response
+from proxy import sockio
+from proxy.errors import ClientGone
+
+
+class Downstream:
+    """See the module docstring. ``closing()`` says whether the gateway is draining (every
+    answer then ends its connection)."""
+
+    __slots__ = ("_closing", "fd", "gone", "response")
+
+    def __init__(self, fd: int, closing: Callable[[], bool]) -> None:
+        self.fd = fd
+        self.gone = False
+        self.response = Response()  # replaced for each request
+        self._closing = closing
+
+    def __repr__(self) -> str:
+        return f"Downstream(fd={self.fd}, {self.response!r}, gone={self.gone})"
+
+    @property
+    def chunked(self) -> bool:
+        """A streamed body goes out chunk-framed: a chunked upstream body may pass as is."""
+        return self.response.chunked
+
+    def frame(self, data: bytes) -> bytes:
+        return self.response.frame(data)
+
+    async def _send(self, data: bytes, on_block: Callable[[], None] | None = None) -> None:
+        try:
+            await sockio.send_all(self.fd, data, on_block)
+        except (trio.ClosedResourceError, OSError):
+            self.gone = True
+            self.response.broken()
+            raise ClientGone from None
+        except BaseException:  # cancelled while the kernel was full: a part may be out
+            self.response.broken()
+            raise
+
+    async def send_continue(self) -> None:
+        """``100 Continue`` (once per request, before the answer)."""
+        data = self.response.interim_continue()
+        if data:
+            await self._send(data)
+
+    async def send_whole(self, status: int, headers: list[Header], body: bytes,
+                         reason: bytes = b"", *, cors: Sequence[Header] = ()) -> None:
+        """A whole answer; ``cors``: more access-control headers for an allowed Origin."""
+        await self._send(self.response.whole(status, headers, body, reason, cors=cors,
+                                             closing=self._closing()))
+
+    async def send_json(self, status: int, payload: Any) -> None:
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        await self.send_whole(status, [(b"content-type", b"application/json")], body)
+
+    async def send_error(self, err: SluiceError) -> None:
+        """The error as an answer; when the answer has already started (or the client is
+        gone) nothing can be said: the connection just ends."""
+        if self.gone or self.response.started:
+            self.response.broken()
+            return
+        headers = [(b"content-type", b"application/json"), *err.headers]
+        await self.send_whole(err.status, headers, err.body())
+
+    async def send_head(self, status: int, headers: list[Header], reason: bytes, body: bytes,
+                        *, end: bool, on_block: Callable[[], None] | None = None) -> None:
+        """The head of a streamed answer with its first body bytes (framed by the caller),
+        in one write; ``end``: they are the whole body."""
+        data = self.response.head(status, headers, reason, closing=self._closing()) + body
+        if end:
+            data += self.response.end()
+        await self._send(data, on_block)
+
+    async def send_body(self, data: bytes, on_block: Callable[[], None] | None = None) -> None:
+        """More body bytes of a streamed answer (framed by the caller)."""
+        await self._send(data, on_block)
+
+    async def end(self, data: bytes = b"") -> None:
+        """The last body bytes (framed by the caller) and the end of the body."""
+        await self._send(data + self.response.end())
+
+    async def error_event(self, err: SluiceError, *, at_boundary: bool) -> None:
+        """After the head: one SSE error event, then the connection ends without the final
+        chunk, so the client can tell the answer is incomplete."""
+        await self._send(self.response.error_event(err, at_boundary=at_boundary))

@@ -1,0 +1,184 @@
+"""One request on a client connection, as ordered phases (pingora's per-request context):
+
+=========  ==================================================================  ==============
+phase      what happens                                                        where
+=========  ==================================================================  ==============
+read       the request head; the body once the request may proceed             RequestSource
+authorize  the Host/Origin guard, the admin token, access keys (SPEC §5)        proxy.auth
+route      one of the gateway's endpoints, or the routing decision:            proxy.api,
+           a local backend, a network node or 503 (SPEC §7.1)                  Router.plan
+relay      the upstream exchange and the pipe to the client (SPEC §6)          proxy.relay
+settle     the outcome, recorded once: breaker and counters                    Exchange.settle
+=========  ==================================================================  ==============
+
+The exchange writes only to its :class:`~proxy.downstream.Downstream`. An error before the
+answer started is sent as an OpenAI-shaped answer; after that the connection just ends. The
+cancel scope of the request belongs to the connection (its reader cancels it when the client
+leaves); the exchange hands it to the relay. A new phase hook goes here, between the phases.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import attrs
+import h11
+import trio
+
+from protocol.access import PREFLIGHT_METHODS, preflight_headers
+from protocol.errors import SluiceError
+from protocol.headers import Header, connection_tokens, header_value
+from protocol.request_info import parse_request_body, request_path
+from protocol.response import Response
+from proxy import auth
+from proxy.api.routes import NEEDS_MODELS, AnyHandler, Call, route
+from proxy.errors import ClientGone
+from proxy.relay import Relay
+from proxy.routing.attempts import Outcome
+
+if TYPE_CHECKING:
+    from proxy.context import GatewayContext
+    from proxy.deadline import RequestScope
+    from proxy.downstream import Downstream
+
+DENIED_BODY_CAP = 64 * 1024  # a denied request's body is read (to keep the connection) up to
+
+
+class RequestSource(Protocol):
+    """The read side of the connection (:class:`proxy.connection.ClientConnection`)."""
+
+    headers: list[Header]  # the current request's, as a plain list
+
+    async def read_head(self) -> h11.Request: ...
+
+    async def read_body(self, limit: int) -> bytes: ...
+
+
+@attrs.frozen
+class Peer:
+    """Who is asking: the listener's transport and, over TCP, whether the peer is this
+    machine."""
+
+    transport: str  # "unix", "tcp" (the API listener) or "local-tcp" (the fallback)
+    loopback: bool = True
+
+
+def _small_body(headers: list[Header]) -> bool:
+    """No body, or a Content-Length one of at most DENIED_BODY_CAP bytes."""
+    length = header_value(headers, b"content-length")
+    if length is None:
+        return header_value(headers, b"transfer-encoding") is None
+    return int(length) <= DENIED_BODY_CAP
+
+
+class Exchange:
+    """One request (see the module docstring)."""
+
+    __slots__ = ("ctx", "out", "peer", "scope", "source")
+
+    def __init__(self, ctx: GatewayContext, source: RequestSource, out: Downstream,
+                 scope: RequestScope, peer: Peer) -> None:
+        self.ctx = ctx
+        self.source = source
+        self.out = out
+        self.scope = scope
+        self.peer = peer
+
+    def __repr__(self) -> str:
+        return f"Exchange({self.peer.transport}, {self.out!r})"
+
+    async def run(self) -> None:
+        """All the phases of one request. Raises CloseQuietly or ClientGone when the
+        connection must end without (more of) an answer; whether it may carry another request
+        afterwards is ``out.response.reusable``."""
+        out = self.out
+        denied: SluiceError | None = None
+        try:
+            request = await self.source.read_head()
+            headers = self.source.headers
+            out.response = Response(
+                http11=request.http_version == b"1.1",
+                keep_alive=b"close" not in connection_tokens(headers))
+            denied = await self.authorize(request, headers)
+            body = await self.source.read_body(self.ctx.config.api.max_body_size)
+        except SluiceError as err:  # the request cannot be read: answer, then close
+            out.response.close_after()
+            await out.send_error(err)
+            return
+        try:
+            if denied is not None:
+                raise denied
+            await self.answer(request, headers, body)
+        except SluiceError as err:
+            await out.send_error(err)
+
+    async def authorize(self, request: h11.Request, headers: list[Header]) -> SluiceError | None:
+        """The DNS-rebinding guard, the admin token and access keys (SPEC §5). A refusal is
+        raised when the body is large (the connection closes without reading it), else
+        returned, to be answered once the body has been read."""
+        ctx, peer = self.ctx, self.peer
+        try:
+            self.out.response.cors_origin = auth.guard(ctx, peer.transport, headers)
+            key_id = auth.authorize(ctx, peer.transport, peer.loopback, request.method,
+                                    request_path(request.target), headers)
+        except SluiceError as denied:
+            if not _small_body(headers):
+                raise
+            return denied
+        if key_id is not None:
+            await ctx.settings.key_used(key_id)
+        return None
+
+    async def answer(self, request: h11.Request, headers: list[Header], body: bytes) -> None:
+        """Route the request, then answer it: preflight, an endpoint of ours, or a relay."""
+        path = request_path(request.target)
+        if request.method == b"OPTIONS":  # CORS preflight, on any path
+            await self.out.send_whole(204, [(b"allow", PREFLIGHT_METHODS)], b"",
+                                      cors=preflight_headers())
+            return
+        handler = route(request.method, path)  # raises 404 / 405
+        if handler is not None:
+            await self.call(handler, request.method, path, body)
+            return
+        info = parse_request_body(path, body)
+        ctx = self.ctx
+        plan = await ctx.router.plan(info, headers)
+        relay = Relay(plan, request.method, request.target, path, headers, body, info,
+                      out=self.out, scope=self.scope, connections=ctx.connections,
+                      timeouts=ctx.config.timeouts)
+        if self.scope.cancelled:
+            relay.interrupted = True
+            self.settle(relay)
+            raise ClientGone
+        try:
+            await relay.run()
+        finally:
+            self.settle(relay)
+        if self.scope.cancelled:
+            raise ClientGone
+
+    async def call(self, handler: AnyHandler, method: bytes, path: str, body: bytes) -> None:
+        """One of the gateway's own endpoints (``proxy.api``)."""
+        backends = self.ctx.backends
+        if handler in NEEDS_MODELS and not backends.ready.is_set():
+            await backends.ready.wait()
+        reply = handler(Call(self.ctx, method, path, body))
+        if not isinstance(reply, tuple):  # an async handler
+            reply = await reply
+        status, payload = reply
+        await self.out.send_json(status, payload)
+
+    def settle(self, relay: Relay) -> None:
+        """Record the outcome of the last attempt, once (see proxy.routing.attempts)."""
+        attempt = relay.plan.attempt
+        if attempt.finished:
+            return
+        if relay.done:
+            status = relay.status
+            outcome = (Outcome.SUCCESS if status < 400 else
+                       Outcome.CLIENT_ERROR if status < 500 else Outcome.FAILURE)
+        elif self.scope.cancelled or self.out.gone or relay.interrupted:
+            outcome = Outcome.ABORTED
+        else:
+            outcome = Outcome.FAILURE
+        attempt.finish(outcome, trio.current_time())
