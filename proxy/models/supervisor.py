@@ -54,8 +54,13 @@ def next_backoff(previous: float | None, ran_for: float) -> float:
     return min(previous * 2, BACKOFF_MAX)
 
 
+def file_safe(name: str) -> str:
+    """A model name as a file name: anything but letters, digits and ``._-`` becomes ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
 def socket_file_name(model: str) -> str:
-    return "m-" + re.sub(r"[^A-Za-z0-9._-]", "_", model) + ".sock"
+    return f"m-{file_safe(model)}.sock"
 
 
 def remove_leftover_socket(path: Path) -> None:
@@ -74,7 +79,7 @@ class ManagedModel:
         self.name = cfg.name
         model_path = Path(cfg.path)
         self.model_path = model_path if model_path.is_absolute() else data_dir / model_path
-        self.log_path = data_dir / "logs" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', cfg.name)}.log"
+        self.log_path = data_dir / "logs" / f"{file_safe(cfg.name)}.log"
         self.socket_path: Path | None = None
         if socket_dir is not None:
             candidate = socket_dir / socket_file_name(cfg.name)
