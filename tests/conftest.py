@@ -1,5 +1,5 @@
 """Shared fixtures and helpers: short socket folders, fake upstreams, the test config
-builder, in-process gateways."""
+builder, in-process gateways (and changing their live config)."""
 
 from __future__ import annotations
 
@@ -188,6 +188,20 @@ def inject_backend(gw: RunningGateway, name: str, url: str, models: list[str]) -
     registry = gw.gateway.backends
     registry.backends.append(backend)
     registry.reindex()
+
+
+def configure(gw: RunningGateway, nodes: tuple[NodeConfig, ...] | None = None, *,
+              enabled: bool | None = None) -> None:
+    """Change the live config without validation (Unix node URLs), then wake the poll."""
+    settings = gw.gateway.settings
+    cfg = settings.config
+    if nodes is not None:
+        cfg = attrs.evolve(cfg, nodes=nodes)
+    if enabled is not None:
+        cfg = attrs.evolve(cfg, load_balancing=attrs.evolve(cfg.load_balancing,
+                                                             enabled=enabled))
+    settings.config = cfg
+    gw.gateway.ctx.nodes.wake()
 
 
 def blackhole_listener() -> tuple[socket.socket, list[socket.socket]]:
