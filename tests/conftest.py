@@ -1,5 +1,5 @@
 """Shared fixtures and helpers: short socket folders, fake upstreams, the test config
-builder, in-process gateways (and changing their live config)."""
+builder, in-process gateways (and changing their live config), and remote peers."""
 
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ from protocol.config import (
     dump_config_yaml,
     rebuild_health_check,
 )
+from proxy import auth
 from proxy.server import Gateway
 from proxy.settings import Settings
+from tests.client import Client, Reply
 from tests.fakeupstream import FakeUpstream
 
 
@@ -202,6 +204,26 @@ def configure(gw: RunningGateway, nodes: tuple[NodeConfig, ...] | None = None, *
                                                              enabled=enabled))
     settings.config = cfg
     gw.gateway.ctx.nodes.wake()
+
+
+async def remote_request(gw: RunningGateway, method: str, path: str, body: bytes | None = None,
+                         headers: list[tuple[str, str]] | None = None) -> Reply:
+    """A request from 127.0.0.2, which the ``remote_seam`` fixture counts as a remote peer."""
+    sock = trio.socket.socket()
+    await sock.bind(("127.0.0.2", 0))
+    host, port = gw.tcp.rsplit(":", 1)
+    await sock.connect((host, int(port)))
+    client = Client(trio.SocketStream(sock))
+    try:
+        return await client.request(method, path, body, headers)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def remote_seam(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = auth.peer_is_loopback
+    monkeypatch.setattr(auth, "peer_is_loopback", lambda host: host != "127.0.0.2" and real(host))
 
 
 def blackhole_listener() -> tuple[socket.socket, list[socket.socket]]:
