@@ -40,10 +40,10 @@ def assert_refused(reply: Reply, code: str) -> None:
 
 
 async def connect(address: str) -> trio.SocketStream:
-    """``address`` is ``unix:/path`` or ``127.0.0.1:port``."""
+    """``address`` is ``unix:/path`` or ``127.0.0.1:port`` (or ``http://127.0.0.1:port``)."""
     if address.startswith("unix:"):
         return await trio.open_unix_socket(address[5:])
-    host, port = address.rsplit(":", 1)
+    host, port = address.removeprefix("http://").rsplit(":", 1)
     return await trio.open_tcp_stream(host, int(port))
 
 
