@@ -40,11 +40,29 @@ def assert_refused(reply: Reply, code: str) -> None:
 
 
 async def connect(address: str) -> trio.SocketStream:
-    """``address`` is ``unix:/path`` or ``127.0.0.1:port``."""
+    """``address`` is ``unix:/path`` or ``127.0.0.1:port`` (or ``http://127.0.0.1:port``)."""
     if address.startswith("unix:"):
         return await trio.open_unix_socket(address[5:])
-    host, port = address.rsplit(":", 1)
+    host, port = address.removeprefix("http://").rsplit(":", 1)
     return await trio.open_tcp_stream(host, int(port))
+
+
+async def raw(address: str, head: bytes) -> Reply:
+    """Send ``head`` (a whole request) as is; read the answer until the server closes."""
+    stream = await connect(address)
+    try:
+        await stream.send_all(head)
+        data = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+    finally:
+        await stream.aclose()
+    head_part, _, body = data.partition(b"\r\n\r\n")
+    lines = head_part.split(b"\r\n")
+    headers = [(k.strip().lower(), v.strip()) for k, _, v in
+               (line.partition(b":") for line in lines[1:])]
+    return Reply(int(lines[0].split()[1]), headers, body, [body], True)
 
 
 class Client:

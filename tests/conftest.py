@@ -1,11 +1,12 @@
-"""Shared fixtures: short socket folders, fake upstreams and in-process gateways."""
+"""Shared fixtures and helpers: short socket folders, fake upstreams, the test config
+builder, in-process gateways (and changing their live config), and remote peers."""
 
 from __future__ import annotations
 
 import shutil
 import socket
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,15 @@ import trio
 from protocol.config import (
     BackendConfig,
     Config,
-    PhaseTimeouts,
-    StreamingTimeouts,
+    NodeConfig,
     default_config,
     dump_config_yaml,
+    rebuild_health_check,
 )
+from proxy import auth
 from proxy.server import Gateway
 from proxy.settings import Settings
+from tests.client import Client, Reply
 from tests.fakeupstream import FakeUpstream
 
 
@@ -46,8 +49,13 @@ def short_tmp() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _given(obj: Any, **fields: Any) -> Any:
+    """``obj`` with the fields that were given (not None) changed."""
+    return attrs.evolve(obj, **{k: v for k, v in fields.items() if v is not None})
+
+
 def gateway_config(
-    backends: list[tuple[str, str]],
+    backends: Sequence[tuple[str, str]] = (),
     *,
     socket_dir: Path,
     connection: float | None = None,
@@ -56,32 +64,49 @@ def gateway_config(
     stream_total: float | None = None,
     standard_total: float | None = None,
     image_total: float | None = None,
+    nodes: Sequence[NodeConfig] = (),
+    lb: bool | None = None,
+    strategy: str | None = None,
+    failover: bool | None = None,
+    interval: float | None = None,
+    hc_timeout: float | None = None,
+    failure_threshold: int | None = None,
+    reset_timeout: float | None = None,
     **api: Any,
 ) -> Config:
+    """The default config with API port 0 (a free one), ``socket_dir`` for the Unix socket,
+    these llm backends (name, url) and nodes, and what else is given: request timeouts,
+    load balancing (``lb``, ``strategy``, ``failover``), health checks (``interval``,
+    ``hc_timeout``; ``timeouts.health_check`` derived from them), the circuit breaker, and
+    ``api`` fields by name. What is not given (None) keeps its default."""
     cfg = default_config()
     t = cfg.timeouts
-    st = t.request.streaming
-    streaming = StreamingTimeouts(
-        first_byte=first_byte or st.first_byte,
-        chunk_interval=chunk_interval or st.chunk_interval,
-        total=stream_total or st.total,
-    )
-    standard = attrs.evolve(t.request.standard, total=standard_total or t.request.standard.total)
-    images: PhaseTimeouts = attrs.evolve(
-        t.request.image_generation, total=image_total or t.request.image_generation.total)
-    timeouts = attrs.evolve(
-        t,
-        connection=connection or t.connection,
-        request=attrs.evolve(t.request, streaming=streaming, standard=standard,
-                             image_generation=images),
-    )
-    return attrs.evolve(
+    request = attrs.evolve(
+        t.request,
+        streaming=_given(t.request.streaming, first_byte=first_byte,
+                         chunk_interval=chunk_interval, total=stream_total),
+        standard=_given(t.request.standard, total=standard_total),
+        image_generation=_given(t.request.image_generation, total=image_total))
+    cfg = attrs.evolve(
         cfg,
         api=attrs.evolve(cfg.api, port=0, **api),
         local=attrs.evolve(cfg.local, socket_dir=str(socket_dir)),
         backends=tuple(BackendConfig(name=n, url=u, kind="llm") for n, u in backends),
-        timeouts=timeouts,
+        nodes=tuple(nodes),
+        load_balancing=_given(cfg.load_balancing, enabled=lb, strategy=strategy,
+                              failover_enabled=failover),
+        health_checks=_given(cfg.health_checks, interval=interval, timeout=hc_timeout),
+        circuit_breaker=_given(cfg.circuit_breaker, failure_threshold=failure_threshold,
+                               reset_timeout=reset_timeout),
+        timeouts=_given(t, connection=connection, request=request),
     )
+    return rebuild_health_check(cfg)
+
+
+def node(fp: str, url: str, priority: int, enabled: bool = True) -> NodeConfig:
+    """A ``nodes:`` entry named after its fingerprint."""
+    return NodeConfig(fingerprint=fp, name=fp, base_url=url, priority=priority,
+                      enabled=enabled)
 
 
 def open_settings(data_dir: Path, cfg: Config) -> Settings:
@@ -165,6 +190,40 @@ def inject_backend(gw: RunningGateway, name: str, url: str, models: list[str]) -
     registry = gw.gateway.backends
     registry.backends.append(backend)
     registry.reindex()
+
+
+def configure(gw: RunningGateway, nodes: tuple[NodeConfig, ...] | None = None, *,
+              enabled: bool | None = None) -> None:
+    """Change the live config without validation (Unix node URLs), then wake the poll."""
+    settings = gw.gateway.settings
+    cfg = settings.config
+    if nodes is not None:
+        cfg = attrs.evolve(cfg, nodes=nodes)
+    if enabled is not None:
+        cfg = attrs.evolve(cfg, load_balancing=attrs.evolve(cfg.load_balancing,
+                                                             enabled=enabled))
+    settings.config = cfg
+    gw.gateway.ctx.nodes.wake()
+
+
+async def remote_request(gw: RunningGateway, method: str, path: str, body: bytes | None = None,
+                         headers: list[tuple[str, str]] | None = None) -> Reply:
+    """A request from 127.0.0.2, which the ``remote_seam`` fixture counts as a remote peer."""
+    sock = trio.socket.socket()
+    await sock.bind(("127.0.0.2", 0))
+    host, port = gw.tcp.rsplit(":", 1)
+    await sock.connect((host, int(port)))
+    client = Client(trio.SocketStream(sock))
+    try:
+        return await client.request(method, path, body, headers)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def remote_seam(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = auth.peer_is_loopback
+    monkeypatch.setattr(auth, "peer_is_loopback", lambda host: host != "127.0.0.2" and real(host))
 
 
 def blackhole_listener() -> tuple[socket.socket, list[socket.socket]]:

@@ -1,12 +1,15 @@
-"""Fake network nodes for the end-to-end routing tests: :class:`FakeUpstream` servers on
-127.0.0.1 TCP (node URLs must be ``http://``) that look like another sluice gateway from
-the outside and misbehave on demand.
+"""Fake network nodes for the routing tests: :class:`FakeUpstream` servers (on 127.0.0.1 TCP,
+or a Unix socket for in-process gateways) that look like another sluice gateway from the
+outside and misbehave on demand.
 
 A :class:`FakeNode` lists its models on ``GET /v1/models`` (optionally after a delay, to
-look slow to the ``fastest`` strategy), answers ``GET /api/v1/node/identity`` with its
-fingerprint, and answers chat completions with a swappable handler, by default
-:func:`chat_answer` naming the node, so every reply says who produced it.  ``stop()``
-closes its listener and connections: the port then refuses connections.
+look slow to the ``fastest`` strategy; with ``extra`` entries after them; or, while its
+``status`` is not 200, an error such as a 503 "loading model"), answers
+``GET /api/v1/node/identity`` with its fingerprint, and answers chat completions with a
+swappable handler, by default :func:`chat_answer` naming the node, so every reply says who
+produced it.  ``stop()`` closes its listener and connections: the port then refuses
+connections.  :func:`start_node` starts one on a Unix socket, for the in-process tests
+under the autojump clock (node URLs in a validated config must be ``http://``).
 
 Handlers: :func:`chat_answer` (a whole JSON answer or an SSE stream, whichever the request
 asked for), :func:`reset_now` (a TCP reset before any byte), :func:`delayed`,
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -153,10 +157,13 @@ class FakeNode(FakeUpstream):
     """A fake sluice gateway seen as a network node (see the module docstring)."""
 
     def __init__(self, fingerprint: str, models: Sequence[str], *,
-                 models_delay: float = 0.0, answer: Handler | None = None) -> None:
-        super().__init__(models=models)
+                 unix_path: str | None = None, models_delay: float = 0.0,
+                 extra: Sequence[dict[str, Any]] = (), answer: Handler | None = None) -> None:
+        super().__init__(models=models, unix_path=unix_path)
         self.fingerprint = fingerprint
         self.models_delay = models_delay
+        self.status = 200  # what GET /v1/models answers; not 200: an error ("loading model")
+        self.extra = list(extra)  # listed after the models (e.g. the node's own remotes)
         self._scope = trio.CancelScope()
         self._stopped = trio.Event()
         self.on("GET", "/v1/models", self._node_models)
@@ -192,12 +199,25 @@ class FakeNode(FakeUpstream):
     async def _node_models(self, req: ReceivedRequest, w: ResponseWriter) -> None:
         if self.models_delay:
             await trio.sleep(self.models_delay)
+        if self.status != 200:
+            await w.json(self.status, {"error": {"message": "loading model"}})
+            return
         data = [{"id": m, "object": "model", "created": CREATED, "owned_by": "llamacpp"}
                 for m in self.models]
-        await w.json(200, {"object": "list", "data": data})
+        await w.json(200, {"object": "list", "data": [*data, *self.extra]})
 
     async def _identity(self, req: ReceivedRequest, w: ResponseWriter) -> None:
         await w.json(200, {"fingerprint": self.fingerprint, "version": "fake"})
+
+
+async def start_node(nursery: trio.Nursery, path: str, models: Sequence[str],
+                     extra: Sequence[dict[str, Any]] = (), *, answer: Handler | None = None,
+                     fingerprint: str | None = None) -> FakeNode:
+    """A :class:`FakeNode` on the Unix socket ``path`` (for tests under the autojump clock),
+    serving; its fingerprint is the socket file's name without ``.sock`` unless given."""
+    node = FakeNode(fingerprint or Path(path).stem, models, unix_path=path, extra=extra,
+                    answer=answer)
+    return await node.start(nursery)
 
 
 class ThreadedUpstream:

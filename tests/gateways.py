@@ -1,7 +1,9 @@
 """Real ``sluice serve`` processes for end-to-end tests, each with its own data dir, socket
 folder (a short path under /tmp), free TCP port, fingerprint and admin token.
 
-``GatewayProcess(folder, name, ...)`` writes ``config.yaml`` (with ``dump_config_yaml``),
+``GatewayProcess(folder, name, ...)`` builds its config with ``tests.conftest.gateway_config``
+(the same keyword arguments, ``nodes`` as :class:`Node`; ``PROCESS_DEFAULTS`` unless told),
+writes ``config.yaml`` (with ``dump_config_yaml``),
 ``secrets.yaml`` (admin token, node keys) and ``node.id``, then ``launch()`` starts
 ``python -m proxy serve --data-dir ...`` with stderr going to ``<folder>/log``. The API port
 is 0 in the config: the gateway picks a free one and publishes it in ``state.json``.
@@ -32,18 +34,10 @@ import attrs
 import trio
 import yaml
 
-from protocol.config import (
-    BackendConfig,
-    CircuitBreakerConfig,
-    Config,
-    HealthChecksConfig,
-    NodeConfig,
-    default_config,
-    dump_config_yaml,
-    rebuild_health_check,
-)
+from protocol.config import NodeConfig, dump_config_yaml
 from proxy.settings import Secrets
 from tests.client import Reply, chat_body, request
+from tests.conftest import gateway_config, node
 
 SERVE = [sys.executable, "-m", "proxy", "serve"]
 START_TIMEOUT = 20.0  # generous: the whole suite may be running on the same two cores
@@ -61,35 +55,19 @@ class Node:
     enabled: bool = True
 
     def config(self) -> NodeConfig:
-        return NodeConfig(fingerprint=self.fingerprint, name=self.fingerprint,
-                          base_url=self.base_url, priority=self.priority, enabled=self.enabled)
+        return node(self.fingerprint, self.base_url, self.priority, self.enabled)
 
 
-def build_config(socket_dir: Path, *, backends: Sequence[tuple[str, str]] = (),
-                 nodes: Sequence[Node] = (), lb: bool = True, strategy: str = "priority",
-                 failover: bool = True, interval: float = 1.0, hc_timeout: float = 0.8,
-                 failure_threshold: int = 3, reset_timeout: float = 60.0,
-                 require_auth: bool = False) -> Config:
-    cfg = default_config()
-    cfg = attrs.evolve(
-        cfg,
-        api=attrs.evolve(cfg.api, port=0, require_auth=require_auth),
-        local=attrs.evolve(cfg.local, socket_dir=str(socket_dir)),
-        backends=tuple(BackendConfig(name=n, url=u, kind="llm") for n, u in backends),
-        load_balancing=attrs.evolve(cfg.load_balancing, enabled=lb, strategy=strategy,
-                                    failover_enabled=failover),
-        nodes=tuple(n.config() for n in nodes),
-        health_checks=HealthChecksConfig(interval=interval, timeout=hc_timeout),
-        circuit_breaker=CircuitBreakerConfig(failure_threshold=failure_threshold,
-                                             reset_timeout=reset_timeout),
-    )
-    return rebuild_health_check(cfg)
+# A process polls its nodes every second and balances load unless told otherwise (the
+# in-process gateways of tests/conftest.py keep the defaults of default_config()).
+PROCESS_DEFAULTS: dict[str, Any] = {"lb": True, "interval": 1.0, "hc_timeout": 0.8}
 
 
 class GatewayProcess:
     """One real gateway process (see the module docstring)."""
 
-    def __init__(self, folder: Path, name: str, **config: Any) -> None:
+    def __init__(self, folder: Path, name: str, *, nodes: Sequence[Node] = (),
+                 **config: Any) -> None:
         self.folder = folder
         self.name = name
         self.fingerprint = f"node-{name}-{secrets.token_hex(4)}"
@@ -98,9 +76,10 @@ class GatewayProcess:
         self.socket_dir = folder / "s"
         self.socket_path = self.socket_dir / "sluice.sock"
         self.log_path = folder / "log"
-        nodes: Sequence[Node] = config.get("nodes", ())
         self.node_keys = {n.fingerprint: n.key for n in nodes if n.key}
-        self.config = build_config(self.socket_dir, **config)
+        self.config = gateway_config(socket_dir=self.socket_dir,
+                                     nodes=[n.config() for n in nodes],
+                                     **{**PROCESS_DEFAULTS, **config})
         # Status and admin calls go over the Unix socket when TCP clients need a key.
         self.default_via = "unix" if self.config.api.require_auth else "tcp"
         self.port: int | None = None

@@ -23,8 +23,8 @@ from protocol.access import (
 )
 from protocol.errors import ConfigError, SluiceError
 from proxy import auth
-from tests.client import Client, Reply, chat_body, connect, request
-from tests.conftest import RunningGateway, StartGateway
+from tests.client import Client, Reply, chat_body, raw, request
+from tests.conftest import StartGateway, remote_request
 from tests.fakeupstream import (
     LLAMA_JSON_HEADERS,
     FakeUpstream,
@@ -179,24 +179,6 @@ async def test_authorize_decision_by_peer(start_gateway: StartGateway) -> None:
 # ------------------------------------------------------------------------- raw HTTP
 
 
-async def raw(address: str, head: bytes) -> Reply:
-    """Send ``head`` (a whole request) as is; read the answer until the server closes."""
-    stream = await connect(address)
-    try:
-        await stream.send_all(head)
-        data = b""
-        with trio.fail_after(5):
-            while chunk := await stream.receive_some(65536):
-                data += chunk
-    finally:
-        await stream.aclose()
-    head_part, _, body = data.partition(b"\r\n\r\n")
-    lines = head_part.split(b"\r\n")
-    headers = [(k.strip().lower(), v.strip()) for k, _, v in
-               (line.partition(b":") for line in lines[1:])]
-    return Reply(int(lines[0].split()[1]), headers, body, [body], True)
-
-
 def get(host: bytes | None, path: bytes = b"/health", extra: bytes = b"",
         version: bytes = b"1.1") -> bytes:
     host_line = b"" if host is None else b"Host: " + host + b"\r\n"
@@ -325,26 +307,6 @@ async def test_admin_token_matrix(start_gateway: StartGateway, transport: str) -
 
 
 # ------------------------------------------------------------------------- remote peers
-
-
-async def remote_request(gw: RunningGateway, method: str, path: str, body: bytes | None = None,
-                         headers: list[tuple[str, str]] | None = None) -> Reply:
-    """A request from 127.0.0.2, which the test's seam counts as a remote peer."""
-    sock = trio.socket.socket()
-    await sock.bind(("127.0.0.2", 0))
-    host, port = gw.tcp.rsplit(":", 1)
-    await sock.connect((host, int(port)))
-    client = Client(trio.SocketStream(sock))
-    try:
-        return await client.request(method, path, body, headers)
-    finally:
-        await client.aclose()
-
-
-@pytest.fixture
-def remote_seam(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = auth.peer_is_loopback
-    monkeypatch.setattr(auth, "peer_is_loopback", lambda host: host != "127.0.0.2" and real(host))
 
 
 @pytest.mark.usefixtures("remote_seam")

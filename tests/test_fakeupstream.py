@@ -14,6 +14,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.client import connect
 from tests.fakeupstream import (
     FakeUpstream,
     ReceivedRequest,
@@ -30,13 +31,6 @@ from tests.fakeupstream import (
 )
 
 T = 5  # generous bound on every wait; real runs take milliseconds
-
-
-async def connect(url: str) -> trio.SocketStream:
-    if url.startswith("unix:"):
-        return await trio.open_unix_socket(url.removeprefix("unix:"))
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    return await trio.open_tcp_stream(host, int(port))
 
 
 @dataclass

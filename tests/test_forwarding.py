@@ -3,7 +3,7 @@ the loop guard, failover before commit and none after, the circuit breaker with 
 half-open probe, client-caused outcomes, the strategies, and routing-stats counters.
 
 Everything runs under the autojump clock, so every hop is a Unix socket and the nodes are
-put into the live config directly (see tests/test_node_index.py). The same behaviours
+put into the live config directly (``configure`` in tests/conftest.py). The same behaviours
 across real gateway processes over TCP are in tests/test_routing_e2e.py."""
 
 from __future__ import annotations
@@ -17,8 +17,15 @@ import trio
 import trio.testing
 
 from tests.client import Client, assert_refused, chat_body, read_events, request
-from tests.conftest import RunningGateway, StartGateway
-from tests.fakenode import reset_now
+from tests.conftest import (
+    RunningGateway,
+    StartGateway,
+    configure,
+    gateway_config,
+    node,
+    open_settings,
+)
+from tests.fakenode import FakeNode, reset_now, start_node
 from tests.fakeupstream import (
     FakeUpstream,
     Handler,
@@ -32,23 +39,14 @@ from tests.fakeupstream import (
     stall_before_head,
     status,
 )
-from tests.test_node_index import configure, node
 
 CHAT = "/v1/chat/completions"
 STATS = "/api/v1/pool/routing-stats"
 MODEL = "remote-m"
 
 
-async def start_node(nursery: trio.Nursery, path: str, handler: Handler,
-                     models: tuple[str, ...] = (MODEL,)) -> FakeUpstream:
-    up = FakeUpstream(models=models, unix_path=path)
-    up.on("POST", CHAT, handler)
-    await nursery.start(up.serve)
-    return up
-
-
 async def pool(nursery: trio.Nursery, start_gateway: StartGateway, short_tmp: Any,
-               *handlers: Handler, **options: Any) -> tuple[RunningGateway, list[FakeUpstream]]:
+               *handlers: Handler, **options: Any) -> tuple[RunningGateway, list[FakeNode]]:
     """A gateway without local backends and one node per handler, top priority first
     (node-a, node-b, ...), load balancing on; waits until every node is indexed."""
     lb = options.pop("lb", {})
@@ -58,7 +56,7 @@ async def pool(nursery: trio.Nursery, start_gateway: StartGateway, short_tmp: An
     nodes = []
     for i, handler in enumerate(handlers):
         name = f"node-{chr(ord('a') + i)}"
-        up = await start_node(nursery, str(short_tmp / f"{name}.sock"), handler)
+        up = await start_node(nursery, str(short_tmp / f"{name}.sock"), [MODEL], answer=handler)
         ups.append(up)
         nodes.append(node(name, up.url, len(handlers) - i))
         gw.gateway.settings.secrets.node_keys[name] = f"key-of-{name}"
@@ -197,7 +195,8 @@ async def test_local_first(autojump_clock: trio.testing.MockClock, nursery: trio
     local.on("POST", CHAT, json_completion("local"))
     await nursery.start(local.serve)
     gw = await start_gateway([("mine", local.url)])
-    a = await start_node(nursery, str(short_tmp / "a.sock"), json_completion("node"))
+    a = await start_node(nursery, str(short_tmp / "a.sock"), [MODEL],
+                         answer=json_completion("node"))
     configure(gw, (node("node-a", a.url, 1),), enabled=True)
     await trio.sleep(0.1)
     reply = await chat(gw)
@@ -258,7 +257,8 @@ async def test_failover_on_a_connect_error(
         autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
         start_gateway: StartGateway) -> None:
     gw = await start_gateway([])
-    b = await start_node(nursery, str(short_tmp / "b.sock"), json_completion("from b"))
+    b = await start_node(nursery, str(short_tmp / "b.sock"), [MODEL],
+                         answer=json_completion("from b"))
     a = FakeUpstream(models=[MODEL], unix_path=str(short_tmp / "a.sock"))
     async with a.running():
         configure(gw, (node("node-a", a.url, 2), node("node-b", b.url, 1)), enabled=True)
@@ -520,11 +520,6 @@ async def test_least_loaded_counts_requests_in_flight(
 async def test_fastest_follows_health_checks_and_time_to_first_byte(
         autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
         start_gateway: StartGateway) -> None:
-    async def slow_models(req: ReceivedRequest, w: ResponseWriter) -> None:
-        await trio.sleep(0.2)
-        await w.json(200, {"object": "list", "data": [
-            {"id": MODEL, "object": "model", "owned_by": "llamacpp"}]})
-
     async def slow_answer(req: ReceivedRequest, w: ResponseWriter) -> None:
         await trio.sleep(1.0)
         await json_completion()(req, w)
@@ -532,7 +527,7 @@ async def test_fastest_follows_health_checks_and_time_to_first_byte(
     handler, switch = switchable(json_completion())
     gw, (a, _b) = await pool(nursery, start_gateway, short_tmp, json_completion(), handler,
                             lb={"strategy": "fastest"})
-    a.on("GET", "/v1/models", slow_models)
+    a.models_delay = 0.2
     await trio.sleep(5.5)  # the next round: node-a's check takes 200 ms, node-b's none
     assert await served_by(gw, 2) == ["node-b", "node-b"]
     switch(slow_answer)  # node-b now takes 1 s to its first byte
@@ -543,22 +538,12 @@ async def test_right_after_start_a_request_waits_for_the_first_node_checks(
         nursery: trio.Nursery, short_tmp: Any) -> None:
     """Real time over TCP: config.yaml names the node, as a user would write it."""
     from proxy.server import Gateway
-    from tests.conftest import gateway_config, open_settings
 
-    up = FakeUpstream(models=[MODEL])
-
-    async def slow_models(req: ReceivedRequest, w: ResponseWriter) -> None:
-        await trio.sleep(0.3)  # the first check is still running when the request comes
-        await w.json(200, {"object": "list", "data": [
-            {"id": MODEL, "object": "model", "owned_by": "llamacpp"}]})
-
-    up.on("GET", "/v1/models", slow_models)
-    up.on("POST", CHAT, json_completion("first"))
-    await nursery.start(up.serve)
-    cfg = gateway_config([], socket_dir=short_tmp / "s")
-    cfg = attrs.evolve(
-        cfg, nodes=(node("node-a", up.url, 1),),
-        load_balancing=attrs.evolve(cfg.load_balancing, enabled=True))
+    # The first check is still running when the request comes.
+    up = await FakeNode("node-a", [MODEL], models_delay=0.3,
+                        answer=json_completion("first")).start(nursery)
+    cfg = gateway_config([], socket_dir=short_tmp / "s", nodes=(node("node-a", up.url, 1),),
+                         lb=True)
     gateway = Gateway(open_settings(short_tmp / "data", cfg), drain_timeout=1.0)
     await nursery.start(gateway.run)
     gw = RunningGateway(gateway)

@@ -15,58 +15,14 @@ import attrs
 import trio
 import trio.testing
 
-from protocol.config import NodeConfig
 from tests.client import request
-from tests.conftest import RunningGateway, StartGateway
-from tests.fakeupstream import CREATED, FakeUpstream, ReceivedRequest, ResponseWriter
+from tests.conftest import RunningGateway, StartGateway, configure, node
+from tests.fakenode import start_node
+from tests.fakeupstream import FakeUpstream
 
 INTERVAL = 5.0  # the default timeouts.health_check.interval
 STATUS = "/api/v1/inference/status"
 POOL = "/api/v1/pool/distributed-status"
-
-
-def node(fp: str, url: str, priority: int, enabled: bool = True) -> NodeConfig:
-    return NodeConfig(fingerprint=fp, name=fp, base_url=url, priority=priority,
-                      enabled=enabled)
-
-
-def configure(gw: RunningGateway, nodes: tuple[NodeConfig, ...] | None = None, *,
-              enabled: bool | None = None) -> None:
-    """Change the live config without validation (Unix node URLs), then wake the poll."""
-    settings = gw.gateway.settings
-    cfg = settings.config
-    if nodes is not None:
-        cfg = attrs.evolve(cfg, nodes=nodes)
-    if enabled is not None:
-        cfg = attrs.evolve(cfg, load_balancing=attrs.evolve(cfg.load_balancing,
-                                                             enabled=enabled))
-    settings.config = cfg
-    gw.gateway.ctx.nodes.wake()
-
-
-class FakeNode(FakeUpstream):
-    """A fake node: its ``/v1/models`` answers ``status`` and also lists ``extra`` entries."""
-
-    def __init__(self, path: str, models: list[str], extra: list[dict[str, Any]]) -> None:
-        super().__init__(models=models, unix_path=path)
-        self.status = 200
-        self.extra = extra
-        self.on("GET", "/v1/models", self._node_models)
-
-    async def _node_models(self, req: ReceivedRequest, w: ResponseWriter) -> None:
-        if self.status != 200:
-            await w.json(self.status, {"error": {"message": "loading model"}})
-            return
-        data = [{"id": m, "object": "model", "created": CREATED, "owned_by": "llamacpp"}
-                for m in self.models]
-        await w.json(200, {"object": "list", "data": [*data, *self.extra]})
-
-
-async def start_node(nursery: trio.Nursery, path: str, models: list[str],
-                     extra: list[dict[str, Any]] | None = None) -> FakeNode:
-    up = FakeNode(path, models, extra or [])
-    await nursery.start(up.serve)
-    return up
 
 
 async def models(gw: RunningGateway, path: str = "/v1/models") -> list[tuple[str, str]]:

@@ -15,10 +15,9 @@ import yaml
 
 from protocol.access import KEY_PREFIX, hash_key
 from proxy.server import Gateway
-from tests.client import chat_body, request
-from tests.conftest import RunningGateway, gateway_config, open_settings
+from tests.client import chat_body, raw, request
+from tests.conftest import RunningGateway, gateway_config, open_settings, remote_request
 from tests.fakeupstream import FakeUpstream, json_completion
-from tests.test_access import raw, remote_request, remote_seam  # noqa: F401 (a fixture)
 
 ADMIN = "CanaryAdm1nT0ken-Qx7vWz9Lp2Rk5Ty8Nb4Mf6Hd3"
 BACKEND_KEY = "CanaryBackendK3y-Jh2Gf5Sd8Ap1Lk4Zx7Cv0Bn3"
