@@ -186,10 +186,9 @@ def inject_backend(gw: RunningGateway, name: str, url: str, models: list[str]) -
     from proxy.pool.backends import LocalBackend
 
     backend = LocalBackend(BackendConfig(name=name, url=url, kind="llm"), None)
-    backend.online, backend.models = True, [{"id": m} for m in models]
     registry = gw.gateway.backends
-    registry.backends.append(backend)
-    registry.reindex()
+    registry.add(backend)
+    registry.checked(backend, [{"id": m} for m in models], None, None)
 
 
 def configure(gw: RunningGateway, nodes: tuple[NodeConfig, ...] | None = None, *,

@@ -134,9 +134,8 @@ async def test_backend_key_is_sent_and_client_auth_is_not(
 
     old = gw.gateway.backends.backends[0]
     fresh = LocalBackend(settings.config.backends[0], "backend-secret")
-    fresh.online, fresh.models = True, old.models
     gw.gateway.backends.backends[0] = fresh
-    gw.gateway.backends.reindex()
+    gw.gateway.backends.checked(fresh, old.models, None, None)
     await request(gw.tcp, "POST", CHAT, chat_body(),
                   headers=[("authorization", "Bearer client-token")])
     seen = upstream.requests_to(CHAT)[-1]
