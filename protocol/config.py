@@ -25,6 +25,7 @@ from cattrs.gen import make_dict_structure_fn
 from protocol.durations import format_duration, format_size, parse_duration, parse_size
 from protocol.errors import ConfigError
 from protocol.upstream_url import parse_upstream_url
+from protocol.yaml_loader import load_yaml
 
 __all__ = [
     "BACKEND_KINDS", "STRATEGIES", "ApiConfig", "BackendConfig", "CircuitBreakerConfig",
@@ -298,41 +299,13 @@ def _first_error(exc: BaseException, path: str, raw: object) -> ConfigError:
     return ConfigError(path, f"invalid value ({type(exc).__name__}: {exc})")
 
 
-class _Loader(yaml.SafeLoader):
-    """A safe loader that refuses a key written twice in one mapping."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[tuple[str, str]] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-                ident = (key_node.tag, key_node.value)
-                if ident in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark,
-                        f"found duplicate key {key_node.value!r}", key_node.start_mark)
-                seen.add(ident)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _load_yaml(text: str) -> object:
-    try:
-        return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = exc.problem or exc.context or "invalid syntax"
-        raise ConfigError("", f"malformed YAML{where}: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError("", f"malformed YAML: {exc}") from None
-
-
 def parse_config_text(text: str) -> Config:
     """Parse, complete (missing keys take their defaults), derive and validate a config.
 
     An empty file gives :func:`default_config`. ``timeouts.health_check`` is always rebuilt
     from ``health_checks``. Raises :class:`ConfigError` for the first problem found.
     """
-    data = _load_yaml(text)
+    data = load_yaml(text)
     if data is None:
         data = {}
     if not isinstance(data, Mapping):

@@ -18,13 +18,9 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import attrs
 import trio
-import yaml
 
-from protocol.access import check_secret_maps
 from protocol.config import (
     Config,
     default_config,
@@ -34,6 +30,7 @@ from protocol.config import (
     validate_config,
 )
 from protocol.errors import ConfigError
+from protocol.secrets import Secrets, dump_secrets_yaml
 
 __all__ = ["Secrets", "Settings", "check_config", "now_iso", "resolve_data_dir"]
 
@@ -98,77 +95,6 @@ def _read_text(path: Path) -> str:
         raise ConfigError("", f"{path}: not valid UTF-8 text") from None
     except OSError as exc:
         raise ConfigError("", f"{path}: cannot read ({exc.strerror})") from None
-
-
-# --------------------------------------------------------------------------------- secrets
-
-
-@attrs.define(repr=False)
-class Secrets:
-    """The contents of secrets.yaml. ``repr()`` shows counts only, never a value."""
-
-    admin_token: str
-    node_keys: dict[str, str] = attrs.field(factory=dict)  # fingerprint -> API key
-    backend_keys: dict[str, str] = attrs.field(factory=dict)  # backend name -> API key
-    # Access keys as stored (id, name, hash, timestamps); never the key itself.
-    access_keys: list[dict[str, Any]] = attrs.field(factory=list)
-
-    def __repr__(self) -> str:
-        return (
-            f"Secrets(admin_token={'<set>' if self.admin_token else '<unset>'}, "
-            f"node_keys={len(self.node_keys)}, backend_keys={len(self.backend_keys)}, "
-            f"access_keys={len(self.access_keys)})"
-        )
-
-    __str__ = __repr__
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "admin_token": self.admin_token,
-            "node_keys": dict(self.node_keys),
-            "backend_keys": dict(self.backend_keys),
-            "access_keys": [dict(k) for k in self.access_keys],
-        }
-
-    @classmethod
-    def from_text(cls, text: str, where: str) -> Secrets:
-        """Parse secrets.yaml; error messages name keys and positions, never values."""
-        try:
-            data = yaml.safe_load(text)
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark
-            pos = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError("", f"{where}: malformed YAML{pos}") from None
-        except yaml.YAMLError:
-            raise ConfigError("", f"{where}: malformed YAML") from None
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError("", f"{where}: the top level must be a mapping")
-        unknown = [k for k in data if k not in ("admin_token", "node_keys", "backend_keys",
-                                                "access_keys")]
-        if unknown:
-            raise ConfigError("", f"{where}: unknown key {str(unknown[0])!r}")
-        token = data.get("admin_token") or ""
-        if not isinstance(token, str):
-            raise ConfigError("", f"{where}: admin_token must be a string")
-        maps: dict[str, dict[str, str]] = {}
-        for name in ("node_keys", "backend_keys"):
-            value = data.get(name) or {}
-            if not isinstance(value, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-            ):
-                raise ConfigError("", f"{where}: {name} must map names to strings")
-            maps[name] = dict(value)
-        access = data.get("access_keys") or []
-        if not isinstance(access, list) or not all(isinstance(k, dict) for k in access):
-            raise ConfigError("", f"{where}: access_keys must be a list of mappings")
-        try:
-            check_secret_maps(maps)
-        except ConfigError as exc:
-            raise ConfigError(exc.path, f"{where}: {exc.path}: bad key format "
-                                        "(visible ASCII only, no spaces)") from None
-        return cls(token, maps["node_keys"], maps["backend_keys"], [dict(k) for k in access])
 
 
 # -------------------------------------------------------------------------------- settings
@@ -273,9 +199,7 @@ class Settings:
 
     def save_secrets(self) -> None:
         """Write secrets.yaml atomically with mode 0600."""
-        text = yaml.safe_dump(self.secrets.to_dict(), sort_keys=False, allow_unicode=True)
-        header = "# sluice secrets: keep this file private (mode 0600).\n"
-        _atomic_write(self.secrets_path, (header + text).encode(), 0o600)
+        _atomic_write(self.secrets_path, dump_secrets_yaml(self.secrets).encode(), 0o600)
 
     def _config_target(self) -> Path:
         # Write through a symlinked config.yaml (e.g. kept in a dotfiles repo).

@@ -125,6 +125,35 @@ def test_broken_secrets_error_does_not_leak(tmp_path: Path) -> None:
     assert "line 2" in str(info.value)
 
 
+@pytest.mark.parametrize(("text", "key", "line"), [
+    ("admin_token: first-secret-value\nnode_keys: {}\nadmin_token: second-secret-value\n",
+     "admin_token", 3),
+    ("admin_token: t\nnode_keys:\n  node-a: first-secret-value\n"
+     "  node-a: second-secret-value\n", "node-a", 4),
+])
+def test_duplicate_key_in_secrets_is_refused(tmp_path: Path, text: str, key: str,
+                                             line: int) -> None:
+    """One YAML loader for config.yaml and secrets.yaml: a key written twice is refused, the
+    message names the key and its line, never a value."""
+    (tmp_path / "secrets.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        Settings.open(tmp_path)
+    message = str(info.value)
+    assert f"duplicate key {key!r}" in message
+    assert f"line {line}," in message
+    assert str(tmp_path / "secrets.yaml") in message
+    for shown in (message, repr(info.value), info.value.body().decode()):
+        assert "secret-value" not in shown
+
+
+def test_mistagged_secret_is_refused_without_its_value(tmp_path: Path) -> None:
+    (tmp_path / "secrets.yaml").write_text("admin_token: !!int supersecret\n")
+    with pytest.raises(ConfigError) as info:
+        Settings.open(tmp_path)
+    assert "malformed YAML" in str(info.value)
+    assert "supersecret" not in str(info.value) + repr(info.value)
+
+
 def test_empty_secrets_gets_a_token(tmp_path: Path) -> None:
     (tmp_path / "secrets.yaml").write_text("")
     settings = Settings.open(tmp_path)
