@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
 import stat
 import sys
@@ -30,6 +29,7 @@ from protocol.config import (
     validate_config,
 )
 from protocol.errors import ConfigError
+from protocol.names import is_fingerprint
 from protocol.secrets import Secrets, dump_secrets_yaml
 
 __all__ = ["Secrets", "Settings", "check_config", "now_iso", "resolve_data_dir"]
@@ -39,7 +39,6 @@ log = logging.getLogger("sluice.settings")
 CONFIG_FILE = "config.yaml"
 SECRETS_FILE = "secrets.yaml"
 NODE_ID_FILE = "node.id"
-_NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def now_iso() -> str:
@@ -216,7 +215,7 @@ def _load_node_id(data_dir: Path) -> str:
     path = data_dir / NODE_ID_FILE
     if path.exists():
         node_id = _read_text(path).strip()
-        if not _NODE_ID_RE.fullmatch(node_id):
+        if not is_fingerprint(node_id):
             raise ConfigError("", f"{path}: not a valid node id (letters, digits, . _ -)")
         return node_id
     node_id = "node-" + secrets.token_hex(8)

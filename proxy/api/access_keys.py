@@ -9,10 +9,9 @@ from typing import Any
 
 from protocol.access import hash_key, new_access_key
 from protocol.errors import SluiceError, bad_request
+from protocol.names import LABEL_RULE, is_label
 from proxy.api.call import Call
 from proxy.settings import now_iso
-
-MAX_NAME = 100
 
 
 def _public(entry: dict[str, Any]) -> dict[str, Any]:
@@ -32,9 +31,8 @@ def create_key(call: Call) -> tuple[int, Any]:
     name = doc.get("name")
     if name is None:
         name = ""
-    if not isinstance(name, str) or len(name) > MAX_NAME or not name.isprintable():
-        raise bad_request(f"name must be printable text of at most {MAX_NAME} characters",
-                          param="name")
+    if not is_label(name):
+        raise bad_request(f"name {LABEL_RULE}", param="name")
     settings = call.ctx.settings
     stored = settings.secrets.access_keys
     taken = {e.get("id") for e in stored}

@@ -20,8 +20,15 @@ import attrs
 import trio
 
 from protocol.access import check_api_key
-from protocol.config import Config, NodeConfig, rebuild_health_check, validate_config
+from protocol.config import (
+    Config,
+    NodeConfig,
+    by_priority,
+    rebuild_health_check,
+    validate_config,
+)
 from protocol.errors import ConfigError, SluiceError, internal
+from protocol.names import LABEL_RULE, is_fingerprint, is_label
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.api.call import Call
 from proxy.upstream import UpstreamFailure, fetch
@@ -31,9 +38,7 @@ log = logging.getLogger("sluice.nodes")
 PREFIX = "/api/v1/nodes/"
 IDENTITY_PATH = b"/api/v1/node/identity"
 IDENTITY_TIMEOUT = 3.0  # seconds, at most, to ask a new node who it is
-MAX_NAME = 100
 MAX_PRIORITY = 255
-FINGERPRINT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 RESERVED = frozenset({"order", "routing-stats"})  # sub-paths of /api/v1/nodes/
 # A ConfigError about nodes[i].<key> names the JSON field instead.
 _JSON_FIELDS = {"base_url": "baseUrl", "name": "name", "enabled": "enabled",
@@ -52,11 +57,6 @@ def identity(call: Call) -> tuple[int, Any]:
 
 
 # ------------------------------------------------------------------------------ helpers
-
-
-def ordered(nodes: tuple[NodeConfig, ...]) -> list[NodeConfig]:
-    """Nodes top first (largest priority first)."""
-    return sorted(nodes, key=lambda n: -n.priority)
 
 
 def _public(node: NodeConfig, keys: dict[str, str]) -> dict[str, Any]:
@@ -86,8 +86,8 @@ def _base_url(value: object) -> tuple[str, UpstreamAddress]:
 
 
 def _name(value: object) -> str:
-    if not isinstance(value, str) or len(value) > MAX_NAME or not value.isprintable():
-        raise ConfigError("name", f"must be printable text of at most {MAX_NAME} characters")
+    if not is_label(value):
+        raise ConfigError("name", LABEL_RULE)
     return value.strip()
 
 
@@ -133,8 +133,7 @@ async def ask_identity(call: Call, address: UpstreamAddress, key: str | None) ->
             fingerprint = json.loads(body).get("fingerprint")
         except (ValueError, AttributeError, UnicodeDecodeError):
             return None
-        if isinstance(fingerprint, str) and FINGERPRINT_RE.fullmatch(fingerprint) \
-                and fingerprint not in RESERVED:
+        if is_fingerprint(fingerprint) and fingerprint not in RESERVED:
             return fingerprint
         return None
     log.info("node %r did not answer its identity within %ss", address, IDENTITY_TIMEOUT)
@@ -190,7 +189,7 @@ def _find(call: Call) -> NodeConfig:
 
 def list_nodes(call: Call) -> tuple[int, Any]:
     keys = call.ctx.settings.secrets.node_keys
-    return 200, [_public(n, keys) for n in ordered(call.ctx.config.nodes)]
+    return 200, [_public(n, keys) for n in by_priority(call.ctx.config.nodes)]
 
 
 async def add_node(call: Call) -> tuple[int, Any]:
@@ -209,7 +208,7 @@ async def add_node(call: Call) -> tuple[int, Any]:
     if any(n.fingerprint == fingerprint for n in cfg.nodes):
         raise SluiceError(409, f"node {fingerprint!r} is already registered",
                           type="invalid_request_error", code="node_exists", param="baseUrl")
-    current = ordered(cfg.nodes)
+    current = by_priority(cfg.nodes)
     lowest = current[-1].priority if current else MAX_PRIORITY + 1
     node = NodeConfig(fingerprint=fingerprint, name=name or (address.host or url),
                       base_url=url, priority=lowest - 1, enabled=True)
