@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
@@ -74,7 +73,8 @@ def _nodes_parser(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     command = args.command or "serve"
-    from proxy.settings import Settings, check_config, resolve_data_dir
+    from proxy.datadir import resolve_data_dir
+    from proxy.settings import Settings, check_config
 
     data_dir = resolve_data_dir(getattr(args, "data_dir", None))
     config = getattr(args, "config", None)
@@ -108,9 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = []
     if getattr(args, "demo", False):
         from proxy.demo import DemoError, demo_model_config, ensure_demo_model
-        from proxy.models.launcher import INSTALL_HINT
+        from proxy.models.launcher import INSTALL_HINT, llama_available
 
-        if importlib.util.find_spec("xllamacpp") is None:
+        if not llama_available():
             print(f"sluice: --demo: {INSTALL_HINT}", file=sys.stderr)
             return 2
         try:

@@ -5,7 +5,6 @@ drain deadline, then cancel them; remove the socket file."""
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import logging
 import os
@@ -19,6 +18,7 @@ from protocol.config import ModelConfig
 from protocol.errors import overloaded
 from proxy.connection import ClientConnection
 from proxy.context import GatewayContext
+from proxy.datadir import STATE_FILE, GatewayState, write_state
 from proxy.listeners import (
     SOCKET_NAME,
     ListenerError,
@@ -31,7 +31,7 @@ from proxy.listeners import (
     socket_is_live,
     tcp_port_is_live,
 )
-from proxy.models.launcher import INSTALL_HINT
+from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.models.supervisor import Supervisor
 from proxy.pool.backends import BackendRegistry, run_health_checks
 from proxy.pool.nodes import run_node_checks
@@ -40,7 +40,6 @@ from proxy.upstream import UpstreamPool
 
 log = logging.getLogger("sluice.server")
 
-STATE_FILE = "state.json"  # where the running gateway listens (for the CLI)
 DRAIN_TIMEOUT = 30.0  # seconds running answers get to finish after a stop signal
 _ACCEPT_RETRY = 0.1  # pause after EMFILE and friends before accepting again
 _REFUSE_DRAIN = 64 * 1024  # request bytes read (and dropped) from a refused connection
@@ -62,7 +61,7 @@ class Gateway:
         configured = {m.name for m in settings.config.models}
         self.models = [*settings.config.models,
                        *(m for m in extra_models if m.name not in configured)]
-        if self.models and importlib.util.find_spec("xllamacpp") is None:
+        if self.models and not llama_available():
             raise StartupError(INSTALL_HINT)
         self._stop = trio.Event()
         self._drained = trio.Event()
@@ -224,13 +223,9 @@ class Gateway:
     def _write_state(self) -> None:
         """Where this gateway listens, for the CLI (``sluice status``) to find it: the
         socket path, or the fallback port when no socket folder works."""
-        state = {"pid": os.getpid(), "socketPath": self.ctx.socket_path,
-                 "localTcpPort": self.ctx.local_tcp_port, "tcpPort": self.ctx.tcp_port}
-        tmp = self._state_file.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(json.dumps(state))
-        os.replace(tmp, self._state_file)
+        write_state(self.settings.data_dir, GatewayState(
+            pid=os.getpid(), socket_path=self.ctx.socket_path,
+            local_tcp_port=self.ctx.local_tcp_port, tcp_port=self.ctx.tcp_port))
 
     def _remove_socket(self) -> None:
         """Remove our socket file, unless it is no longer ours (replaced meanwhile)."""

@@ -13,8 +13,6 @@ import os
 import secrets
 import stat
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,72 +29,13 @@ from protocol.config import (
 from protocol.errors import ConfigError
 from protocol.names import is_fingerprint
 from protocol.secrets import Secrets, dump_secrets_yaml
+from proxy.datadir import CONFIG_FILE, NODE_ID_FILE, SECRETS_FILE, make_data_dir
+from proxy.files import atomic_write, read_text
+from proxy.timestamps import now_iso
 
-__all__ = ["Secrets", "Settings", "check_config", "now_iso", "resolve_data_dir"]
+__all__ = ["Secrets", "Settings", "check_config"]
 
 log = logging.getLogger("sluice.settings")
-
-CONFIG_FILE = "config.yaml"
-SECRETS_FILE = "secrets.yaml"
-NODE_ID_FILE = "node.id"
-
-
-def now_iso() -> str:
-    """The timestamp format of every file and answer: UTC, to the second (``...Z``)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def resolve_data_dir(arg: str | None) -> Path:
-    """``--data-dir``, else ``$SLUICE_DATA_DIR``, else ``$XDG_DATA_HOME/sluice``, else
-    ``~/.local/share/sluice``."""
-    if arg:
-        return Path(arg).expanduser().absolute()
-    env = os.environ.get("SLUICE_DATA_DIR")
-    if env:
-        return Path(env).expanduser().absolute()
-    xdg = os.environ.get("XDG_DATA_HOME")
-    if xdg and Path(xdg).is_absolute():  # the XDG spec says to ignore relative paths
-        return Path(xdg) / "sluice"
-    return Path.home() / ".local" / "share" / "sluice"
-
-
-def _atomic_write(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` with ``data``: temp file in the same folder, fsync, rename, fsync."""
-    folder = path.parent
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _read_text(path: Path) -> str:
-    """A config-ish file as text; problems become ConfigError (never with the content)."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("", f"{path}: file not found") from None
-    except UnicodeDecodeError:
-        raise ConfigError("", f"{path}: not valid UTF-8 text") from None
-    except OSError as exc:
-        raise ConfigError("", f"{path}: cannot read ({exc.strerror})") from None
-
-
-# -------------------------------------------------------------------------------- settings
 
 
 class Settings:
@@ -131,17 +70,15 @@ class Settings:
         file named explicitly must exist; the default one is written on first start.
         """
         data_dir = Path(data_dir)
-        if not data_dir.exists():
-            data_dir.mkdir(mode=0o700, parents=True)
-            os.chmod(data_dir, 0o700)  # whatever the umask says
+        make_data_dir(data_dir)
         if config_path is None:
             config_path = data_dir / CONFIG_FILE
             if not config_path.exists():
-                _atomic_write(config_path, dump_config_yaml(default_config()).encode(), 0o600)
-        config = parse_config_text(_read_text(config_path))
+                atomic_write(config_path, dump_config_yaml(default_config()).encode(), 0o600)
+        config = parse_config_text(read_text(config_path))
         secrets_file = data_dir / SECRETS_FILE
         if secrets_file.exists():
-            loaded = Secrets.from_text(_read_text(secrets_file), str(secrets_file))
+            loaded = Secrets.from_text(read_text(secrets_file), str(secrets_file))
             if stat.S_IMODE(secrets_file.stat().st_mode) & 0o077:
                 os.chmod(secrets_file, 0o600)  # ours, and it must not be readable by others
         else:
@@ -170,7 +107,7 @@ class Settings:
         """
         cfg = rebuild_health_check(new)
         validate_config(cfg)
-        _atomic_write(self._config_target(), dump_config_yaml(cfg).encode(), self._config_mode())
+        atomic_write(self._config_target(), dump_config_yaml(cfg).encode(), self._config_mode())
         self.config = cfg
         for callback in list(self._subscribers):
             callback(cfg)
@@ -198,7 +135,7 @@ class Settings:
 
     def save_secrets(self) -> None:
         """Write secrets.yaml atomically with mode 0600."""
-        _atomic_write(self.secrets_path, dump_secrets_yaml(self.secrets).encode(), 0o600)
+        atomic_write(self.secrets_path, dump_secrets_yaml(self.secrets).encode(), 0o600)
 
     def _config_target(self) -> Path:
         # Write through a symlinked config.yaml (e.g. kept in a dotfiles repo).
@@ -214,19 +151,19 @@ class Settings:
 def _load_node_id(data_dir: Path) -> str:
     path = data_dir / NODE_ID_FILE
     if path.exists():
-        node_id = _read_text(path).strip()
+        node_id = read_text(path).strip()
         if not is_fingerprint(node_id):
             raise ConfigError("", f"{path}: not a valid node id (letters, digits, . _ -)")
         return node_id
     node_id = "node-" + secrets.token_hex(8)
-    _atomic_write(path, (node_id + "\n").encode(), 0o644)
+    atomic_write(path, (node_id + "\n").encode(), 0o644)
     return node_id
 
 
 def check_config(config_path: Path) -> int:
     """``sluice check-config``: print ``ok: <path>`` and return 0, or the error and 2."""
     try:
-        text = _read_text(Path(config_path))  # its errors already name the file
+        text = read_text(Path(config_path))  # its errors already name the file
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2

@@ -17,8 +17,8 @@ from urllib.parse import quote
 import httpx
 
 from protocol.errors import ConfigError
-from proxy.server import STATE_FILE
-from proxy.settings import SECRETS_FILE, Secrets
+from protocol.secrets import Secrets
+from proxy.datadir import SECRETS_FILE, STATE_FILE
 
 
 class CliError(Exception):

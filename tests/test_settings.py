@@ -1,3 +1,4 @@
+import json
 import os
 import re
 import stat
@@ -16,7 +17,9 @@ from protocol.config import (
     parse_config_text,
 )
 from protocol.errors import ConfigError
-from proxy.settings import Secrets, Settings, check_config, resolve_data_dir
+from protocol.secrets import Secrets
+from proxy.datadir import GatewayState, read_state, resolve_data_dir, write_state
+from proxy.settings import Settings, check_config
 
 
 def mode(path: Path) -> int:
@@ -44,6 +47,19 @@ def test_resolve_data_dir_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("XDG_DATA_HOME")
     assert resolve_data_dir(None) == tmp_path / "home" / ".local" / "share" / "sluice"
     assert resolve_data_dir("~/d") == tmp_path / "home" / "d"
+
+
+def test_state_file_round_trip(tmp_path: Path) -> None:
+    assert read_state(tmp_path) is None  # no gateway
+    state = GatewayState(pid=42, socket_path="/run/s/sluice.sock", tcp_port=39080)
+    write_state(tmp_path, state)
+    assert mode(tmp_path / "state.json") == 0o600
+    assert json.loads((tmp_path / "state.json").read_text()) == {
+        "pid": 42, "socketPath": "/run/s/sluice.sock", "localTcpPort": None, "tcpPort": 39080}
+    assert read_state(tmp_path) == state
+    for junk in ("", "[1]", "{", '{"pid": "x", "socketPath": 5, "tcpPort": true}'):
+        (tmp_path / "state.json").write_text(junk)
+        assert read_state(tmp_path) in (None, GatewayState(pid=0))
 
 
 # ---------------------------------------------------------------------------- first start

@@ -11,7 +11,7 @@ from protocol.access import hash_key, new_access_key
 from protocol.errors import SluiceError, bad_request
 from protocol.names import LABEL_RULE, is_label
 from proxy.api.call import Call
-from proxy.settings import now_iso
+from proxy.timestamps import now_iso
 
 
 def _public(entry: dict[str, Any]) -> dict[str, Any]:
