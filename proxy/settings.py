@@ -12,7 +12,6 @@ import logging
 import os
 import secrets
 import stat
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from proxy.datadir import CONFIG_FILE, NODE_ID_FILE, SECRETS_FILE, make_data_dir
 from proxy.files import atomic_write, read_text
 from proxy.timestamps import now_iso
 
-__all__ = ["Secrets", "Settings", "check_config"]
+__all__ = ["Secrets", "Settings"]
 
 log = logging.getLogger("sluice.settings")
 
@@ -158,19 +157,3 @@ def _load_node_id(data_dir: Path) -> str:
     node_id = "node-" + secrets.token_hex(8)
     atomic_write(path, (node_id + "\n").encode(), 0o644)
     return node_id
-
-
-def check_config(config_path: Path) -> int:
-    """``sluice check-config``: print ``ok: <path>`` and return 0, or the error and 2."""
-    try:
-        text = read_text(Path(config_path))  # its errors already name the file
-    except ConfigError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 2
-    try:
-        parse_config_text(text)
-    except ConfigError as exc:
-        print(f"error: {config_path}: {exc.message}", file=sys.stderr)
-        return 2
-    print(f"ok: {config_path}")
-    return 0

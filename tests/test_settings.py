@@ -19,7 +19,7 @@ from protocol.config import (
 from protocol.errors import ConfigError
 from protocol.secrets import Secrets
 from proxy.datadir import GatewayState, read_state, resolve_data_dir, write_state
-from proxy.settings import Settings, check_config
+from proxy.settings import Settings
 
 
 def mode(path: Path) -> int:
@@ -305,35 +305,3 @@ def test_update_through_symlink_keeps_the_link(tmp_path: Path) -> None:
                                  api=attrs.evolve(settings.config.api, port=5000)))
     assert link.is_symlink()
     assert parse_config_text(real.read_text()).api.port == 5000
-
-
-# ---------------------------------------------------------------------------- check-config
-
-
-def test_check_config_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text(dump_config_yaml(default_config()))
-    assert check_config(path) == 0
-    assert capsys.readouterr().out == f"ok: {path}\n"
-
-
-def test_check_config_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text("nodes:\n  - {fingerprint: a, name: a, base_url: 'http://h', priority: 0}\n")
-    assert check_config(path) == 2
-    out = capsys.readouterr()
-    assert out.out == ""
-    assert "nodes[0].priority" in out.err
-    assert "255" in out.err
-
-
-def test_check_config_malformed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text("api: [\n")
-    assert check_config(path) == 2
-    assert "line 2, column 1" in capsys.readouterr().err
-
-
-def test_check_config_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert check_config(tmp_path / "nope.yaml") == 2
-    assert "not found" in capsys.readouterr().err
