@@ -1,9 +1,13 @@
 """The single owner of config.yaml, secrets.yaml and node.id (SPEC §2).
 
-:class:`Settings` loads and validates the config, writes every change atomically (temp file
-in the same folder, fsync, rename, fsync of the folder) and hands the new immutable
-:class:`Config` to its subscribers. Secret values never reach config.yaml, exceptions,
-logs or ``repr()``.
+:class:`Settings` loads and validates the config, makes every change to the config and to the
+secrets itself, writes it atomically (temp file in the same folder, fsync, rename, fsync of
+the folder) and then hands the new immutable :class:`Config` to its subscribers.
+
+Writes happen in a worker thread, one at a time (a slow disk never stalls the event loop),
+and each change is computed from the current state under that one writer, so concurrent
+changes never undo each other. A failed write raises ``OSError`` and changes nothing in
+memory. Secret values never reach config.yaml, exceptions, logs or ``repr()``.
 """
 
 from __future__ import annotations
@@ -12,11 +16,14 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
+import attrs
 import trio
 
+from protocol.access import hash_key, new_access_key
 from protocol.config import (
     Config,
     default_config,
@@ -32,9 +39,14 @@ from proxy.datadir import CONFIG_FILE, NODE_ID_FILE, SECRETS_FILE, make_data_dir
 from proxy.files import atomic_write, read_text
 from proxy.timestamps import now_iso
 
-__all__ = ["Secrets", "Settings"]
+# Secrets stays importable from here for the callers that still do (tests/gateways.py).
+__all__ = ["NodesChange", "Secrets", "Settings"]
 
 log = logging.getLogger("sluice.settings")
+
+NodesChange = Callable[[Config, dict[str, str]], tuple[Config, Mapping[str, str]]]
+"""A change of the node registry: (current config, a copy of the node keys) -> (the new
+config, the new node keys)."""
 
 
 class Settings:
@@ -63,7 +75,8 @@ class Settings:
 
     @classmethod
     def open(cls, data_dir: Path, config_path: Path | None = None) -> Settings:
-        """Load (and on first start create) the data dir's files.
+        """Load (and on first start create) the data dir's files. Synchronous: it runs once,
+        before the gateway starts.
 
         Raises :class:`ConfigError` for an invalid config (the caller exits 2). A config
         file named explicitly must exist; the default one is written on first start.
@@ -85,11 +98,11 @@ class Settings:
         self = cls(data_dir, config_path, config, loaded, _load_node_id(data_dir))
         if not self.secrets.admin_token:
             self.secrets.admin_token = secrets.token_urlsafe(32)
-            self.save_secrets()
+            self._write_secrets_text(dump_secrets_yaml(self.secrets))
         return self
 
     def subscribe(self, callback: Callable[[Config], None]) -> Callable[[], None]:
-        """Call ``callback(new_config)`` after every :meth:`update`; returns an unsubscriber."""
+        """Call ``callback(new_config)`` after every config change; returns an unsubscriber."""
         self._subscribers.append(callback)
 
         def unsubscribe() -> None:
@@ -98,19 +111,73 @@ class Settings:
 
         return unsubscribe
 
-    def update(self, new: Config) -> Config:
-        """Validate ``new``, derive its health_check block, save it, then publish it.
+    # ------------------------------------------------------------------------ the config
 
-        An invalid config raises :class:`ConfigError` and changes nothing (neither the file
-        nor ``.config``). Returns the config as stored.
+    async def update(self, new: Config) -> Config:
+        """Replace the config with ``new``: see :meth:`edit`."""
+        return await self.edit(lambda _: new)
+
+    async def edit(self, change: Callable[[Config], Config]) -> Config:
+        """Apply ``change`` to the current config, derive the health_check block, validate,
+        save, then publish. Returns the config as stored.
+
+        ``change`` runs under the one writer, on the config as it is then. An invalid result
+        raises :class:`ConfigError` (as does ``change`` itself) and a failed write OSError;
+        either way nothing changes (neither the file nor ``.config``).
         """
-        cfg = rebuild_health_check(new)
-        validate_config(cfg)
-        atomic_write(self._config_target(), dump_config_yaml(cfg).encode(), self._config_mode())
-        self.config = cfg
-        for callback in list(self._subscribers):
-            callback(cfg)
-        return cfg
+        async with self._writer:
+            cfg = _checked(change(self.config))
+            await trio.to_thread.run_sync(self._write_config, cfg)
+            self._publish(cfg)
+            return cfg
+
+    async def edit_nodes(self, change: NodesChange) -> Config:
+        """Change the config and the node keys together (the node registry), as :meth:`edit`
+        does. secrets.yaml is written first (when a key changed), then config.yaml; when the
+        second write fails the first is undone, so the two files always agree."""
+        async with self._writer:
+            new, keys = change(self.config, dict(self.secrets.node_keys))
+            cfg = _checked(new)
+            keys = dict(keys)
+            if keys == self.secrets.node_keys:
+                await trio.to_thread.run_sync(self._write_config, cfg)
+            else:
+                before = dump_secrets_yaml(self.secrets)
+                after = dump_secrets_yaml(attrs.evolve(self.secrets, node_keys=keys))
+                await trio.to_thread.run_sync(self._write_both, after, cfg, before)
+                self.secrets.node_keys = keys
+            self._publish(cfg)
+            return cfg
+
+    # ----------------------------------------------------------------------- the secrets
+
+    async def add_access_key(self, name: str) -> tuple[dict[str, Any], str]:
+        """Make an access key and save its hash: ``(the stored entry, the key)``. The key
+        itself is returned this once and kept nowhere. A failed write raises OSError and
+        adds nothing."""
+        async with self._writer:
+            stored = self.secrets.access_keys
+            taken = {e.get("id") for e in stored}
+            key_id, key = new_access_key()
+            while key_id in taken:  # pragma: no cover - 48 random bits
+                key_id, key = new_access_key()
+            entry: dict[str, Any] = {"id": key_id, "name": name, "hash": hash_key(key),
+                                     "created_at": now_iso(), "last_used_at": None}
+            await self._save(attrs.evolve(self.secrets, access_keys=[*stored, entry]))
+            stored.append(entry)
+        return dict(entry), key
+
+    async def revoke_access_key(self, key_id: str) -> bool:
+        """Forget an access key; False when there is none with that id. A failed write
+        raises OSError and keeps the key."""
+        async with self._writer:
+            stored = self.secrets.access_keys
+            kept = [e for e in stored if e.get("id") != key_id]
+            if len(kept) == len(stored):
+                return False
+            await self._save(attrs.evolve(self.secrets, access_keys=kept))
+            stored[:] = kept  # the same list: whoever holds it sees the key gone
+        return True
 
     async def key_used(self, key_id: str) -> None:
         """Record that an access key was used now. secrets.yaml is written on the key's first
@@ -128,23 +195,59 @@ class Settings:
         entry["last_used_at"] = now
         try:
             async with self._writer:
-                await trio.to_thread.run_sync(self.save_secrets)
+                await self._save(self.secrets)
         except OSError as exc:
             log.warning("cannot record an access key's use in secrets.yaml: %s", exc.strerror)
 
-    def save_secrets(self) -> None:
-        """Write secrets.yaml atomically with mode 0600."""
-        atomic_write(self.secrets_path, dump_secrets_yaml(self.secrets).encode(), 0o600)
+    async def save_secrets(self) -> None:
+        """Write secrets.yaml as it is in memory, for a caller that set ``secrets`` up by
+        hand (a test); the methods above change and write in one step."""
+        async with self._writer:
+            await self._save(self.secrets)
 
-    def _config_target(self) -> Path:
+    # ------------------------------------------------------------------------- writing
+
+    async def _save(self, content: Secrets) -> None:
+        """Write ``content`` as secrets.yaml (the caller holds the writer). The text is made
+        here, on the loop, so the thread never reads state the loop may change."""
+        await trio.to_thread.run_sync(self._write_secrets_text, dump_secrets_yaml(content))
+
+    def _publish(self, cfg: Config) -> None:
+        self.config = cfg
+        for callback in list(self._subscribers):
+            callback(cfg)
+
+    def _write_secrets_text(self, text: str) -> None:
+        atomic_write(self.secrets_path, text.encode(), 0o600)
+
+    def _write_config(self, cfg: Config) -> None:
         # Write through a symlinked config.yaml (e.g. kept in a dotfiles repo).
-        return Path(os.path.realpath(self.config_path))
-
-    def _config_mode(self) -> int:
+        target = Path(os.path.realpath(self.config_path))
         try:
-            return stat.S_IMODE(self._config_target().stat().st_mode)
+            mode = stat.S_IMODE(target.stat().st_mode)
         except FileNotFoundError:
-            return 0o600
+            mode = 0o600
+        atomic_write(target, dump_config_yaml(cfg).encode(), mode)
+
+    def _write_both(self, secrets_text: str, cfg: Config, secrets_before: str) -> None:
+        """secrets.yaml, then config.yaml; if the second fails, secrets.yaml as it was."""
+        self._write_secrets_text(secrets_text)
+        try:
+            self._write_config(cfg)
+        except OSError:
+            try:
+                self._write_secrets_text(secrets_before)
+            except OSError as exc:  # pragma: no cover - the disk is gone
+                log.error("cannot restore secrets.yaml after a failed config write: %s",
+                          exc.strerror)
+            raise
+
+
+def _checked(new: Config) -> Config:
+    """``new`` with its health_check block derived, validated (ConfigError otherwise)."""
+    cfg = rebuild_health_check(new)
+    validate_config(cfg)
+    return cfg
 
 
 def _load_node_id(data_dir: Path) -> str:
