@@ -106,8 +106,8 @@ async def test_serve_writes_config_and_drains_on_sigterm(nursery: trio.Nursery,
                                             stderr=subprocess.PIPE)
     sock = short_tmp / "s" / "sluice.sock"
     try:
-        with trio.fail_after(15):
-            while not sock.exists():
+        with trio.fail_after(15):  # state.json is written once every listener listens
+            while not sock.exists() or not (data / "state.json").exists():
                 await trio.sleep(0.05)
         replies = []
 
