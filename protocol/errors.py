@@ -150,6 +150,24 @@ def internal(message: str) -> SluiceError:
                        source=Source.GATEWAY)
 
 
+def no_such_item(what: str, param: str, value: str) -> SluiceError:
+    """404 for an admin API item that does not exist (an access key, a node)."""
+    return SluiceError(404, f"no {what} with {param} {value!r}", type="invalid_request_error",
+                       code="not_found", param=param, source=Source.CLIENT)
+
+
+def node_exists(fingerprint: str) -> SluiceError:
+    return SluiceError(409, f"node {fingerprint!r} is already registered",
+                       type="invalid_request_error", code="node_exists", param="baseUrl",
+                       source=Source.CLIENT)
+
+
+def not_saved(what: str, reason: str | None) -> SluiceError:
+    """500 for a settings write the disk refused (nothing was changed)."""
+    return SluiceError(500, f"cannot save {what}: {reason or 'the write failed'}",
+                       type="server_error", code="internal_error", source=Source.GATEWAY)
+
+
 class ConfigError(SluiceError):
     """An invalid configuration value; ``param`` is the dotted YAML path."""
 

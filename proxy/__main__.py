@@ -1,5 +1,5 @@
 """``python -m proxy`` is the ``sluice`` command."""
 
-from proxy.cli import main
+from proxy.main import main
 
 raise SystemExit(main())

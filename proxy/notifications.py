@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from proxy.settings import now_iso
+from proxy.timestamps import now_iso
 
 log = logging.getLogger("sluice.notifications")
 

@@ -5,8 +5,6 @@ drain deadline, then cancel them; remove the socket file."""
 from __future__ import annotations
 
 import errno
-import importlib.util
-import json
 import logging
 import os
 import signal
@@ -20,6 +18,7 @@ from protocol.errors import overloaded
 from protocol.response import Response
 from proxy.connection import ClientConnection
 from proxy.context import Clients, GatewayContext, Listening
+from proxy.datadir import STATE_FILE, GatewayState, read_state, write_state
 from proxy.listeners import (
     SOCKET_NAME,
     ListenerError,
@@ -32,7 +31,7 @@ from proxy.listeners import (
     socket_is_live,
     tcp_port_is_live,
 )
-from proxy.models.launcher import INSTALL_HINT
+from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.models.supervisor import Supervisor
 from proxy.notifications import Notifications
 from proxy.pool.backends import BackendRegistry, run_health_checks
@@ -44,7 +43,6 @@ from proxy.upstream import ConnectionPool
 
 log = logging.getLogger("sluice.server")
 
-STATE_FILE = "state.json"  # where the running gateway listens (for the CLI)
 DRAIN_TIMEOUT = 30.0  # seconds running answers get to finish after a stop signal
 _ACCEPT_RETRY = 0.1  # pause after EMFILE and friends before accepting again
 _TURNED_AWAY_DRAIN = 64 * 1024  # request bytes read (and dropped) from a turned-away connection
@@ -74,7 +72,7 @@ class Gateway:
         configured = {m.name for m in settings.config.models}
         self.models = [*settings.config.models,
                        *(m for m in extra_models if m.name not in configured)]
-        if self.models and importlib.util.find_spec("xllamacpp") is None:
+        if self.models and not llama_available():
             raise StartupError(INSTALL_HINT)
         self._stop = trio.Event()
         self._drained = trio.Event()
@@ -216,28 +214,25 @@ class Gateway:
     async def _refuse_if_running(self) -> None:
         """Another gateway on this data dir (its state file names a live process whose
         local listener answers) means we must not start: exit 2 saying so."""
-        try:
-            state = json.loads(self._state_file.read_text())
-        except (OSError, ValueError):
+        state = read_state(self.settings.data_dir)
+        if state is None or state.pid <= 0:
             return
-        pid = state.get("pid") if isinstance(state, dict) else None
-        if not isinstance(pid, int) or pid <= 0:
-            return
+        pid = state.pid
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return
         except PermissionError:
             pass
-        path, port = state.get("socketPath"), state.get("localTcpPort")
+        path, port = state.socket_path, state.local_tcp_port
         where = None
-        if isinstance(path, str):
+        if path is not None:
             try:
                 if await socket_is_live(Path(path)):
                     where = path
             except OSError:
                 pass
-        if isinstance(port, int) and 0 < port < 65536 and await tcp_port_is_live(port):
+        if port is not None and 0 < port < 65536 and await tcp_port_is_live(port):
             where = f"127.0.0.1:{port}"
         if where is not None:
             raise ListenerError(f"another gateway (pid {pid}) is already running for "
@@ -246,13 +241,9 @@ class Gateway:
     def _write_state(self, listening: Listening) -> None:
         """Where this gateway listens, for the CLI (``sluice status``) to find it: the
         socket path, or the fallback port when no socket folder works."""
-        state = {"pid": os.getpid(), "socketPath": listening.socket_path,
-                 "localTcpPort": listening.local_tcp_port, "tcpPort": listening.tcp_port}
-        tmp = self._state_file.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(json.dumps(state))
-        os.replace(tmp, self._state_file)
+        write_state(self.settings.data_dir, GatewayState(
+            pid=os.getpid(), socket_path=listening.socket_path,
+            local_tcp_port=listening.local_tcp_port, tcp_port=listening.tcp_port))
 
     def _remove_socket(self) -> None:
         """Remove our socket file, unless it is no longer ours (replaced meanwhile)."""

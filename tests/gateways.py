@@ -35,7 +35,7 @@ import trio
 import yaml
 
 from protocol.config import NodeConfig, dump_config_yaml
-from proxy.settings import Secrets
+from protocol.secrets import Secrets
 from tests.client import Reply, chat_body, request
 from tests.conftest import gateway_config, node
 

@@ -128,7 +128,7 @@ async def test_backend_key_is_sent_and_client_auth_is_not(
     gw = await start_gateway([("fake", upstream.url)])
     settings = gw.gateway.settings
     settings.secrets.backend_keys["fake"] = "backend-secret"
-    settings.save_secrets()
+    await settings.save_secrets()
     # The registry reads keys at start; rebuild it the way a restart would.
     from proxy.pool.backends import LocalBackend
 

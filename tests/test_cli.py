@@ -14,6 +14,7 @@ import trio
 import yaml
 
 from protocol.config import default_config, dump_config_yaml
+from proxy.cli.commands import check_config
 from tests.client import chat_body, request
 from tests.conftest import free_port, gateway_config
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
@@ -105,8 +106,8 @@ async def test_serve_writes_config_and_drains_on_sigterm(nursery: trio.Nursery,
                                             stderr=subprocess.PIPE)
     sock = short_tmp / "s" / "sluice.sock"
     try:
-        with trio.fail_after(15):
-            while not sock.exists():
+        with trio.fail_after(15):  # state.json is written once every listener listens
+            while not sock.exists() or not (data / "state.json").exists():
                 await trio.sleep(0.05)
         replies = []
 
@@ -133,3 +134,48 @@ async def test_serve_writes_config_and_drains_on_sigterm(nursery: trio.Nursery,
     log = (await proc.stderr.receive_some(1 << 20)).decode()
     assert "draining" in log
     assert admin not in log
+
+
+def test_cli_commands_do_not_load_the_gateway(short_tmp: Path) -> None:
+    """``sluice status`` and friends import nothing of the server (nor trio, nor h11)."""
+    probe = ("import sys\n"
+             "from proxy.main import main\n"
+             f"code = main(['status', '--data-dir', {str(short_tmp)!r}])\n"
+             "print(code, sorted(m for m in sys.modules\n"
+             "                   if m.split('.')[0] in ('trio', 'h11') or m == 'proxy.server'))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=30, check=False)
+    assert result.stdout.strip() == "1 []", result.stderr
+    assert "no gateway is running" in result.stderr
+
+
+# ---------------------------------------------------------------------------- check-config
+
+
+def test_check_config_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config_yaml(default_config()))
+    assert check_config(path) == 0
+    assert capsys.readouterr().out == f"ok: {path}\n"
+
+
+def test_check_config_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("nodes:\n  - {fingerprint: a, name: a, base_url: 'http://h', priority: 0}\n")
+    assert check_config(path) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert "nodes[0].priority" in out.err
+    assert "255" in out.err
+
+
+def test_check_config_malformed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("api: [\n")
+    assert check_config(path) == 2
+    assert "line 2, column 1" in capsys.readouterr().err
+
+
+def test_check_config_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_config(tmp_path / "nope.yaml") == 2
+    assert "not found" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from protocol.config import (
     LocalConfig,
     ModelConfig,
     NodeConfig,
+    by_priority,
     config_to_dict,
     default_config,
     dump_config_yaml,
@@ -23,6 +24,7 @@ from protocol.config import (
     validate_config,
 )
 from protocol.errors import ConfigError
+from protocol.names import is_fingerprint, is_label
 
 SPEC_ORDER = ["api", "local", "backends", "models", "load_balancing", "nodes", "health_checks",
               "circuit_breaker", "timeouts"]
@@ -490,3 +492,31 @@ def test_durations_round_trip_through_the_file(
     ))
     validate_config(cfg)
     assert parse_config_text(dump_config_yaml(cfg)) == cfg
+
+
+# ------------------------------------------------------------------------- node order, names
+
+
+def test_by_priority_is_top_first() -> None:
+    nodes = [NodeConfig(fingerprint=fp, name=fp, base_url="http://h", priority=p)
+             for fp, p in (("b", 2), ("c", 9), ("a", 5))]
+    assert [n.fingerprint for n in by_priority(nodes)] == ["c", "a", "b"]
+    assert [n.fingerprint for n in by_priority(tuple(nodes))] == ["c", "a", "b"]
+    assert by_priority(()) == []
+
+
+@pytest.mark.parametrize(("value", "ok"), [
+    ("node-3f9a1c0b", True), ("a", True), ("A.b_c-9", True), ("x" * 64, True),
+    ("x" * 65, False), ("", False), ("-node", False), (".node", False), ("node a", False),
+    ("node/a", False), ("nöde", False), (None, False), (5, False),
+])
+def test_one_fingerprint_rule(value: object, ok: bool) -> None:
+    assert is_fingerprint(value) is ok
+
+
+@pytest.mark.parametrize(("value", "ok"), [
+    ("", True), ("studio mac", True), ("스튜디오", True), ("x" * 100, True), ("x" * 101, False),
+    ("a\nb", False), ("a\tb", False), (None, False), (5, False),
+])
+def test_one_label_rule(value: object, ok: bool) -> None:
+    assert is_label(value) is ok

@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import yaml
 
+import proxy.settings
 from proxy.settings import Settings
 from tests.client import Reply, request
 from tests.conftest import RunningGateway, StartGateway, gateway_config, open_settings
@@ -210,3 +212,30 @@ async def test_settings_api(start_gateway: StartGateway, short_tmp: Path) -> Non
     assert config_file.read_text() == before
     assert gw.gateway.settings.config.api.require_auth is True
     assert (await admin_call(gw, "PUT", "/api/v1/settings/api", [1])).status == 400
+
+
+async def test_a_failed_write_makes_and_revokes_nothing(
+        start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    gw = await start_gateway([])
+    made = (await admin_call(gw, "POST", "/api/v1/access-keys", {"name": "kept"})).json()
+    secrets_file = data_dir(gw) / "secrets.yaml"
+    before = secrets_file.read_bytes()
+    stored = gw.gateway.settings.secrets.access_keys
+    listed = list(stored)
+
+    def write(path: Path, data: bytes, mode: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(proxy.settings, "atomic_write", write)
+    for method, path in (("POST", "/api/v1/access-keys"),
+                         ("DELETE", f"/api/v1/access-keys/{made['id']}")):
+        reply = await admin_call(gw, method, path)
+        assert reply.status == 500, (method, reply.body)
+        error = reply.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "internal_error")
+        assert "No space left on device" in error["message"]
+    assert stored == listed
+    assert secrets_file.read_bytes() == before
+    missing = await admin_call(gw, "DELETE", "/api/v1/access-keys/ak-nope")
+    assert missing.status == 404
+    assert missing.json()["error"]["param"] == "id"

@@ -19,13 +19,14 @@ import pytest
 import trio
 
 from proxy import listeners
+from proxy.datadir import STATE_FILE
 from proxy.listeners import (
     SOCKET_NAME,
     ListenerError,
     choose_socket_dir,
     socket_dir_candidates,
 )
-from proxy.server import STATE_FILE, Gateway
+from proxy.server import Gateway
 from tests.client import Client
 from tests.conftest import free_port, gateway_config, open_settings
 

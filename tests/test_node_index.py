@@ -166,7 +166,7 @@ async def test_switching_on_through_the_api(nursery: trio.Nursery,
     await nursery.start(up.serve)
     gw = await start_gateway([])
     settings = gw.gateway.settings
-    settings.update(attrs.evolve(settings.config, nodes=(node("node-t", up.url, 1),)))
+    await settings.update(attrs.evolve(settings.config, nodes=(node("node-t", up.url, 1),)))
     admin = [("authorization", f"Bearer {settings.secrets.admin_token}")]
 
     async def put_lb(on: bool) -> None:

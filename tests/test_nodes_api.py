@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import trio
 import yaml
 
+import proxy.settings
 from protocol.config import NodeConfig
 from protocol.upstream_url import parse_upstream_url
 from proxy.api.nodes import derived_fingerprint
@@ -180,7 +182,7 @@ async def test_added_last_renumbers_when_needed(start_gateway: StartGateway) -> 
     low = NodeConfig(fingerprint="node-low", name="low", base_url=closed_port_url(),
                      priority=1)
     high = attrs.evolve(low, fingerprint="node-high", name="high", priority=7)
-    settings.update(attrs.evolve(settings.config, nodes=(low, high)))
+    await settings.update(attrs.evolve(settings.config, nodes=(low, high)))
     made = await admin(gw, "POST", "/api/v1/nodes", {"baseUrl": closed_port_url()})
     assert made.status == 201
     listed = (await request(gw.unix, "GET", "/api/v1/nodes")).json()
@@ -286,3 +288,40 @@ async def test_nodes_cli(start_gateway: StartGateway, short_tmp: Path) -> None:
     # A key on the command line is not an option.
     plain = await sluice("nodes", "add", closed_port_url(), "--api-key", KEY, *folder)
     assert plain.returncode == 2
+
+
+async def test_a_failed_config_write_keeps_the_old_key(
+        start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """secrets.yaml is written first; when config.yaml then cannot be, secrets.yaml is put
+    back: the answer is a clean 500 and both files, and the gateway, are as they were."""
+    gw = await start_gateway([])
+    fp = (await admin(gw, "POST", "/api/v1/nodes",
+                      {"baseUrl": closed_port_url(), "apiKey": KEY})).json()["fingerprint"]
+    folder = gw.gateway.settings.data_dir
+    secrets_before = (folder / "secrets.yaml").read_bytes()
+    config_before = (folder / "config.yaml").read_bytes()
+    real = proxy.settings.atomic_write
+    tried: list[str] = []
+
+    def write(path: Path, data: bytes, mode: int) -> None:
+        tried.append(path.name)
+        if path.name == "config.yaml":
+            raise OSError(28, "No space left on device")
+        real(path, data, mode)
+
+    monkeypatch.setattr(proxy.settings, "atomic_write", write)
+    reply = await admin(gw, "PATCH", f"/api/v1/nodes/{fp}",
+                        {"apiKey": KEY + "-NEW", "enabled": False})
+    assert reply.status == 500
+    assert reply.json()["error"] == {
+        "message": "cannot save the node registry: No space left on device",
+        "type": "server_error", "code": "internal_error", "param": None}
+    assert KEY not in reply.body.decode()
+    assert tried == ["secrets.yaml", "config.yaml", "secrets.yaml"]
+    assert (folder / "secrets.yaml").read_bytes() == secrets_before
+    assert (folder / "config.yaml").read_bytes() == config_before
+    assert gw.gateway.settings.secrets.node_keys == {fp: KEY}
+    assert [n.enabled for n in gw.gateway.settings.config.nodes] == [True]
+    gone = await admin(gw, "DELETE", f"/api/v1/nodes/{fp}")
+    assert gone.status == 500
+    assert [n.fingerprint for n in gw.gateway.settings.config.nodes] == [fp]

@@ -1,22 +1,29 @@
+import json
 import os
 import re
 import stat
+import time
 from pathlib import Path
 
 import attrs
 import pytest
+import trio
 import yaml
 
+import proxy.settings
 from protocol.config import (
     Config,
     HealthChecksConfig,
     HealthCheckTimeouts,
+    NodeConfig,
     default_config,
     dump_config_yaml,
     parse_config_text,
 )
 from protocol.errors import ConfigError
-from proxy.settings import Secrets, Settings, check_config, resolve_data_dir
+from protocol.secrets import Secrets
+from proxy.datadir import GatewayState, read_state, resolve_data_dir, write_state
+from proxy.settings import Settings
 
 
 def mode(path: Path) -> int:
@@ -44,6 +51,19 @@ def test_resolve_data_dir_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("XDG_DATA_HOME")
     assert resolve_data_dir(None) == tmp_path / "home" / ".local" / "share" / "sluice"
     assert resolve_data_dir("~/d") == tmp_path / "home" / "d"
+
+
+def test_state_file_round_trip(tmp_path: Path) -> None:
+    assert read_state(tmp_path) is None  # no gateway
+    state = GatewayState(pid=42, socket_path="/run/s/sluice.sock", tcp_port=39080)
+    write_state(tmp_path, state)
+    assert mode(tmp_path / "state.json") == 0o600
+    assert json.loads((tmp_path / "state.json").read_text()) == {
+        "pid": 42, "socketPath": "/run/s/sluice.sock", "localTcpPort": None, "tcpPort": 39080}
+    assert read_state(tmp_path) == state
+    for junk in ("", "[1]", "{", '{"pid": "x", "socketPath": 5, "tcpPort": true}'):
+        (tmp_path / "state.json").write_text(junk)
+        assert read_state(tmp_path) in (None, GatewayState(pid=0))
 
 
 # ---------------------------------------------------------------------------- first start
@@ -86,11 +106,11 @@ def test_existing_data_dir_is_used_as_is(tmp_path: Path) -> None:
     assert (tmp_path / "config.yaml").exists()
 
 
-def test_secrets_never_shown(fresh: Settings) -> None:
+async def test_secrets_never_shown(fresh: Settings) -> None:
     token = fresh.secrets.admin_token
     fresh.secrets.node_keys["node-a"] = "node-key-value-123"
     fresh.secrets.backend_keys["llama"] = "backend-key-value-456"
-    fresh.save_secrets()
+    await fresh.save_secrets()
     for text in (fresh.config_path.read_text(), repr(fresh.secrets), str(fresh.secrets),
                  repr(fresh), str(fresh)):
         assert token not in text
@@ -100,10 +120,10 @@ def test_secrets_never_shown(fresh: Settings) -> None:
     assert "admin_token" not in fresh.config_path.read_text()
 
 
-def test_secrets_round_trip_and_stay_private(fresh: Settings) -> None:
+async def test_secrets_round_trip_and_stay_private(fresh: Settings) -> None:
     fresh.secrets.node_keys["node-a"] = "k1"
     fresh.secrets.access_keys.append({"id": "ak1", "name": "phone", "hash": "h"})
-    fresh.save_secrets()
+    await fresh.save_secrets()
     assert mode(fresh.secrets_path) == 0o600
     again = Settings.open(fresh.data_dir)
     assert again.secrets.node_keys == {"node-a": "k1"}
@@ -123,6 +143,35 @@ def test_broken_secrets_error_does_not_leak(tmp_path: Path) -> None:
     assert "supersecret" not in str(info.value)
     assert "supersecret" not in repr(info.value)
     assert "line 2" in str(info.value)
+
+
+@pytest.mark.parametrize(("text", "key", "line"), [
+    ("admin_token: first-secret-value\nnode_keys: {}\nadmin_token: second-secret-value\n",
+     "admin_token", 3),
+    ("admin_token: t\nnode_keys:\n  node-a: first-secret-value\n"
+     "  node-a: second-secret-value\n", "node-a", 4),
+])
+def test_duplicate_key_in_secrets_is_refused(tmp_path: Path, text: str, key: str,
+                                             line: int) -> None:
+    """One YAML loader for config.yaml and secrets.yaml: a key written twice is refused, the
+    message names the key and its line, never a value."""
+    (tmp_path / "secrets.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        Settings.open(tmp_path)
+    message = str(info.value)
+    assert f"duplicate key {key!r}" in message
+    assert f"line {line}," in message
+    assert str(tmp_path / "secrets.yaml") in message
+    for shown in (message, repr(info.value), info.value.body().decode()):
+        assert "secret-value" not in shown
+
+
+def test_mistagged_secret_is_refused_without_its_value(tmp_path: Path) -> None:
+    (tmp_path / "secrets.yaml").write_text("admin_token: !!int supersecret\n")
+    with pytest.raises(ConfigError) as info:
+        Settings.open(tmp_path)
+    assert "malformed YAML" in str(info.value)
+    assert "supersecret" not in str(info.value) + repr(info.value)
 
 
 def test_empty_secrets_gets_a_token(tmp_path: Path) -> None:
@@ -175,11 +224,11 @@ def test_stale_health_check_in_file_is_derived_in_memory(tmp_path: Path) -> None
 # ---------------------------------------------------------------------------------- update
 
 
-def test_update_writes_and_publishes(fresh: Settings) -> None:
+async def test_update_writes_and_publishes(fresh: Settings) -> None:
     seen: list[Config] = []
     fresh.subscribe(seen.append)
     new = attrs.evolve(fresh.config, health_checks=HealthChecksConfig(interval=10.0, timeout=20.0))
-    stored = fresh.update(new)
+    stored = await fresh.update(new)
     assert stored.timeouts.health_check == HealthCheckTimeouts(timeout=9.0, interval=10.0)
     assert fresh.config == stored
     assert seen == [stored]
@@ -189,7 +238,8 @@ def test_update_writes_and_publishes(fresh: Settings) -> None:
                                                                 "secrets.yaml"]
 
 
-def test_update_uses_fsync_and_rename(fresh: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_update_uses_fsync_and_rename(fresh: Settings,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     real_fsync, real_replace = os.fsync, os.replace
 
@@ -204,12 +254,13 @@ def test_update_uses_fsync_and_rename(fresh: Settings, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
-    fresh.update(attrs.evolve(fresh.config, api=attrs.evolve(fresh.config.api, port=4000)))
+    await fresh.update(attrs.evolve(fresh.config,
+                                    api=attrs.evolve(fresh.config.api, port=4000)))
     assert calls == ["fsync", "replace->config.yaml", "fsync"]
 
 
-def test_failed_write_leaves_the_old_file(fresh: Settings,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_failed_write_leaves_the_old_file(fresh: Settings,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     before = fresh.config_path.read_bytes()
 
     def broken_replace(src: str, dst: Path) -> None:
@@ -217,14 +268,15 @@ def test_failed_write_leaves_the_old_file(fresh: Settings,
 
     monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(OSError, match="No space"):
-        fresh.update(attrs.evolve(fresh.config, api=attrs.evolve(fresh.config.api, port=4000)))
+        await fresh.update(attrs.evolve(fresh.config,
+                                        api=attrs.evolve(fresh.config.api, port=4000)))
     assert fresh.config_path.read_bytes() == before
     assert fresh.config == default_config()
     assert sorted(p.name for p in fresh.data_dir.iterdir()) == ["config.yaml", "node.id",
                                                                 "secrets.yaml"]
 
 
-def test_update_refuses_invalid_without_touching_anything(fresh: Settings) -> None:
+async def test_update_refuses_invalid_without_touching_anything(fresh: Settings) -> None:
     seen: list[Config] = []
     fresh.subscribe(seen.append)
     before = fresh.config_path.read_bytes()
@@ -233,7 +285,7 @@ def test_update_refuses_invalid_without_touching_anything(fresh: Settings) -> No
     bad = attrs.evolve(fresh.config, timeouts=attrs.evolve(t, request=attrs.evolve(
         t.request, streaming=attrs.evolve(t.request.streaming, total=1201.0))))
     with pytest.raises(ConfigError) as info:
-        fresh.update(bad)
+        await fresh.update(bad)
     assert info.value.path == "timeouts.request.streaming.total"
     assert fresh.config_path.read_bytes() == before
     assert fresh.config_path.stat().st_ino == stat_before.st_ino
@@ -241,54 +293,135 @@ def test_update_refuses_invalid_without_touching_anything(fresh: Settings) -> No
     assert seen == []
 
 
-def test_unsubscribe(fresh: Settings) -> None:
+async def test_unsubscribe(fresh: Settings) -> None:
     seen: list[Config] = []
     unsubscribe = fresh.subscribe(seen.append)
     unsubscribe()
-    fresh.update(fresh.config)
+    await fresh.update(fresh.config)
     assert seen == []
 
 
-def test_update_through_symlink_keeps_the_link(tmp_path: Path) -> None:
+async def test_update_through_symlink_keeps_the_link(tmp_path: Path) -> None:
     real = tmp_path / "real.yaml"
     real.write_text("")
     (tmp_path / "data").mkdir()
     link = tmp_path / "data" / "config.yaml"
     link.symlink_to(real)
     settings = Settings.open(tmp_path / "data")
-    settings.update(attrs.evolve(settings.config,
-                                 api=attrs.evolve(settings.config.api, port=5000)))
+    await settings.update(attrs.evolve(settings.config,
+                                       api=attrs.evolve(settings.config.api, port=5000)))
     assert link.is_symlink()
     assert parse_config_text(real.read_text()).api.port == 5000
 
 
-# ---------------------------------------------------------------------------- check-config
+# ------------------------------------------------------------- changes made by the owner
 
 
-def test_check_config_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text(dump_config_yaml(default_config()))
-    assert check_config(path) == 0
-    assert capsys.readouterr().out == f"ok: {path}\n"
+def fail_writes_of(monkeypatch: pytest.MonkeyPatch, *names: str) -> list[str]:
+    """Make the settings' writes of these files fail (disk full); returns the names of the
+    files written (or tried) in order."""
+    tried: list[str] = []
+    real = proxy.settings.atomic_write
+
+    def write(path: Path, data: bytes, mode: int) -> None:
+        tried.append(path.name)
+        if path.name in names:
+            raise OSError(28, "No space left on device")
+        real(path, data, mode)
+
+    monkeypatch.setattr(proxy.settings, "atomic_write", write)
+    return tried
 
 
-def test_check_config_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text("nodes:\n  - {fingerprint: a, name: a, base_url: 'http://h', priority: 0}\n")
-    assert check_config(path) == 2
-    out = capsys.readouterr()
-    assert out.out == ""
-    assert "nodes[0].priority" in out.err
-    assert "255" in out.err
+async def test_concurrent_edits_never_undo_each_other(fresh: Settings,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each change is made on the config as it is when its turn comes (one writer)."""
+    real = proxy.settings.atomic_write
+
+    def slow(path: Path, data: bytes, mode: int) -> None:
+        time.sleep(0.05)
+        real(path, data, mode)
+
+    monkeypatch.setattr(proxy.settings, "atomic_write", slow)
+
+    async def port() -> None:
+        await fresh.edit(lambda c: attrs.evolve(c, api=attrs.evolve(c.api, port=4000)))
+
+    async def auth() -> None:
+        await fresh.edit(lambda c: attrs.evolve(c, api=attrs.evolve(c.api, require_auth=True)))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(port)
+        nursery.start_soon(auth)
+    assert (fresh.config.api.port, fresh.config.api.require_auth) == (4000, True)
+    assert parse_config_text(fresh.config_path.read_text()) == fresh.config
 
 
-def test_check_config_malformed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text("api: [\n")
-    assert check_config(path) == 2
-    assert "line 2, column 1" in capsys.readouterr().err
+async def test_edit_refused_by_the_change_writes_nothing(fresh: Settings) -> None:
+    before = fresh.config_path.read_bytes()
+
+    def refuse(cfg: Config) -> Config:
+        raise ConfigError("api.port", "no")
+
+    with pytest.raises(ConfigError):
+        await fresh.edit(refuse)
+    assert fresh.config_path.read_bytes() == before
 
 
-def test_check_config_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert check_config(tmp_path / "nope.yaml") == 2
-    assert "not found" in capsys.readouterr().err
+def with_node(cfg: Config, fingerprint: str = "node-a") -> Config:
+    node = NodeConfig(fingerprint=fingerprint, name="a", base_url="http://192.0.2.1",
+                      priority=1)
+    return attrs.evolve(cfg, nodes=(*cfg.nodes, node))
+
+
+async def test_node_registry_writes_secrets_then_config(fresh: Settings,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    tried = fail_writes_of(monkeypatch)
+    stored = await fresh.edit_nodes(lambda cfg, keys: (with_node(cfg), {**keys, "node-a": "k1"}))
+    assert tried == ["secrets.yaml", "config.yaml"]
+    assert [n.fingerprint for n in stored.nodes] == ["node-a"]
+    assert fresh.config == stored
+    assert fresh.secrets.node_keys == {"node-a": "k1"}
+    assert yaml.safe_load(fresh.secrets_path.read_text())["node_keys"] == {"node-a": "k1"}
+    tried.clear()
+    await fresh.edit_nodes(lambda cfg, keys: (attrs.evolve(cfg, nodes=()), keys))
+    assert tried == ["config.yaml"]  # no key changed: secrets.yaml is left alone
+
+
+async def test_failed_config_write_undoes_the_secrets_write(
+        fresh: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    secrets_before = fresh.secrets_path.read_bytes()
+    config_before = fresh.config_path.read_bytes()
+    tried = fail_writes_of(monkeypatch, "config.yaml")
+    with pytest.raises(OSError, match="No space"):
+        await fresh.edit_nodes(lambda cfg, keys: (with_node(cfg), {**keys, "node-a": "k1"}))
+    assert tried == ["secrets.yaml", "config.yaml", "secrets.yaml"]
+    assert fresh.secrets_path.read_bytes() == secrets_before
+    assert fresh.config_path.read_bytes() == config_before
+    assert fresh.secrets.node_keys == {}
+    assert fresh.config == default_config()
+
+
+async def test_access_keys_are_made_and_revoked_by_the_owner(
+        fresh: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = fresh.secrets.access_keys
+    entry, key = await fresh.add_access_key("phone")
+    assert key.startswith("sk-sluice-")
+    assert entry["name"] == "phone"
+    assert entry["hash"] != key
+    assert held == [entry]
+    assert key not in fresh.secrets_path.read_text()
+    assert Settings.open(fresh.data_dir).secrets.access_keys == [entry]
+    before = fresh.secrets_path.read_bytes()
+    fail_writes_of(monkeypatch, "secrets.yaml")
+    with pytest.raises(OSError, match="No space"):
+        await fresh.add_access_key("tablet")
+    with pytest.raises(OSError, match="No space"):
+        await fresh.revoke_access_key(entry["id"])
+    assert held == [entry]  # nothing changed in memory
+    assert fresh.secrets_path.read_bytes() == before
+    monkeypatch.undo()
+    assert not await fresh.revoke_access_key("ak-none")
+    assert await fresh.revoke_access_key(entry["id"])
+    assert held == []  # the same list, now empty
+    assert Settings.open(fresh.data_dir).secrets.access_keys == []

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+import proxy.settings
 from tests.client import Reply, request
 from tests.conftest import RunningGateway, StartGateway
 
@@ -155,3 +156,34 @@ async def test_timeouts_one_step_over(start_gateway: StartGateway, body: dict[st
     assert error["message"].startswith(param)
     assert config_file(gw).read_bytes() == before
     assert gw.gateway.ctx.config is config
+
+
+def disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every settings write fails from now on, as on a full disk."""
+    def write(path: Path, data: bytes, mode: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(proxy.settings, "atomic_write", write)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    (LB, {"enabled": True}),
+    (TIMEOUTS, {"connection": "5s"}),
+    ("/api/v1/settings/api", {"port": 4242}),
+])
+async def test_a_failed_write_answers_500_and_changes_nothing(
+        start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch, path: str,
+        body: dict[str, Any]) -> None:
+    gw = await start_gateway([])
+    before, config = config_file(gw).read_bytes(), gw.gateway.settings.config
+    disk_full(monkeypatch)
+    reply = await put(gw, path, body)
+    assert reply.status == 500
+    assert reply.json() == {"error": {
+        "message": "cannot save the settings: No space left on device", "type": "server_error",
+        "code": "internal_error", "param": None}}
+    assert config_file(gw).read_bytes() == before
+    assert gw.gateway.settings.config is config
+    notes = (await request(gw.unix, "GET", "/api/v1/notifications")).json()["notifications"]
+    assert not any(n["code"] == "restart_required" for n in notes)
+    assert (await request(gw.unix, "GET", LB)).status == 200  # the connection still serves

@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from proxy.status import show, show_pool
+from proxy.cli.render import show, show_pool
 from tests.client import chat_body, request
 from tests.conftest import RunningGateway, StartGateway
 from tests.fakeupstream import FakeUpstream, ReceivedRequest, ResponseWriter, json_completion

@@ -1,18 +1,17 @@
 """``/api/v1/access-keys`` (SPEC §5): make, list and revoke the keys remote clients send.
 
-A key is shown once, in the answer to its creation; secrets.yaml keeps only its hash.
+A key is shown once, in the answer to its creation; secrets.yaml keeps only its hash. The
+settings make each change and write it (:meth:`Settings.add_access_key`,
+:meth:`Settings.revoke_access_key`); a failed write answers 500 and changes nothing.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from protocol.access import hash_key, new_access_key
-from protocol.errors import SluiceError, bad_request
-from proxy.api.call import Call
-from proxy.settings import now_iso
-
-MAX_NAME = 100
+from protocol.errors import bad_request, no_such_item
+from protocol.names import LABEL_RULE, is_label
+from proxy.api.call import Call, saving
 
 
 def _public(entry: dict[str, Any]) -> dict[str, Any]:
@@ -24,7 +23,7 @@ def list_keys(call: Call) -> tuple[int, Any]:
     return 200, [_public(e) for e in call.ctx.settings.secrets.access_keys]
 
 
-def create_key(call: Call) -> tuple[int, Any]:
+async def create_key(call: Call) -> tuple[int, Any]:
     doc = call.json_object(empty_ok=True)
     unknown = sorted(set(doc) - {"name"})
     if unknown:
@@ -32,44 +31,17 @@ def create_key(call: Call) -> tuple[int, Any]:
     name = doc.get("name")
     if name is None:
         name = ""
-    if not isinstance(name, str) or len(name) > MAX_NAME or not name.isprintable():
-        raise bad_request(f"name must be printable text of at most {MAX_NAME} characters",
-                          param="name")
-    settings = call.ctx.settings
-    stored = settings.secrets.access_keys
-    taken = {e.get("id") for e in stored}
-    key_id, key = new_access_key()
-    while key_id in taken:  # pragma: no cover - 48 random bits
-        key_id, key = new_access_key()
-    entry = {"id": key_id, "name": name, "hash": hash_key(key), "created_at": now_iso(),
-             "last_used_at": None}
-    stored.append(entry)
-    try:
-        settings.save_secrets()
-    except OSError as exc:
-        stored.remove(entry)
-        raise SluiceError(500, f"cannot write secrets.yaml: {exc.strerror}",
-                          type="server_error", code="internal_error") from None
+    if not is_label(name):
+        raise bad_request(f"name {LABEL_RULE}", param="name")
+    with saving("the access key"):
+        entry, key = await call.ctx.settings.add_access_key(name)
     call.ctx.notifications.clear("external_access_without_keys")
-    return 201, {"id": key_id, "name": name, "key": key, "createdAt": entry["created_at"]}
+    return 201, {"id": entry["id"], "name": name, "key": key, "createdAt": entry["created_at"]}
 
 
-def revoke_key(call: Call) -> tuple[int, Any]:
+async def revoke_key(call: Call) -> tuple[int, Any]:
     key_id = call.path.rsplit("/", 1)[1]
-    settings = call.ctx.settings
-    stored = settings.secrets.access_keys
-    for entry in stored:
-        if entry.get("id") == key_id:
-            break
-    else:
-        raise SluiceError(404, f"no access key with id {key_id!r}",
-                          type="invalid_request_error", code="not_found", param="id")
-    index = stored.index(entry)
-    stored.remove(entry)
-    try:
-        settings.save_secrets()
-    except OSError as exc:
-        stored.insert(index, entry)
-        raise SluiceError(500, f"cannot write secrets.yaml: {exc.strerror}",
-                          type="server_error", code="internal_error") from None
+    with saving("the access keys"):
+        if not await call.ctx.settings.revoke_access_key(key_id):
+            raise no_such_item("access key", "id", key_id)
     return 200, {"id": key_id, "deleted": True}

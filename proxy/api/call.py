@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from protocol.errors import bad_request
+from protocol.errors import bad_request, not_saved
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
@@ -39,3 +40,13 @@ class Call:
 
 
 Handler = Callable[[Call], tuple[int, Any]]
+
+
+@contextmanager
+def saving(what: str) -> Iterator[None]:
+    """Around a settings change: a write the disk refuses (OSError; the settings changed
+    nothing) answers a clean 500 saying what could not be saved."""
+    try:
+        yield
+    except OSError as exc:
+        raise not_saved(what, exc.strerror) from None

@@ -2,7 +2,8 @@
 
 Nodes live in config.yaml (``nodes:``), their API keys in secrets.yaml (``node_keys``). The
 order is the priority: the first node has the largest, the last 1; priorities stay unique in
-1..255. Every change writes secrets.yaml (when a key changes) and then config.yaml, each
+1..255. Every change is a function of the registry as it is, made by the settings
+(:meth:`Settings.edit_nodes`): secrets.yaml (when a key changes) and then config.yaml, each
 atomically; if the second write fails the first is undone, so the two always agree. A key is
 never echoed: not in answers (``hasApiKey`` only), errors, logs or ``repr()``.
 """
@@ -20,10 +21,12 @@ import attrs
 import trio
 
 from protocol.access import check_api_key
-from protocol.config import Config, NodeConfig, rebuild_health_check, validate_config
-from protocol.errors import ConfigError, SluiceError, internal
+from protocol.config import Config, NodeConfig, by_priority
+from protocol.errors import ConfigError, no_such_item, node_exists
+from protocol.names import LABEL_RULE, is_fingerprint, is_label
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
-from proxy.api.call import Call
+from proxy.api.call import Call, saving
+from proxy.settings import NodesChange
 from proxy.upstream import UpstreamFailure, fetch
 
 log = logging.getLogger("sluice.nodes")
@@ -31,9 +34,7 @@ log = logging.getLogger("sluice.nodes")
 PREFIX = "/api/v1/nodes/"
 IDENTITY_PATH = b"/api/v1/node/identity"
 IDENTITY_TIMEOUT = 3.0  # seconds, at most, to ask a new node who it is
-MAX_NAME = 100
 MAX_PRIORITY = 255
-FINGERPRINT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 RESERVED = frozenset({"order", "routing-stats"})  # sub-paths of /api/v1/nodes/
 # A ConfigError about nodes[i].<key> names the JSON field instead.
 _JSON_FIELDS = {"base_url": "baseUrl", "name": "name", "enabled": "enabled",
@@ -52,11 +53,6 @@ def identity(call: Call) -> tuple[int, Any]:
 
 
 # ------------------------------------------------------------------------------ helpers
-
-
-def ordered(nodes: tuple[NodeConfig, ...]) -> list[NodeConfig]:
-    """Nodes top first (largest priority first)."""
-    return sorted(nodes, key=lambda n: -n.priority)
 
 
 def _public(node: NodeConfig, keys: dict[str, str]) -> dict[str, Any]:
@@ -86,8 +82,8 @@ def _base_url(value: object) -> tuple[str, UpstreamAddress]:
 
 
 def _name(value: object) -> str:
-    if not isinstance(value, str) or len(value) > MAX_NAME or not value.isprintable():
-        raise ConfigError("name", f"must be printable text of at most {MAX_NAME} characters")
+    if not is_label(value):
+        raise ConfigError("name", LABEL_RULE)
     return value.strip()
 
 
@@ -133,39 +129,23 @@ async def ask_identity(call: Call, address: UpstreamAddress, key: str | None) ->
             fingerprint = json.loads(body).get("fingerprint")
         except (ValueError, AttributeError, UnicodeDecodeError):
             return None
-        if isinstance(fingerprint, str) and FINGERPRINT_RE.fullmatch(fingerprint) \
-                and fingerprint not in RESERVED:
+        if is_fingerprint(fingerprint) and fingerprint not in RESERVED:
             return fingerprint
         return None
     log.info("node %r did not answer its identity within %ss", address, IDENTITY_TIMEOUT)
     return None
 
 
-def commit(call: Call, new: Config, keys: dict[str, str]) -> Config:
-    """Save ``keys`` as secrets.yaml's node_keys (when changed) and ``new`` as config.yaml.
-    Validated first, so a refused change writes nothing; a failed config write undoes the
-    secrets write."""
-    settings = call.ctx.settings
-    cfg = rebuild_health_check(new)
+async def commit(call: Call, change: NodesChange) -> Config:
+    """Make ``change`` to the registry through the settings, which validate it, write
+    secrets.yaml (when a key changed) and then config.yaml, and undo the first write if the
+    second fails. A refused change answers 422 naming the JSON field where there is one; a
+    failed write 500; either way nothing changes."""
     try:
-        validate_config(cfg)
+        with saving("the node registry"):
+            return await call.ctx.settings.edit_nodes(change)
     except ConfigError as exc:
         raise _renamed(exc) from None
-    old_keys = settings.secrets.node_keys
-    changed = keys != old_keys
-    try:
-        if changed:
-            settings.secrets.node_keys = keys
-            settings.save_secrets()
-        return settings.update(cfg)
-    except OSError as exc:
-        if changed:
-            settings.secrets.node_keys = old_keys
-            try:
-                settings.save_secrets()
-            except OSError:  # pragma: no cover - the disk is gone
-                log.error("cannot restore secrets.yaml after a failed config write")
-        raise internal(f"cannot save the node registry: {exc.strerror}") from None
 
 
 def _renamed(exc: ConfigError) -> ConfigError:
@@ -176,13 +156,24 @@ def _renamed(exc: ConfigError) -> ConfigError:
     return exc
 
 
-def _find(call: Call) -> NodeConfig:
-    fingerprint = call.path[len(PREFIX):]
-    for node in call.ctx.config.nodes:
+def _fingerprint(call: Call) -> str:
+    return call.path[len(PREFIX):]
+
+
+def _find(cfg: Config, fingerprint: str) -> NodeConfig:
+    for node in cfg.nodes:
         if node.fingerprint == fingerprint:
             return node
-    raise SluiceError(404, f"no node with fingerprint {fingerprint!r}",
-                      type="invalid_request_error", code="not_found", param="fingerprint")
+    raise no_such_item("node", "fingerprint", fingerprint)
+
+
+def _saved(cfg: Config, fingerprint: str) -> NodeConfig:
+    return next(n for n in cfg.nodes if n.fingerprint == fingerprint)
+
+
+def _check_room(cfg: Config) -> None:
+    if len(cfg.nodes) >= MAX_PRIORITY:
+        raise ConfigError("nodes", f"at most {MAX_PRIORITY} nodes can be registered")
 
 
 # ----------------------------------------------------------------------------- handlers
@@ -190,7 +181,7 @@ def _find(call: Call) -> NodeConfig:
 
 def list_nodes(call: Call) -> tuple[int, Any]:
     keys = call.ctx.settings.secrets.node_keys
-    return 200, [_public(n, keys) for n in ordered(call.ctx.config.nodes)]
+    return 200, [_public(n, keys) for n in by_priority(call.ctx.config.nodes)]
 
 
 async def add_node(call: Call) -> tuple[int, Any]:
@@ -200,81 +191,92 @@ async def add_node(call: Call) -> tuple[int, Any]:
     key = _api_key(doc["apiKey"]) if doc.get("apiKey") is not None else None
     name = _name(doc["name"]) if doc.get("name") is not None else ""
     ctx = call.ctx
-    if len(ctx.config.nodes) >= MAX_PRIORITY:
-        raise ConfigError("nodes", f"at most {MAX_PRIORITY} nodes can be registered")
+    _check_room(ctx.config)  # before asking the node
     fingerprint = await ask_identity(call, address, key) or derived_fingerprint(address)
     if fingerprint == ctx.settings.node_id:
         raise ConfigError("baseUrl", "that URL is this gateway itself")
-    cfg = ctx.config  # read after the wait: another change may have landed meanwhile
-    if any(n.fingerprint == fingerprint for n in cfg.nodes):
-        raise SluiceError(409, f"node {fingerprint!r} is already registered",
-                          type="invalid_request_error", code="node_exists", param="baseUrl")
-    current = ordered(cfg.nodes)
-    lowest = current[-1].priority if current else MAX_PRIORITY + 1
-    node = NodeConfig(fingerprint=fingerprint, name=name or (address.host or url),
-                      base_url=url, priority=lowest - 1, enabled=True)
-    nodes = (*current, node) if lowest > 1 else _renumber([*current, node])
-    keys = dict(ctx.settings.secrets.node_keys)
-    keys.pop(fingerprint, None)  # never inherit a stale key
-    if key is not None:
-        keys[fingerprint] = key
-    stored = commit(call, attrs.evolve(cfg, nodes=nodes), keys)
+
+    def change(cfg: Config, keys: dict[str, str]) -> tuple[Config, dict[str, str]]:
+        # The registry as it is now: another change may have landed during the wait.
+        _check_room(cfg)
+        if any(n.fingerprint == fingerprint for n in cfg.nodes):
+            raise node_exists(fingerprint)
+        current = by_priority(cfg.nodes)
+        lowest = current[-1].priority if current else MAX_PRIORITY + 1
+        node = NodeConfig(fingerprint=fingerprint, name=name or (address.host or url),
+                          base_url=url, priority=lowest - 1, enabled=True)
+        nodes = (*current, node) if lowest > 1 else _renumber([*current, node])
+        keys.pop(fingerprint, None)  # never inherit a stale key
+        if key is not None:
+            keys[fingerprint] = key
+        return attrs.evolve(cfg, nodes=nodes), keys
+
+    stored = await commit(call, change)
     log.info("node %s added (%s)", fingerprint, url)
-    saved = next(n for n in stored.nodes if n.fingerprint == fingerprint)
-    return 201, _public(saved, ctx.settings.secrets.node_keys)
+    return 201, _public(_saved(stored, fingerprint), ctx.settings.secrets.node_keys)
 
 
-def patch_node(call: Call) -> tuple[int, Any]:
-    node = _find(call)
+async def patch_node(call: Call) -> tuple[int, Any]:
+    fingerprint = _fingerprint(call)
+    _find(call.ctx.config, fingerprint)  # 404 before looking at the body
     doc = call.json_object()
     _fields(doc, ("name", "enabled", "apiKey", "baseUrl"))
     changes: dict[str, Any] = {}
-    if "name" in doc:
-        changes["name"] = _name(doc["name"]) or node.name
+    name = _name(doc["name"]) if "name" in doc else None
     if "enabled" in doc:
         changes["enabled"] = _bool("enabled", doc["enabled"])
     if "baseUrl" in doc:
         changes["base_url"] = _base_url(doc["baseUrl"])[0]
-    keys = dict(call.ctx.settings.secrets.node_keys)
-    if "apiKey" in doc:
-        if doc["apiKey"] is None or doc["apiKey"] == "":  # clear the key
-            keys.pop(node.fingerprint, None)
-        else:
-            keys[node.fingerprint] = _api_key(doc["apiKey"])
-    cfg = call.ctx.config
-    updated = attrs.evolve(node, **changes)
-    nodes = tuple(updated if n.fingerprint == node.fingerprint else n for n in cfg.nodes)
-    commit(call, attrs.evolve(cfg, nodes=nodes), keys)
-    return 200, _public(updated, call.ctx.settings.secrets.node_keys)
+    clear_key = "apiKey" in doc and (doc["apiKey"] is None or doc["apiKey"] == "")
+    new_key = _api_key(doc["apiKey"]) if "apiKey" in doc and not clear_key else None
+
+    def change(cfg: Config, keys: dict[str, str]) -> tuple[Config, dict[str, str]]:
+        node = _find(cfg, fingerprint)
+        named: dict[str, Any] = {} if name is None else {"name": name or node.name}
+        updated = attrs.evolve(node, **changes, **named)
+        if clear_key:
+            keys.pop(fingerprint, None)
+        elif new_key is not None:
+            keys[fingerprint] = new_key
+        nodes = tuple(updated if n.fingerprint == fingerprint else n for n in cfg.nodes)
+        return attrs.evolve(cfg, nodes=nodes), keys
+
+    stored = await commit(call, change)
+    return 200, _public(_saved(stored, fingerprint), call.ctx.settings.secrets.node_keys)
 
 
-def delete_node(call: Call) -> tuple[int, Any]:
-    node = _find(call)
-    cfg = call.ctx.config
-    keys = dict(call.ctx.settings.secrets.node_keys)
-    keys.pop(node.fingerprint, None)
-    nodes = tuple(n for n in cfg.nodes if n.fingerprint != node.fingerprint)
-    commit(call, attrs.evolve(cfg, nodes=nodes), keys)
-    log.info("node %s removed", node.fingerprint)
-    return 200, {"fingerprint": node.fingerprint, "deleted": True}
+async def delete_node(call: Call) -> tuple[int, Any]:
+    fingerprint = _fingerprint(call)
+
+    def change(cfg: Config, keys: dict[str, str]) -> tuple[Config, dict[str, str]]:
+        _find(cfg, fingerprint)
+        keys.pop(fingerprint, None)
+        nodes = tuple(n for n in cfg.nodes if n.fingerprint != fingerprint)
+        return attrs.evolve(cfg, nodes=nodes), keys
+
+    await commit(call, change)
+    log.info("node %s removed", fingerprint)
+    return 200, {"fingerprint": fingerprint, "deleted": True}
 
 
-def put_order(call: Call) -> tuple[int, Any]:
+async def put_order(call: Call) -> tuple[int, Any]:
     doc = call.json_object()
     _fields(doc, ("order",))
     order = doc.get("order")
-    cfg = call.ctx.config
-    by_fp = {n.fingerprint: n for n in cfg.nodes}
     if not isinstance(order, list) or not all(isinstance(fp, str) for fp in order):
         raise ConfigError("order", "expected a list of node fingerprints")
     if len(set(order)) != len(order):
         raise ConfigError("order", "a fingerprint is listed more than once")
-    unknown = [fp for fp in order if fp not in by_fp]
-    if unknown:
-        raise ConfigError("order", f"no node with fingerprint {unknown[0][:64]!r}")
-    missing = [fp for fp in by_fp if fp not in order]
-    if missing:
-        raise ConfigError("order", f"every node must be listed; missing {missing[0]!r}")
-    nodes = _renumber([by_fp[fp] for fp in order])
-    commit(call, attrs.evolve(cfg, nodes=nodes), dict(call.ctx.settings.secrets.node_keys))
+
+    def change(cfg: Config, keys: dict[str, str]) -> tuple[Config, dict[str, str]]:
+        by_fp = {n.fingerprint: n for n in cfg.nodes}
+        unknown = [fp for fp in order if fp not in by_fp]
+        if unknown:
+            raise ConfigError("order", f"no node with fingerprint {unknown[0][:64]!r}")
+        missing = [fp for fp in by_fp if fp not in order]
+        if missing:
+            raise ConfigError("order", f"every node must be listed; missing {missing[0]!r}")
+        return attrs.evolve(cfg, nodes=_renumber([by_fp[fp] for fp in order])), keys
+
+    await commit(call, change)
     return list_nodes(call)

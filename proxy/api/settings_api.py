@@ -13,7 +13,7 @@ import attrs
 
 from protocol.config import Config
 from protocol.errors import ConfigError
-from proxy.api.call import Call
+from proxy.api.call import Call, saving
 
 # JSON field -> (YAML section, YAML key, type check, needs a restart)
 FIELDS: dict[str, tuple[str, str, str, bool]] = {
@@ -51,12 +51,11 @@ def _checked(field: str, path: str, kind: str, value: object) -> object:
     return value
 
 
-def put_api(call: Call) -> tuple[int, Any]:
+async def put_api(call: Call) -> tuple[int, Any]:
     """Validate every field, then save them all at once, or change nothing (422 naming the
-    dotted YAML path)."""
+    dotted YAML path; 500 when the file cannot be written)."""
     doc = call.json_object()
     ctx = call.ctx
-    old = ctx.config
     changes: dict[str, dict[str, Any]] = {"api": {}, "local": {}}
     for field, value in doc.items():
         spec = FIELDS.get(field)
@@ -64,12 +63,18 @@ def put_api(call: Call) -> tuple[int, Any]:
             raise ConfigError(field, f"unknown field; expected one of {', '.join(FIELDS)}")
         section, key, kind, _ = spec
         changes[section][key] = _checked(field, f"{section}.{key}", kind, value)
-    new = attrs.evolve(old, api=attrs.evolve(old.api, **changes["api"]),
-                       local=attrs.evolve(old.local, **changes["local"]))
-    changed = [f"{section}.{key}" for section, key, _, restart in FIELDS.values()
-               if restart and getattr(getattr(old, section), key)
-               != getattr(getattr(new, section), key)]
-    stored = ctx.settings.update(new)  # raises ConfigError (422) and changes nothing
+    changed: list[str] = []
+
+    def change(old: Config) -> Config:
+        new = attrs.evolve(old, api=attrs.evolve(old.api, **changes["api"]),
+                           local=attrs.evolve(old.local, **changes["local"]))
+        changed[:] = [f"{section}.{key}" for section, key, _, restart in FIELDS.values()
+                      if restart and getattr(getattr(old, section), key)
+                      != getattr(getattr(new, section), key)]
+        return new
+
+    with saving("the settings"):
+        stored = await ctx.settings.edit(change)  # ConfigError (422) changes nothing
     if changed:
         ctx.notifications.raise_(
             RESTART_CODE, f"settings changed that apply at the next start ({', '.join(changed)})"

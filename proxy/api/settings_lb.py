@@ -10,6 +10,7 @@ a PUT may give strings or numbers of seconds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -17,7 +18,7 @@ import yaml
 from protocol.config import Config, config_to_dict, parse_config_text
 from protocol.durations import format_duration
 from protocol.errors import ConfigError
-from proxy.api.call import Call
+from proxy.api.call import Call, saving
 
 # JSON field -> (YAML section, YAML key)
 LB_FIELDS: dict[str, tuple[str, str]] = {
@@ -28,11 +29,22 @@ LB_FIELDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _apply(call: Call, data: dict[str, Any], renames: dict[str, str] | None = None) -> Config:
-    """Parse ``data`` as a whole config and save it; 422 naming the dotted path otherwise."""
-    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+Edit = Callable[[dict[str, Any]], None]
+"""A change made on the whole config as YAML data (in place)."""
+
+
+async def _apply(call: Call, edit: Edit, renames: dict[str, str] | None = None) -> Config:
+    """Make ``edit`` on the current config's YAML data, parse the result as a whole config
+    and save it; 422 naming the dotted path otherwise, 500 when the file cannot be written.
+    """
+    def change(cfg: Config) -> Config:
+        data = config_to_dict(cfg)
+        edit(data)
+        return parse_config_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+
     try:
-        return call.ctx.settings.update(parse_config_text(text))
+        with saving("the settings"):
+            return await call.ctx.settings.edit(change)
     except ConfigError as exc:
         for written, asked in (renames or {}).items():
             if exc.path == written or exc.path.startswith(written + "."):
@@ -52,16 +64,18 @@ def get_load_balancing(call: Call) -> tuple[int, Any]:
     return 200, _lb_view(call.ctx.config)
 
 
-def put_load_balancing(call: Call) -> tuple[int, Any]:
+async def put_load_balancing(call: Call) -> tuple[int, Any]:
     doc = call.json_object()
-    data = config_to_dict(call.ctx.config)
-    for field, value in doc.items():
-        spec = LB_FIELDS.get(field)
-        if spec is None:
+    for field in doc:
+        if field not in LB_FIELDS:
             raise ConfigError(field, f"unknown field; expected one of {', '.join(LB_FIELDS)}")
-        section, key = spec
-        data[section][key] = value
-    return 200, _lb_view(_apply(call, data))
+
+    def edit(data: dict[str, Any]) -> None:
+        for field, value in doc.items():
+            section, key = LB_FIELDS[field]
+            data[section][key] = value
+
+    return 200, _lb_view(await _apply(call, edit))
 
 
 def _timeouts_view(cfg: Config) -> dict[str, Any]:
@@ -87,13 +101,16 @@ def _merge(target: dict[str, Any], changes: dict[str, Any], path: str) -> None:
             target[key] = value
 
 
-def put_timeouts(call: Call) -> tuple[int, Any]:
+async def put_timeouts(call: Call) -> tuple[int, Any]:
     """The ``timeouts`` tree, any subset. ``health_check`` is generated from
     ``health_checks`` (§3.2): values given for it are written there, then regenerated."""
     doc = call.json_object()
-    data = config_to_dict(call.ctx.config)
-    _merge(data["timeouts"], doc, "timeouts")
-    given = doc.get("health_check")
-    if isinstance(given, dict):
-        data["health_checks"].update(given)
-    return 200, _timeouts_view(_apply(call, data, {"health_checks": "timeouts.health_check"}))
+
+    def edit(data: dict[str, Any]) -> None:
+        _merge(data["timeouts"], doc, "timeouts")
+        given = doc.get("health_check")
+        if isinstance(given, dict):
+            data["health_checks"].update(given)
+
+    renames = {"health_checks": "timeouts.health_check"}
+    return 200, _timeouts_view(await _apply(call, edit, renames))

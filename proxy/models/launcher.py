@@ -9,6 +9,7 @@ SIGINT and exits 0. llama.cpp's own log goes to stderr.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import sys
@@ -16,6 +17,12 @@ from collections.abc import Sequence
 
 INSTALL_HINT = ("llama.cpp support is not installed: run  pip install 'sluice[llama]'  "
                 "(or scripts/serve, which installs it)")
+
+
+def llama_available() -> bool:
+    """Whether the ``xllamacpp`` wheel is installed (found, not imported: importing it is
+    slow and loads llama.cpp)."""
+    return importlib.util.find_spec("xllamacpp") is not None
 
 
 def _parser() -> argparse.ArgumentParser:

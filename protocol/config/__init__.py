@@ -1,0 +1,48 @@
+"""config.yaml (pure: text in, values out), in four parts:
+
+- :mod:`protocol.config.schema` — the attrs classes (attribute names are exactly the YAML
+  keys), the defaults, the ``timeouts.health_check`` rule and the node order;
+- :mod:`protocol.config.convert` — the one cattrs converter, YAML data <-> schema;
+- :mod:`protocol.config.validate` — the limits of SPEC §3.1;
+- :mod:`protocol.config.text` — parsing and writing the file's text.
+
+Durations are ``float`` seconds and sizes ``int`` bytes in memory; on disk they are written as
+``"30s"`` / ``"32MiB"``. Every problem is raised as :class:`ConfigError` naming the dotted YAML
+path (``timeouts.request.streaming.total``, ``nodes[1].priority``) and, for limits, the limit
+itself. Import the names from here.
+"""
+
+from protocol.config.convert import config_to_dict
+from protocol.config.schema import (
+    BACKEND_KINDS,
+    SOCKET_DIR_MAX_BYTES,
+    STRATEGIES,
+    ApiConfig,
+    BackendConfig,
+    CircuitBreakerConfig,
+    Config,
+    HealthChecksConfig,
+    HealthCheckTimeouts,
+    LoadBalancingConfig,
+    LocalConfig,
+    ModelConfig,
+    NodeConfig,
+    PhaseTimeouts,
+    RequestTimeouts,
+    StreamingTimeouts,
+    TimeoutsConfig,
+    by_priority,
+    default_config,
+    rebuild_health_check,
+)
+from protocol.config.text import dump_config_yaml, parse_config_text
+from protocol.config.validate import validate_config
+
+__all__ = [
+    "BACKEND_KINDS", "SOCKET_DIR_MAX_BYTES", "STRATEGIES", "ApiConfig", "BackendConfig",
+    "CircuitBreakerConfig", "Config", "HealthCheckTimeouts", "HealthChecksConfig",
+    "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "PhaseTimeouts",
+    "RequestTimeouts", "StreamingTimeouts", "TimeoutsConfig", "by_priority", "config_to_dict",
+    "default_config", "dump_config_yaml", "parse_config_text", "rebuild_health_check",
+    "validate_config",
+]

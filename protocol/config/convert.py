@@ -1,0 +1,159 @@
+"""The one cattrs converter between config data (YAML's mappings, lists and scalars) and the
+schema, both ways. Reading is strict (no ``"yes"`` for true, no unknown key) and every
+problem becomes a :class:`ConfigError` naming the dotted YAML path of the first one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final, get_args, get_origin
+
+import attrs
+import cattrs
+from cattrs.errors import (
+    AttributeValidationNote,
+    ClassValidationError,
+    ForbiddenExtraKeysError,
+    IterableValidationError,
+    IterableValidationNote,
+)
+from cattrs.gen import make_dict_structure_fn
+
+from protocol.config.schema import Config, Duration, Size
+from protocol.durations import format_duration, format_size, parse_duration, parse_size
+from protocol.errors import ConfigError
+
+__all__ = ["config_to_dict", "describe", "structure_config"]
+
+
+def describe(value: object) -> str:
+    """What a YAML value is, for messages ("the string 'x'", "a mapping", ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return type(value).__name__
+
+
+def _strict(tp: type, expected: str) -> Callable[[object, Any], Any]:
+    """A hook that takes a YAML scalar of exactly ``tp`` (no ``"yes"`` -> True, no 1 -> True)."""
+    def structure(value: object, _: Any) -> Any:
+        if type(value) is not tp:
+            raise ConfigError("", f"expected {expected}, got {describe(value)}")
+        return value
+
+    return structure
+
+
+def _is_homogeneous_tuple(tp: Any) -> bool:
+    args = get_args(tp)
+    return get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+
+def _structure_tuple(value: object, tp: Any) -> tuple[Any, ...]:
+    """A YAML list (``null`` = empty) into a tuple; errors keep the element's index."""
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise ConfigError("", f"expected a list, got {describe(value)}")
+    item_type = get_args(tp)[0]
+    items = []
+    for index, item in enumerate(value):
+        try:
+            items.append(_CONVERTER.structure(item, item_type))
+        except Exception as exc:
+            exc.add_note(IterableValidationNote(f"@ index {index}", index, item_type))
+            raise IterableValidationError(f"While structuring {tp!r}", [exc], tp) from None
+    return tuple(items)
+
+
+def _attrs_hook_factory(cl: type[Any]) -> Callable[[object, Any], Any]:
+    inner = make_dict_structure_fn(cl, _CONVERTER)
+    # Sub-sections whose defaults differ per field (request.standard vs image_generation):
+    # a partial mapping is completed from that field's own default.
+    instance_defaults = {a.name: attrs.asdict(a.default, recurse=False)
+                         for a in attrs.fields(cl) if attrs.has(type(a.default))}
+
+    def structure(value: object, _: Any) -> Any:
+        if value is None:  # an empty section (`api:`) means "all defaults"
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ConfigError("", f"expected a mapping of keys, got {describe(value)}")
+        for name, default in instance_defaults.items():
+            given = value.get(name)
+            if isinstance(given, Mapping):
+                value = {**value, name: {**default, **given}}
+        return inner(value, cl)
+
+    return structure
+
+
+_CONVERTER: Final = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+_CONVERTER.register_structure_hook(bool, _strict(bool, "true or false"))
+_CONVERTER.register_structure_hook(int, _strict(int, "a whole number"))
+_CONVERTER.register_structure_hook(str, _strict(str, "a string"))
+_CONVERTER.register_structure_hook_func(lambda t: t == Duration, lambda v, _: parse_duration(v, ""))
+_CONVERTER.register_structure_hook_func(lambda t: t == Size, lambda v, _: parse_size(v, ""))
+_CONVERTER.register_structure_hook_func(_is_homogeneous_tuple, _structure_tuple)
+_CONVERTER.register_structure_hook_factory(attrs.has, _attrs_hook_factory)
+_CONVERTER.register_unstructure_hook_func(lambda t: t == Duration, format_duration)
+_CONVERTER.register_unstructure_hook_func(lambda t: t == Size, format_size)
+
+
+def _join(path: str, key: object) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+def _first_error(exc: BaseException, path: str, raw: object) -> ConfigError:
+    """The first problem in a cattrs error tree, as a ConfigError with its dotted path."""
+    if isinstance(exc, ClassValidationError | IterableValidationError):
+        subs = list(exc.exceptions)
+        # An unknown key is the likeliest root cause (a typo): report it first.
+        subs.sort(key=lambda e: not isinstance(e, ForbiddenExtraKeysError))
+        for sub in subs:
+            for note in getattr(sub, "__notes__", ()):
+                if isinstance(note, AttributeValidationNote):
+                    child = raw.get(note.name) if isinstance(raw, Mapping) else None
+                    return _first_error(sub, _join(path, note.name), child)
+                if isinstance(note, IterableValidationNote) and isinstance(note.index, int):
+                    items = raw if isinstance(raw, list | tuple) else ()
+                    child = items[note.index] if note.index < len(items) else None
+                    return _first_error(sub, _join(path, note.index), child)
+        if subs:
+            return _first_error(subs[0], path, raw)
+    if isinstance(exc, ForbiddenExtraKeysError):
+        order = list(raw) if isinstance(raw, Mapping) else []
+        unknown = sorted(exc.extra_fields, key=lambda k: order.index(k) if k in order else 0)
+        key = unknown[0]
+        return ConfigError(f"{path}.{key}" if path else str(key), f"unknown key {key!r}")
+    if isinstance(exc, ConfigError):
+        return ConfigError(path, exc.message)
+    if isinstance(exc, KeyError):
+        return ConfigError(path, "is required")
+    return ConfigError(path, f"invalid value ({type(exc).__name__}: {exc})")
+
+
+def structure_config(data: Mapping[str, Any]) -> Config:
+    """A :class:`Config` from YAML data; missing keys take their defaults. Raises
+    :class:`ConfigError` for the first problem (unknown keys first), not yet validated."""
+    try:
+        return _CONVERTER.structure(data, Config)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise _first_error(exc, "", data) from None
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain YAML-ready data in SPEC order; durations like ``"30s"``, sizes like ``"32MiB"``."""
+    data: dict[str, Any] = _CONVERTER.unstructure(cfg)
+    return data

@@ -1,0 +1,170 @@
+"""The config.yaml schema: one frozen attrs class per section, attribute names exactly the
+YAML keys, with the defaults written on first start (SPEC §3), and the rules derived from it
+(the ``timeouts.health_check`` regeneration, the node order).
+
+No ``from __future__ import annotations`` here: the converter reads these annotations at
+run time, ``Annotated`` units included.
+"""
+
+import enum
+from collections.abc import Iterable
+from typing import Annotated, Final
+
+import attrs
+
+__all__ = [
+    "BACKEND_KINDS", "SOCKET_DIR_MAX_BYTES", "STRATEGIES", "ApiConfig", "BackendConfig",
+    "CircuitBreakerConfig", "Config", "Duration", "HealthCheckTimeouts", "HealthChecksConfig",
+    "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "PhaseTimeouts",
+    "RequestTimeouts", "Size", "StreamingTimeouts", "TimeoutsConfig", "Unit", "by_priority",
+    "default_config", "rebuild_health_check",
+]
+
+
+class Unit(enum.Enum):
+    """How a number is written in YAML (the converter reads and writes it so)."""
+
+    DURATION = "duration"
+    SIZE = "size"
+
+
+Duration = Annotated[float, Unit.DURATION]  # seconds; "30s" in YAML
+Size = Annotated[int, Unit.SIZE]  # bytes; "32MiB" in YAML
+
+STRATEGIES: Final = ("priority", "round-robin", "least-loaded", "fastest")
+BACKEND_KINDS: Final = ("llm", "diffusion", "embedding")
+SOCKET_DIR_MAX_BYTES: Final = 62
+
+
+@attrs.frozen
+class ApiConfig:
+    enabled: bool = True
+    port: int = 39080
+    allow_external_access: bool = False
+    require_auth: bool = False
+    max_body_size: Size = 32 << 20
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    max_connections: int = 1024
+
+
+@attrs.frozen
+class LocalConfig:
+    socket_dir: str | None = None
+    fallback_port: int = 0
+
+
+@attrs.frozen
+class BackendConfig:
+    name: str
+    url: str
+    kind: str = "llm"
+
+
+@attrs.frozen
+class ModelConfig:
+    name: str
+    path: str
+    context: int = 2048
+    parallel: int = 2
+    threads: int = 0
+
+
+@attrs.frozen
+class LoadBalancingConfig:
+    enabled: bool = False
+    strategy: str = "priority"
+    failover_enabled: bool = True
+
+
+@attrs.frozen
+class NodeConfig:
+    fingerprint: str
+    name: str
+    base_url: str
+    priority: int
+    enabled: bool = True
+
+
+@attrs.frozen
+class HealthChecksConfig:
+    interval: Duration = 5.0
+    timeout: Duration = 4.0
+
+
+@attrs.frozen
+class CircuitBreakerConfig:
+    failure_threshold: int = 3
+    reset_timeout: Duration = 60.0
+
+
+@attrs.frozen
+class PhaseTimeouts:
+    first_byte: Duration
+    total: Duration
+
+
+@attrs.frozen
+class StreamingTimeouts:
+    first_byte: Duration = 120.0
+    chunk_interval: Duration = 30.0
+    total: Duration = 600.0
+
+
+@attrs.frozen
+class RequestTimeouts:
+    standard: PhaseTimeouts = PhaseTimeouts(first_byte=30.0, total=300.0)
+    streaming: StreamingTimeouts = attrs.field(factory=StreamingTimeouts)
+    image_generation: PhaseTimeouts = PhaseTimeouts(first_byte=60.0, total=180.0)
+
+
+@attrs.frozen
+class HealthCheckTimeouts:
+    timeout: Duration = 4.0
+    interval: Duration = 5.0
+
+
+@attrs.frozen
+class TimeoutsConfig:
+    connection: Duration = 10.0
+    request: RequestTimeouts = attrs.field(factory=RequestTimeouts)
+    health_check: HealthCheckTimeouts = attrs.field(factory=HealthCheckTimeouts)
+
+
+@attrs.frozen
+class Config:
+    api: ApiConfig = attrs.field(factory=ApiConfig)
+    local: LocalConfig = attrs.field(factory=LocalConfig)
+    backends: tuple[BackendConfig, ...] = ()
+    models: tuple[ModelConfig, ...] = ()
+    load_balancing: LoadBalancingConfig = attrs.field(factory=LoadBalancingConfig)
+    nodes: tuple[NodeConfig, ...] = ()
+    health_checks: HealthChecksConfig = attrs.field(factory=HealthChecksConfig)
+    circuit_breaker: CircuitBreakerConfig = attrs.field(factory=CircuitBreakerConfig)
+    timeouts: TimeoutsConfig = attrs.field(factory=TimeoutsConfig)
+
+
+def default_config() -> Config:
+    """The configuration written on first start (SPEC §3)."""
+    return Config()
+
+
+def by_priority(nodes: Iterable[NodeConfig]) -> list[NodeConfig]:
+    """Nodes in the user's order: top first (the largest priority first)."""
+    return sorted(nodes, key=lambda n: -n.priority)
+
+
+def rebuild_health_check(cfg: Config) -> Config:
+    """Derive ``timeouts.health_check`` from ``health_checks`` (SPEC §3.2).
+
+    The per-check timeout must be below the interval; if it is not, it becomes
+    interval - 1s (or interval / 2 when that would not be positive).
+    """
+    interval = cfg.health_checks.interval
+    timeout = cfg.health_checks.timeout
+    if timeout >= interval:
+        timeout = interval - 1.0 if interval - 1.0 > 0 else interval / 2
+    derived = HealthCheckTimeouts(timeout=timeout, interval=interval)
+    if derived == cfg.timeouts.health_check:
+        return cfg
+    return attrs.evolve(cfg, timeouts=attrs.evolve(cfg.timeouts, health_check=derived))

@@ -1,0 +1,95 @@
+"""config.yaml as text, both ways: :func:`parse_config_text` (load, complete, derive,
+validate) and :func:`dump_config_yaml` (a complete, commented file that parses back equal)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+import yaml
+
+from protocol.config.convert import config_to_dict, describe, structure_config
+from protocol.config.schema import Config, rebuild_health_check
+from protocol.config.validate import validate_config
+from protocol.errors import ConfigError
+from protocol.yaml_loader import load_yaml
+
+__all__ = ["dump_config_yaml", "parse_config_text"]
+
+
+def parse_config_text(text: str) -> Config:
+    """Parse, complete (missing keys take their defaults), derive and validate a config.
+
+    An empty file gives :func:`default_config`. ``timeouts.health_check`` is always rebuilt
+    from ``health_checks``. Raises :class:`ConfigError` for the first problem found.
+    """
+    data = load_yaml(text)
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("", "the top level of the config must be a mapping, "
+                              f"not {describe(data)}")
+    cfg = rebuild_health_check(structure_config(data))
+    validate_config(cfg)
+    return cfg
+
+
+_HEADER = """\
+# sluice configuration. Hand edits are fine; the gateway rewrites this file (atomically)
+# whenever a setting changes. Unknown keys are refused. Durations: 500ms, 30s, 5m, 1h or a
+# number of seconds. Sizes: bytes, KiB, MiB, GiB. Secrets live in secrets.yaml, not here.
+"""
+
+_SECTION_NOTES: Final = {
+    "backends": "local model servers (llama.cpp, vLLM, Ollama, LM Studio...), e.g.\n"
+                "#   - name: llama\n"
+                "#     url: http://127.0.0.1:8080   # or unix:/path/to/model.sock\n"
+                "#     kind: llm                    # llm | diffusion | embedding",
+    "models": "managed llama.cpp servers, e.g.\n"
+              "#   - name: smollm2-135m             # the model id clients ask for\n"
+              "#     path: models/model.gguf        # relative to the data dir\n"
+              "#     context: 2048\n"
+              "#     parallel: 2                    # concurrent slots\n"
+              "#     threads: 0                     # 0 = all cores",
+    "nodes": "network nodes, e.g.\n"
+             "#   - fingerprint: node-abc\n"
+             "#     name: studio-mac\n"
+             "#     base_url: http://192.168.1.50:39080\n"
+             "#     priority: 5                    # 1..255, unique; largest = first\n"
+             "#     enabled: true                  # included in routing",
+}
+
+_KEY_NOTES: Final = {
+    ("api", "enabled"): "TCP API server; false = Unix socket only",
+    ("api", "allow_external_access"): "true binds 0.0.0.0 (and ::); remote clients need a key",
+    ("api", "require_auth"): "true: loopback TCP clients need an access key too",
+    ("api", "allowed_hosts"): "extra Host names accepted on TCP (DNS-rebinding guard)",
+    ("api", "allowed_origins"): "extra browser origins allowed (CORS)",
+    ("api", "max_connections"): "client connections held at once",
+    ("local", "socket_dir"): "custom socket folder, at most 62 bytes, applied at restart",
+    ("local", "fallback_port"): "loopback TCP port used only when no socket folder works",
+    ("load_balancing", "strategy"): "priority | round-robin | least-loaded | fastest",
+    ("timeouts", "health_check"): "generated from health_checks on every write",
+}
+
+
+def _annotate(section: str, lines: list[str]) -> list[str]:
+    out = []
+    for line in lines:
+        key = line[2:].split(":", 1)[0] if line.startswith("  ") and line[2:3] != " " else ""
+        note = _KEY_NOTES.get((section, key))
+        out.append(f"{line}   # {note}" if note else line)
+    return out
+
+
+def dump_config_yaml(cfg: Config) -> str:
+    """A complete, commented config.yaml that parses back to an equal :class:`Config`."""
+    parts = [_HEADER]
+    for section, value in config_to_dict(cfg).items():
+        note = _SECTION_NOTES.get(section)
+        if note:
+            parts.append(f"# {note}\n")
+        text = yaml.safe_dump({section: value}, sort_keys=False, default_flow_style=False,
+                              allow_unicode=True, width=1 << 16)
+        parts.append("\n".join(_annotate(section, text.splitlines())) + "\n")
+    return "".join(parts)

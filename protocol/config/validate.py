@@ -1,0 +1,139 @@
+"""The limits of a config (SPEC §3.1), checked on a structured :class:`Config`: each problem
+is a :class:`ConfigError` naming the dotted YAML path and, for limits, the limit itself."""
+
+from __future__ import annotations
+
+from protocol.config.schema import (
+    BACKEND_KINDS,
+    SOCKET_DIR_MAX_BYTES,
+    STRATEGIES,
+    ApiConfig,
+    Config,
+    LocalConfig,
+)
+from protocol.durations import format_duration, parse_duration
+from protocol.errors import ConfigError
+from protocol.upstream_url import parse_upstream_url
+
+__all__ = ["validate_config"]
+
+
+def _check_range(path: str, value: int, low: int, high: int | None = None) -> None:
+    if value < low or (high is not None and value > high):
+        limit = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ConfigError(path, f"must be {limit}, got {value}")
+
+
+def _check_duration(path: str, value: float, high: str | None = None, low: str | None = None
+                    ) -> None:
+    """Positive, and within ``low``..``high`` (limits written as in SPEC, e.g. ``"9m"``)."""
+    got = format_duration(value)
+    if (low is not None and high is not None
+            and not parse_duration(low, path) <= value <= parse_duration(high, path)):
+        raise ConfigError(path, f"must be between {low} and {high}, got {got}")
+    if value <= 0:
+        raise ConfigError(path, f"must be greater than 0s, got {got}")
+    if high is not None and value > parse_duration(high, path):
+        raise ConfigError(path, f"{got} is over the limit of {high}")
+
+
+def _check_name(path: str, value: str, seen: set[str], what: str) -> None:
+    if not value.strip():
+        raise ConfigError(path, f"{what} must not be empty")
+    if value in seen:
+        raise ConfigError(path, f"{what} {value!r} is used twice")
+    seen.add(value)
+
+
+def _check_url(path: str, url: str, *, unix: bool) -> None:
+    """One rule for upstream URLs: the parser the gateway connects with."""
+    if not unix and url.startswith("unix:"):
+        raise ConfigError(path, f"expected http://host[:port][/base], got {url!r}")
+    try:
+        parse_upstream_url(url)
+    except ValueError as exc:
+        raise ConfigError(path, str(exc)) from None
+
+
+def _check_api(api: ApiConfig) -> None:
+    _check_range("api.port", api.port, 0, 65535)  # 0: any free port
+    _check_range("api.max_body_size", api.max_body_size, 1)
+    for field, values in (("allowed_hosts", api.allowed_hosts),
+                          ("allowed_origins", api.allowed_origins)):
+        for i, item in enumerate(values):
+            if not item.strip() or any(c.isspace() for c in item):
+                raise ConfigError(f"api.{field}[{i}]", f"invalid entry {item!r}")
+    _check_range("api.max_connections", api.max_connections, 1)
+
+
+def _check_local(local: LocalConfig) -> None:
+    if local.socket_dir is not None:
+        size = len(local.socket_dir.encode("utf-8"))
+        if not local.socket_dir.strip() or not local.socket_dir.isprintable():
+            raise ConfigError("local.socket_dir", "must be a folder path or null")
+        if size > SOCKET_DIR_MAX_BYTES:
+            raise ConfigError("local.socket_dir", f"is {size} bytes long; the limit is "
+                              f"{SOCKET_DIR_MAX_BYTES} bytes (UTF-8)")
+    _check_range("local.fallback_port", local.fallback_port, 0, 65535)
+
+
+def _check_lists(cfg: Config) -> None:
+    names: set[str] = set()
+    for i, backend in enumerate(cfg.backends):
+        _check_name(f"backends[{i}].name", backend.name, names, "backend name")
+        _check_url(f"backends[{i}].url", backend.url, unix=True)
+        if backend.kind not in BACKEND_KINDS:
+            raise ConfigError(f"backends[{i}].kind", f"unknown kind {backend.kind!r}; expected "
+                              f"one of {', '.join(BACKEND_KINDS)}")
+    names = set()
+    for i, model in enumerate(cfg.models):
+        _check_name(f"models[{i}].name", model.name, names, "model name")
+        if not model.path.strip():
+            raise ConfigError(f"models[{i}].path", "must not be empty")
+        _check_range(f"models[{i}].context", model.context, 1)
+        _check_range(f"models[{i}].parallel", model.parallel, 1)
+        _check_range(f"models[{i}].threads", model.threads, 0)
+    if cfg.load_balancing.strategy not in STRATEGIES:
+        raise ConfigError("load_balancing.strategy",
+                          f"unknown strategy {cfg.load_balancing.strategy!r}; "
+                          f"expected one of {', '.join(STRATEGIES)}")
+    fingerprints: set[str] = set()
+    priorities: dict[int, int] = {}
+    for i, node in enumerate(cfg.nodes):
+        _check_name(f"nodes[{i}].fingerprint", node.fingerprint, fingerprints, "fingerprint")
+        _check_url(f"nodes[{i}].base_url", node.base_url, unix=False)
+        _check_range(f"nodes[{i}].priority", node.priority, 1, 255)
+        if node.priority in priorities:
+            raise ConfigError(f"nodes[{i}].priority", f"priority {node.priority} is already used "
+                              f"by nodes[{priorities[node.priority]}]; priorities (1..255) "
+                              "must be unique")
+        priorities[node.priority] = i
+
+
+def _check_timeouts(cfg: Config) -> None:
+    hc = cfg.health_checks
+    _check_duration("health_checks.interval", hc.interval)
+    _check_duration("health_checks.timeout", hc.timeout)
+    _check_range("circuit_breaker.failure_threshold", cfg.circuit_breaker.failure_threshold, 1)
+    _check_duration("circuit_breaker.reset_timeout", cfg.circuit_breaker.reset_timeout)
+    t = cfg.timeouts
+    _check_duration("timeouts.connection", t.connection, high="15s")
+    req = "timeouts.request"
+    _check_duration(f"{req}.standard.first_byte", t.request.standard.first_byte)
+    _check_duration(f"{req}.standard.total", t.request.standard.total, high="9m")
+    _check_duration(f"{req}.streaming.first_byte", t.request.streaming.first_byte, high="8m")
+    _check_duration(f"{req}.streaming.chunk_interval", t.request.streaming.chunk_interval,
+                    low="1s", high="60s")
+    _check_duration(f"{req}.streaming.total", t.request.streaming.total, high="20m")
+    _check_duration(f"{req}.image_generation.first_byte", t.request.image_generation.first_byte)
+    _check_duration(f"{req}.image_generation.total", t.request.image_generation.total)
+    _check_duration("timeouts.health_check.timeout", t.health_check.timeout)
+    _check_duration("timeouts.health_check.interval", t.health_check.interval)
+
+
+def validate_config(cfg: Config) -> None:
+    """Raise :class:`ConfigError` (dotted path + limit) for the first invalid value."""
+    _check_api(cfg.api)
+    _check_local(cfg.local)
+    _check_lists(cfg)
+    _check_timeouts(cfg)

@@ -1,0 +1,7 @@
+"""The ``sluice`` command line, except ``sluice serve`` (see :mod:`proxy.main`).
+
+It talks to a running gateway through its admin API and never imports the server:
+:mod:`~proxy.cli.args` parses, :mod:`~proxy.cli.admin` finds the gateway (state.json) and
+calls it with the admin token, :mod:`~proxy.cli.render` turns answers into text (pure) and
+:mod:`~proxy.cli.commands` runs ``status``, ``keys``, ``nodes`` and ``check-config``.
+"""

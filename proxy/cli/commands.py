@@ -1,0 +1,151 @@
+"""The CLI's commands: ``status``, ``keys``, ``nodes`` (through the running gateway's admin
+API) and ``check-config`` (the file alone). Each returns the process exit code: 0, 1 when
+the gateway cannot be used (the reason on stderr), 2 for an invalid config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from protocol.config import parse_config_text
+from protocol.errors import ConfigError
+from proxy.cli.admin import CliError, call, fetch_status
+from proxy.cli.render import show, show_keys, show_nodes
+from proxy.datadir import CONFIG_FILE, resolve_data_dir
+from proxy.files import read_text
+
+__all__ = ["check_config", "keys_main", "nodes_main", "run", "status_main"]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command ``args`` names (every one but ``serve``)."""
+    data_dir = resolve_data_dir(getattr(args, "data_dir", None))
+    if args.command == "check-config":
+        return check_config(Path(args.config) if args.config else data_dir / CONFIG_FILE)
+    if args.command == "status":
+        return status_main(data_dir, args.json)
+    if args.command == "keys":
+        return keys_main(data_dir, args.action, name=getattr(args, "name", None),
+                         key_id=getattr(args, "id", None), as_json=args.json)
+    if args.command == "nodes":
+        return nodes_main(data_dir, args)
+    raise ValueError(f"not a CLI command: {args.command!r}")
+
+
+def check_config(config_path: Path) -> int:
+    """``sluice check-config``: print ``ok: <path>`` and return 0, or the error and 2."""
+    try:
+        text = read_text(Path(config_path))  # its errors already name the file
+    except ConfigError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    try:
+        parse_config_text(text)
+    except ConfigError as exc:
+        print(f"error: {config_path}: {exc.message}", file=sys.stderr)
+        return 2
+    print(f"ok: {config_path}")
+    return 0
+
+
+def status_main(data_dir: Path, as_json: bool) -> int:
+    """``sluice status [--json]``."""
+    try:
+        status = fetch_status(data_dir)
+    except CliError as exc:
+        print(f"sluice: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=2) if as_json else show(status))
+    return 0
+
+
+def keys_main(data_dir: Path, action: str, *, name: str | None = None,
+              key_id: str | None = None, as_json: bool = False) -> int:
+    """``sluice keys create|list|revoke``."""
+    try:
+        if action == "create":
+            body = {"name": name} if name else {}
+            made = call(data_dir, "POST", "/api/v1/access-keys", body, admin=True)
+            if as_json:
+                print(json.dumps(made, indent=2))
+            else:
+                label = f" ({made['name']})" if made.get("name") else ""
+                print(f"created access key {made['id']}{label}", file=sys.stderr)
+                print(made["key"])
+                print("this key is shown only once: store it now", file=sys.stderr)
+        elif action == "list":
+            keys = call(data_dir, "GET", "/api/v1/access-keys", admin=True)
+            print(json.dumps(keys, indent=2) if as_json else show_keys(keys))
+        else:
+            quoted = quote(key_id or "", safe="")
+            call(data_dir, "DELETE", f"/api/v1/access-keys/{quoted}", admin=True)
+            print(f"revoked access key {key_id}")
+    except CliError as exc:
+        print(f"sluice: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _read_key(args: argparse.Namespace) -> str | None:
+    """A node key from --api-key-file or --api-key-stdin (never from the command line, where
+    ``ps`` would show it); surrounding whitespace and the final newline are dropped."""
+    if args.api_key_file:
+        try:
+            text = Path(args.api_key_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"cannot read the API key file {args.api_key_file}: "
+                           f"{getattr(exc, 'strerror', None) or exc.__class__.__name__}") from None
+    elif args.api_key_stdin:
+        text = sys.stdin.read()
+    else:
+        return None
+    key = text.strip()
+    if not key:
+        raise CliError("the API key is empty")
+    return key
+
+
+def _nodes_action(data_dir: Path, args: argparse.Namespace) -> tuple[Any, str]:
+    """Run one ``sluice nodes`` action; its JSON answer and the line to print."""
+    action = args.action
+    if action == "list":
+        nodes = call(data_dir, "GET", "/api/v1/nodes", admin=True)
+        return nodes, show_nodes(nodes)
+    if action == "add":
+        body: dict[str, Any] = {"baseUrl": args.url}
+        key = _read_key(args)
+        if key is not None:
+            body["apiKey"] = key
+        if args.name:
+            body["name"] = args.name
+        node = call(data_dir, "POST", "/api/v1/nodes", body, admin=True)
+        return node, (f"added node {node['fingerprint']} ({node['name']}, {node['baseUrl']}), "
+                      f"last in the order")
+    if action == "order":
+        current = [n["fingerprint"] for n in call(data_dir, "GET", "/api/v1/nodes", admin=True)]
+        first = list(args.fingerprints)
+        order = first + [fp for fp in current if fp not in first]
+        nodes = call(data_dir, "PUT", "/api/v1/nodes/order", {"order": order}, admin=True)
+        return nodes, show_nodes(nodes)
+    path = f"/api/v1/nodes/{quote(args.fingerprint, safe='')}"
+    if action == "remove":
+        done = call(data_dir, "DELETE", path, admin=True)
+        return done, f"removed node {args.fingerprint}"
+    enabled = action == "enable"
+    node = call(data_dir, "PATCH", path, {"enabled": enabled}, admin=True)
+    return node, f"node {args.fingerprint}: routing {'on' if enabled else 'off'}"
+
+
+def nodes_main(data_dir: Path, args: argparse.Namespace) -> int:
+    """``sluice nodes list|add|remove|order|enable|disable``."""
+    try:
+        doc, text = _nodes_action(data_dir, args)
+    except CliError as exc:
+        print(f"sluice: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(doc, indent=2) if args.json else text)
+    return 0

@@ -1,0 +1,50 @@
+"""Writing and reading the gateway's own files: replace a file atomically, read a text file
+with every problem told as a :class:`ConfigError` naming the file (never its content)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from protocol.errors import ConfigError
+
+__all__ = ["atomic_write", "read_text"]
+
+
+def atomic_write(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` with ``data``: temp file in the same folder, fsync, rename, fsync of
+    the folder. A reader sees the old file or the new one, never a part; a failure (raised as
+    OSError) leaves the old file as it was."""
+    folder = path.parent
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_text(path: Path) -> str:
+    """A config-ish file as text; problems become ConfigError (never with the content)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("", f"{path}: file not found") from None
+    except UnicodeDecodeError:
+        raise ConfigError("", f"{path}: not valid UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError("", f"{path}: cannot read ({exc.strerror})") from None
