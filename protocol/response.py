@@ -75,6 +75,12 @@ class Response:
         return (f"Response({self.state.value}, chunked={self.chunked}, "
                 f"keep_alive={self.keep_alive})")
 
+    def request_allows(self, *, http11: bool, keep_alive: bool) -> None:
+        """What the request, once its head is read, allows: chunked framing (HTTP/1.1) and
+        keeping the connection (HTTP/1.1 without ``Connection: close``)."""
+        self.chunked = http11
+        self.keep_alive = keep_alive and http11
+
     def _move(self, new: State) -> None:
         if new not in MOVES[self.state]:
             raise AssertionError(f"illegal response move {self.state.value} -> {new.value}")

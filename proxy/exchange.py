@@ -92,13 +92,13 @@ class Exchange:
         connection must end without (more of) an answer; whether it may carry another request
         afterwards is ``out.response.reusable``."""
         out = self.out
+        out.response = response = Response()
         denied: SluiceError | None = None
         try:
             request = await self.source.read_head()
             headers = self.source.headers
-            out.response = Response(
-                http11=request.http_version == b"1.1",
-                keep_alive=b"close" not in connection_tokens(headers))
+            response.request_allows(http11=request.http_version == b"1.1",
+                                    keep_alive=b"close" not in connection_tokens(headers))
             denied = await self.authorize(request, headers)
             body = await self.source.read_body(self.ctx.config.api.max_body_size)
         except SluiceError as err:  # the request cannot be read: answer, then close

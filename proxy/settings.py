@@ -37,9 +37,9 @@ from protocol.names import is_fingerprint
 from protocol.secrets import Secrets, dump_secrets_yaml
 from proxy.datadir import CONFIG_FILE, NODE_ID_FILE, SECRETS_FILE, make_data_dir
 from proxy.files import atomic_write, read_text
+from proxy.publish import Subscribers
 from proxy.timestamps import now_iso
 
-# Secrets stays importable from here for the callers that still do (tests/gateways.py).
 __all__ = ["NodesChange", "Settings"]
 
 log = logging.getLogger("sluice.settings")
@@ -59,7 +59,7 @@ class Settings:
         self.config = config
         self.secrets = secrets
         self.node_id = node_id
-        self._subscribers: list[Callable[[Config], None]] = []
+        self._subscribers: Subscribers[Config] = Subscribers()
         self._writer = trio.Lock()  # one write at a time, each in a worker thread
 
     def __repr__(self) -> str:
@@ -103,13 +103,7 @@ class Settings:
 
     def subscribe(self, callback: Callable[[Config], None]) -> Callable[[], None]:
         """Call ``callback(new_config)`` after every config change; returns an unsubscriber."""
-        self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            if callback in self._subscribers:
-                self._subscribers.remove(callback)
-
-        return unsubscribe
+        return self._subscribers.subscribe(callback)
 
     # ------------------------------------------------------------------------ the config
 
@@ -214,8 +208,7 @@ class Settings:
 
     def _publish(self, cfg: Config) -> None:
         self.config = cfg
-        for callback in list(self._subscribers):
-            callback(cfg)
+        self._subscribers.publish(cfg)
 
     def _write_secrets_text(self, text: str) -> None:
         atomic_write(self.secrets_path, text.encode(), 0o600)

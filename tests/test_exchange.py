@@ -106,8 +106,9 @@ def context(data_dir: Path, backends: tuple[BackendConfig, ...] = ()) -> Gateway
 
 
 async def run(ctx: GatewayContext, source: FakeSource, *, peer: Peer | None = None,
-              scope: RequestScope | None = None) -> FakeDownstream:
-    out = FakeDownstream()
+              scope: RequestScope | None = None,
+              out: FakeDownstream | None = None) -> FakeDownstream:
+    out = out or FakeDownstream()
     exchange = Exchange(ctx, source, out, scope or RequestScope(),  # type: ignore[arg-type]
                         peer or Peer("unix"))
     await exchange.run()
@@ -130,6 +131,29 @@ async def test_read_phase_error_answers_and_closes(tmp_path: Path) -> None:
     source = FakeSource(b"GET", b"/health", [], fail=request_timeout("slow head"))
     out = await run(context(tmp_path), source)
     assert out.status() == 408
+    assert b"connection: close" in out.sent
+    assert not out.response.reusable
+
+
+async def test_each_request_starts_a_fresh_answer(tmp_path: Path) -> None:
+    """A second request on a kept connection whose head cannot be read still gets its error
+    (the first answer's state does not carry over)."""
+    ctx = context(tmp_path)
+    out = await run(ctx, FakeSource(b"GET", b"/health", []))
+    assert out.response.reusable
+    out.sent = b""
+    source = FakeSource(b"GET", b"/health", [], fail=request_timeout("slow head"))
+    await run(ctx, source, out=out)
+    assert out.status() == 408
+    assert not out.response.reusable
+
+
+async def test_http10_gets_one_answer(tmp_path: Path) -> None:
+    source = FakeSource(b"GET", b"/health", [])
+    source.request = h11.Request(method=b"GET", target=b"/health", headers=[],
+                                 http_version=b"1.0")
+    out = await run(context(tmp_path), source)
+    assert out.status() == 200
     assert b"connection: close" in out.sent
     assert not out.response.reusable
 

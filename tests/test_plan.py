@@ -130,3 +130,28 @@ def test_one_definition_of_online() -> None:
     assert endpoint not in r.nodes.online()
     kept: dict[str, Any] = r.nodes.holders()
     assert kept["m"] == ["b", "c"]
+
+
+def test_owners_publish_their_changes() -> None:
+    """The backend registry and the node index change their entries and say so."""
+    r = router(lb=True, local=False)
+    seen: list[Any] = []
+    stop = r.backends.changes.subscribe(seen.append)
+    backend = r.backends.backends[0]
+    r.backends.checked(backend, [{"id": "m"}], None, 2.0)
+    assert seen == [r.backends]
+    assert r.backends.holder_of("m") is backend
+    stop()
+    r.backends.checked(backend, [], "down", None)
+    assert len(seen) == 1  # unsubscribed
+    assert r.backends.holder_of("m") is None
+
+    changed: list[Any] = []
+    r.nodes.changes.subscribe(changed.append)
+    endpoint = r.nodes.endpoints[1]
+    r.nodes.checked(endpoint, ONLINE, [{"id": "m"}], None, 1.0)  # no change of status
+    assert changed == []
+    r.nodes.checked(endpoint, "offline", [], "refused", None)
+    assert changed == [endpoint]
+    assert not endpoint.online
+    assert endpoint.model_ids == frozenset()

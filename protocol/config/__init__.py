@@ -29,6 +29,7 @@ from protocol.config.schema import (
     NodeConfig,
     PhaseTimeouts,
     RequestTimeouts,
+    Strategy,
     StreamingTimeouts,
     TimeoutsConfig,
     by_priority,
@@ -42,7 +43,8 @@ __all__ = [
     "BACKEND_KINDS", "SOCKET_DIR_MAX_BYTES", "STRATEGIES", "ApiConfig", "BackendConfig",
     "CircuitBreakerConfig", "Config", "HealthCheckTimeouts", "HealthChecksConfig",
     "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "PhaseTimeouts",
-    "RequestTimeouts", "StreamingTimeouts", "TimeoutsConfig", "by_priority", "config_to_dict",
+    "RequestTimeouts", "Strategy", "StreamingTimeouts", "TimeoutsConfig", "by_priority",
+    "config_to_dict",
     "default_config", "dump_config_yaml", "parse_config_text", "rebuild_health_check",
     "validate_config",
 ]

@@ -16,7 +16,8 @@ __all__ = [
     "BACKEND_KINDS", "SOCKET_DIR_MAX_BYTES", "STRATEGIES", "ApiConfig", "BackendConfig",
     "CircuitBreakerConfig", "Config", "Duration", "HealthCheckTimeouts", "HealthChecksConfig",
     "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "PhaseTimeouts",
-    "RequestTimeouts", "Size", "StreamingTimeouts", "TimeoutsConfig", "Unit", "by_priority",
+    "RequestTimeouts", "Size", "Strategy", "StreamingTimeouts", "TimeoutsConfig", "Unit",
+    "by_priority",
     "default_config", "rebuild_health_check",
 ]
 
@@ -31,7 +32,17 @@ class Unit(enum.Enum):
 Duration = Annotated[float, Unit.DURATION]  # seconds; "30s" in YAML
 Size = Annotated[int, Unit.SIZE]  # bytes; "32MiB" in YAML
 
-STRATEGIES: Final = ("priority", "round-robin", "least-loaded", "fastest")
+class Strategy(enum.StrEnum):
+    """The values of ``load_balancing.strategy``; how each orders the nodes is
+    :mod:`proxy.routing.strategies`."""
+
+    PRIORITY = "priority"
+    ROUND_ROBIN = "round-robin"
+    LEAST_LOADED = "least-loaded"
+    FASTEST = "fastest"
+
+
+STRATEGIES: Final = tuple(s.value for s in Strategy)
 BACKEND_KINDS: Final = ("llm", "diffusion", "embedding")
 SOCKET_DIR_MAX_BYTES: Final = 62
 

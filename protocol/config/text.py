@@ -9,7 +9,7 @@ from typing import Final
 import yaml
 
 from protocol.config.convert import config_to_dict, describe, structure_config
-from protocol.config.schema import Config, rebuild_health_check
+from protocol.config.schema import STRATEGIES, Config, rebuild_health_check
 from protocol.config.validate import validate_config
 from protocol.errors import ConfigError
 from protocol.yaml_loader import load_yaml
@@ -68,7 +68,7 @@ _KEY_NOTES: Final = {
     ("api", "max_connections"): "client connections held at once",
     ("local", "socket_dir"): "custom socket folder, at most 62 bytes, applied at restart",
     ("local", "fallback_port"): "loopback TCP port used only when no socket folder works",
-    ("load_balancing", "strategy"): "priority | round-robin | least-loaded | fastest",
+    ("load_balancing", "strategy"): " | ".join(STRATEGIES),
     ("timeouts", "health_check"): "generated from health_checks on every write",
 }
 

@@ -18,6 +18,7 @@ from protocol.config import BackendConfig, Config
 from protocol.openai import merge_model_lists
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.pool.probe import probe_models
+from proxy.publish import Subscribers
 from proxy.upstream import ConnectionPool
 
 log = logging.getLogger("sluice.backends")
@@ -64,7 +65,7 @@ class BackendRegistry:
     def __init__(self, configs: Sequence[BackendConfig], keys: Mapping[str, str]) -> None:
         self.backends = [LocalBackend(cfg, keys.get(cfg.name)) for cfg in configs]
         self._by_model: dict[str, LocalBackend] = {}
-        self.on_change: Callable[[], None] = lambda: None
+        self.changes: Subscribers[BackendRegistry] = Subscribers()  # after each re-index
         self.ready = trio.Event()  # every backend has been checked once
         self.starting: set[str] = set()  # models of managed servers on their first start
         self._changed = trio.Event()  # replaced on every reindex
@@ -138,7 +139,7 @@ class BackendRegistry:
         self._by_model = index
         changed, self._changed = self._changed, trio.Event()
         changed.set()
-        self.on_change()
+        self.changes.publish(self)
 
 
 def pin(models: list[dict[str, Any]], pinned: str | None) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ import trio
 
 from protocol.config import NodeConfig, by_priority
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
+from proxy.publish import Subscribers
 from proxy.routing.strategies import LatencyAverage
 
 log = logging.getLogger("sluice.nodes")
@@ -62,6 +63,7 @@ class NodeIndex:
         self.endpoints: list[NodeEndpoint] = []
         self._wake = trio.Event()
         self._first_round = trio.Event()  # set once every node was checked with LB on
+        self.changes: Subscribers[NodeEndpoint] = Subscribers()  # a node's status changed
 
     def __repr__(self) -> str:
         return f"NodeIndex({self.endpoints!r})"
@@ -153,3 +155,4 @@ class NodeIndex:
         if status != was:
             log.info("node %s is %s%s", endpoint.fingerprint, status,
                      f": {error}" if error else "")
+            self.changes.publish(endpoint)

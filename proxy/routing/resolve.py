@@ -26,9 +26,10 @@ from collections.abc import Sequence
 
 import attrs
 
+from protocol.config import Strategy
 from protocol.errors import SluiceError, all_circuits_open, model_not_available
 from proxy.routing.breaker import CircuitBreaker, Permit
-from proxy.routing.strategies import Candidate, RoundRobinCursor, Strategy, order_candidates
+from proxy.routing.strategies import Candidate, RoundRobinCursor, order_candidates
 
 MODEL_NOT_AVAILABLE = "model_not_available"
 ALL_CIRCUITS_OPEN = "all_circuits_open"

@@ -15,19 +15,11 @@ registry gives N..1, top first), then ``fingerprint`` so the result is determini
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 
 import attrs
 
-
-class Strategy(enum.StrEnum):
-    """The values of ``load_balancing.strategy`` (``protocol.config.STRATEGIES``)."""
-
-    PRIORITY = "priority"
-    ROUND_ROBIN = "round-robin"
-    LEAST_LOADED = "least-loaded"
-    FASTEST = "fastest"
+from protocol.config import Strategy
 
 
 @attrs.frozen
