@@ -91,6 +91,13 @@ def method_not_allowed(method: str, allow: tuple[str, ...]) -> SluiceError:
     )
 
 
+def method_not_implemented(method: str) -> SluiceError:
+    shown = method if len(method) <= 32 else method[:32] + "..."
+    return SluiceError(501, f"method {shown} is not implemented by this gateway",
+                       type="invalid_request_error", code="method_not_implemented",
+                       source=Source.CLIENT)
+
+
 def request_timeout(message: str) -> SluiceError:
     return SluiceError(408, message, type="invalid_request_error", code="request_timeout",
                        source=Source.CLIENT)

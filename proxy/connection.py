@@ -268,6 +268,10 @@ class ClientConnection:
                     chunks.append(bytes(event.data))
                     continue
                 if isinstance(event, h11.EndOfMessage):
+                    if self.h11.their_state is not h11.DONE:  # it might switch protocol
+                        # CONNECT or an Upgrade request: what follows may be another
+                        # protocol, never read as a request. Answer, then close.
+                        self.out.response.close_after()
                     return b"".join(chunks)
                 raise CloseQuietly  # ConnectionClosed mid-body: the client is gone
         except h11.RemoteProtocolError as exc:

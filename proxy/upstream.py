@@ -29,6 +29,7 @@ from proxy import sockio
 RECEIVE_SIZE = 64 * 1024  # bytes asked of the kernel per read
 MAX_HEAD_SIZE = 64 * 1024  # an upstream response head larger than this is refused
 IDLE_PER_ADDRESS = 64  # idle keep-alive connections kept per upstream address
+IDEMPOTENT = frozenset({b"GET", b"HEAD"})  # may be sent again after a lost answer
 
 
 class UpstreamFailure(Exception):
@@ -300,23 +301,30 @@ async def exchange(
     """Send one request and receive the response head.
 
     A pooled connection may have been closed by the server while idle (llama.cpp closes after
-    every streamed answer), so a failure on a reused connection before any response byte is
-    retried once on a fresh one; that is not an upstream failure. The callbacks let the caller
-    move its deadline between the connect phase and the wait for the answer. The returned
-    connection is the caller's: release it to the pool or close it.
+    every streamed answer): :meth:`ConnectionPool.take_idle` checks it first, and a reused
+    connection whose request could not be written (so it provably never reached the server)
+    is replaced by a fresh one, silently. Once the request is written, a reset or close
+    before the response head is the upstream's failure: a POST is never sent a second time
+    to the same server, which may already be generating (UPSTREAMS.md); only an idempotent
+    GET or HEAD is retried there. The callbacks let the caller move its deadline between the
+    connect phase and the wait for the answer. The returned connection is the caller's:
+    release it to the pool or close it.
     """
     conn = connections.take_idle(address)
     if conn is None:  # the connect phase only when there is one
         on_connecting()
         conn = await connections.connect(address)
+    retry = method in IDEMPOTENT
     for attempt in (1, 2):
         on_connected()
+        written = False
         try:
             await conn.send_request(method, target, headers, body)
+            written = True
             return conn, await conn.receive_head(request_method=method)
         except UpstreamFailure as failure:
             conn.close()
-            if attempt == 2 or not conn.reused or failure.responded:
+            if attempt == 2 or not conn.reused or failure.responded or (written and not retry):
                 raise
         except BaseException:
             conn.close()

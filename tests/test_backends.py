@@ -82,13 +82,17 @@ async def test_health_check_timeout(autojump_clock: trio.testing.MockClock,
     assert "did not answer" in str(gw.gateway.backends.backends[0].last_error)
 
 
-async def test_pooled_connection_dropped_by_server_is_retried(
+async def test_a_written_post_is_never_sent_twice(
         upstream: FakeUpstream, start_gateway: StartGateway) -> None:
+    """A reused connection that the server closes after reading the request: the POST may
+    already be running there, so it is that upstream's failure (502 for a local backend),
+    never a silent second send (UPSTREAMS.md)."""
     served: list[int] = []
+    dropped: list[int] = []
 
     async def flaky(req: ReceivedRequest, w: ResponseWriter) -> None:
-        # Like llama.cpp's keep-alive race: a reused connection is closed unanswered.
-        if req.conn_id in served:
+        if req.conn_id in served:  # a reused connection: read the request, then close
+            dropped.append(req.conn_id)
             await w.close()
             return
         served.append(req.conn_id)
@@ -96,10 +100,29 @@ async def test_pooled_connection_dropped_by_server_is_retried(
 
     upstream.on("POST", CHAT, flaky)
     gw = await start_gateway([("fake", upstream.url)])
-    for _ in range(4):
-        reply = await request(gw.tcp, "POST", CHAT, chat_body())
-        assert reply.status == 200
-    assert len(served) == 4  # each retry went out on a fresh connection
+    statuses = [(await request(gw.tcp, "POST", CHAT, chat_body())).status for _ in range(4)]
+    # Fresh connection: 200; the pooled one then closes unanswered: 502; fresh again...
+    assert statuses == [200, 502, 200, 502]
+    assert len(upstream.requests_to(CHAT)) == 4  # each request reached the server once
+    assert len(served) == 2
+    assert len(dropped) == 2
+
+
+async def test_a_connection_found_closed_before_writing_is_replaced(
+        upstream: FakeUpstream, start_gateway: StartGateway) -> None:
+    """An idle pooled connection the server has closed (llama.cpp closes after a stream) is
+    noticed before the request is written, and a fresh one is used, silently."""
+
+    async def answer_then_close(req: ReceivedRequest, w: ResponseWriter) -> None:
+        await json_completion()(req, w)
+        await w.close()  # after the answer: the pooled connection is dead when reused
+
+    upstream.on("POST", CHAT, answer_then_close)
+    gw = await start_gateway([("fake", upstream.url)])
+    for _ in range(3):
+        assert (await request(gw.tcp, "POST", CHAT, chat_body())).status == 200
+        await trio.sleep(0.05)  # the close reaches the gateway while the connection idles
+    assert len(upstream.requests_to(CHAT)) == 3
 
 
 async def test_connection_closed_after_stream_is_not_reused(

@@ -540,6 +540,35 @@ async def test_unknown_path_and_wrong_method(upstream: FakeUpstream,
         await raw.aclose()
 
 
+async def test_a_method_implemented_nowhere_is_501_whatever_the_path(
+        upstream: FakeUpstream, start_gateway: StartGateway, transport: str) -> None:
+    """SPEC §6.1 (RFC 9110 §9.1): 501 on any path, nothing forwarded, the connection kept."""
+    gw = await start_gateway([("fake", upstream.url)])
+    raw = await Raw.open(gw.address(transport))
+    try:
+        with trio.fail_after(T):
+            for head in (b"FOO / HTTP/1.1", b"PROPFIND /v1/chat/completions HTTP/1.1",
+                         b"TRACE /health HTTP/1.1", b"BREW /nope HTTP/1.1"):
+                await raw.send(head + b"\r\nHost: localhost\r\n\r\n")
+                resp = await raw.response()
+                assert resp.status == 501, (head, resp)
+                assert_openai_error(resp.body, "method_not_implemented")
+                assert resp.header("connection") != "close"
+            # The same connection still answers.
+            await raw.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert (await raw.response()).status == 200
+            # CONNECT: what follows it may be a tunnel, never another request: 501, close.
+            await raw.send(b"CONNECT /api/v1/nodes HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                           b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            resp = await raw.response()
+            assert resp.status == 501, resp
+            assert resp.header("connection") == "close"
+            assert await raw.rest() == b""  # the pipelined GET is never answered
+    finally:
+        await raw.aclose()
+    assert upstream.requests_to("/v1/chat/completions") == []
+
+
 # --------------------------------------------------------------------------- graceful drain
 
 

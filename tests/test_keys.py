@@ -214,6 +214,26 @@ async def test_settings_api(start_gateway: StartGateway, short_tmp: Path) -> Non
     assert (await admin_call(gw, "PUT", "/api/v1/settings/api", [1])).status == 400
 
 
+async def test_settings_put_accepts_the_gets_own_shape(start_gateway: StartGateway) -> None:
+    """SPEC §8: read-only fields the GET shows (restartRequired) are ignored when sent back;
+    a field the GET never shows is still refused."""
+    gw = await start_gateway([])
+    for path in ("/api/v1/settings/api", "/api/v1/settings/load-balancing",
+                 "/api/v1/settings/timeouts"):
+        shown = (await request(gw.unix, "GET", path)).json()
+        back = await admin_call(gw, "PUT", path, shown)
+        assert back.status == 200, (path, back.json())
+        assert back.json() == shown
+    shown = (await request(gw.unix, "GET", "/api/v1/settings/api")).json()
+    flipped = await admin_call(gw, "PUT", "/api/v1/settings/api",
+                               {**shown, "requireAuth": True, "restartRequired": True})
+    assert flipped.status == 200
+    assert flipped.json()["requireAuth"] is True
+    assert flipped.json()["restartRequired"] is False  # computed, not taken from the body
+    unknown = await admin_call(gw, "PUT", "/api/v1/settings/api", {**shown, "bogus": 1})
+    assert (unknown.status, unknown.json()["error"]["param"]) == (422, "bogus")
+
+
 async def test_a_failed_write_makes_and_revokes_nothing(
         start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch) -> None:
     gw = await start_gateway([])

@@ -9,7 +9,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from protocol.errors import method_not_allowed, model_not_found, not_found
+from protocol.errors import (
+    method_not_allowed,
+    method_not_implemented,
+    model_not_found,
+    not_found,
+)
 from protocol.openai import merge_model_lists
 from proxy.api import access_keys, nodes, pool_status, settings_api, settings_lb
 from proxy.api.call import Call, Handler
@@ -134,9 +139,15 @@ NEEDS_MODELS: frozenset[AnyHandler] = frozenset({list_models, get_model})
 _RELAYED: dict[bytes, AnyHandler | None] = {b"POST": None}
 
 
+IMPLEMENTED = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS"})
+
+
 def route(method: bytes, path: str) -> AnyHandler | None:
     """The handler for a gateway endpoint; None for an OpenAI call to relay.
-    Raises 404 for unknown paths and 405 (with Allow) for a known path's wrong method."""
+    Raises 501 for a method implemented nowhere (whatever the path), 404 for unknown paths
+    and 405 (with Allow) for a known path's wrong method."""
+    if method not in IMPLEMENTED:
+        raise method_not_implemented(method.decode("latin-1"))
     methods: dict[bytes, AnyHandler | None] | None = ROUTES.get(path)  # type: ignore[assignment]
     if methods is None:
         for prefix, table in PREFIXES.items():

@@ -24,6 +24,7 @@ FIELDS: dict[str, tuple[str, str, str, bool]] = {
     "socketDir": ("local", "socket_dir", "path", True),
 }
 RESTART_CODE = "restart_required"
+READ_ONLY = frozenset({"restartRequired"})  # computed by the server: ignored in a PUT
 
 
 def _view(cfg: Config, restart: bool) -> dict[str, Any]:
@@ -58,6 +59,8 @@ async def put_api(call: Call) -> tuple[int, Any]:
     ctx = call.ctx
     changes: dict[str, dict[str, Any]] = {"api": {}, "local": {}}
     for field, value in doc.items():
+        if field in READ_ONLY:  # the GET's own shape is always accepted back (SPEC §8)
+            continue
         spec = FIELDS.get(field)
         if spec is None:
             raise ConfigError(field, f"unknown field; expected one of {', '.join(FIELDS)}")
