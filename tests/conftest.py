@@ -1,5 +1,6 @@
 """Shared fixtures and helpers: short socket folders, fake upstreams, the test config
-builder, in-process gateways (and changing their live config), and remote peers."""
+builder, in-process gateways (and changing their live config), remote peers, and the
+run's figures (tests/figures.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from proxy.server import Gateway
 from proxy.settings import Settings
 from tests.client import Client, Reply
 from tests.fakeupstream import FakeUpstream
+from tests.figures import Figures
 
 
 def free_port() -> int:
@@ -252,3 +254,19 @@ def blackhole() -> Iterator[str]:
         for sock in fillers:
             sock.close()
         listener.close()
+
+
+# ------------------------------------------------------------------------------ figures
+
+_FIGURES = Figures()
+
+
+@pytest.fixture
+def figures() -> Figures:
+    """The run's figures; written to figures.json when the run ends."""
+    return _FIGURES
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _FIGURES:
+        _FIGURES.write()
