@@ -14,14 +14,12 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from proxy.faults import wire
-
-if TYPE_CHECKING:
-    from proxy.faults.server import FaultServer, Writer
+from proxy.faults.writer import Writer
 
 PIECE = 64  # bytes per chunk when a whole JSON answer is sent chunked
 
@@ -37,11 +35,18 @@ class FaultSpec:
         return TABLE[self.name].defaults[param]
 
 
+class Server(Protocol):
+    """What a behaviour may see of the server."""
+
+    models: list[str]
+    refuse_next: int
+
+
 @dataclass
 class Call:
     """One request, read whole, and what answers it."""
 
-    server: FaultServer
+    server: Server
     writer: Writer
     spec: FaultSpec
     method: bytes
@@ -83,7 +88,8 @@ def good_answer(call: Call) -> Answer:
     if call.method == b"GET" and call.path == "/health":
         return Answer(200, json_headers, [wire.compact({"status": "ok"})], False)
     if call.method == b"GET" and call.path == "/v1/models":
-        return Answer(200, json_headers, [wire.compact(wire.models(call.server.models))], False)
+        ids = [*call.server.models, *fault_models()]
+        return Answer(200, json_headers, [wire.compact(wire.models(ids))], False)
     if call.method == b"POST" and call.path in ("/v1/chat/completions", "/v1/completions"):
         if call.stream:
             return Answer(200, wire.SSE_HEADERS,
@@ -232,25 +238,31 @@ async def cl_and_te(call: Call) -> None:
     await call.writer.close()
 
 
-async def _bad_size(call: Call) -> bool:
-    await call.writer.send(b"zz\r\n" + b"data: {}\n\n" + b"\r\n")
-    await call.writer.close()
-    return False
+BAD_SIZE = b"zz\r\ndata: {}\n\n\r\n"  # a chunk whose size line is not hex
+_LONG = b"data: {\"overrun\":true}\n\n"
+OVERRUN = b"%x\r\n%b\r\n" % (len(_LONG) - 8, _LONG)  # 8 bytes more than announced
 
 
-async def _overrun(call: Call) -> bool:
-    payload = b"data: {\"overrun\":true}\n\n"
-    await call.writer.send(b"%x\r\n%b\r\n" % (len(payload) - 8, payload))
-    await call.writer.close()
-    return False
+async def _broken(call: Call, broken: bytes) -> None:
+    """The head and ``after`` good chunks, the last of them in one write with ``broken``
+    (so a reader gets the good chunk and the break in the same read), then close."""
+    answer = good_answer(call)
+    good = [wire.chunk(p) for p in _chunked(answer)[:int(call.spec.get("after"))]]
+    writer = call.writer
+    writer.keep_alive = False
+    await writer.send(_chunked_head(answer))
+    for data in good[:-1]:
+        await writer.send(data)
+    await writer.send(b"".join(good[-1:]) + broken)
+    await writer.close()
 
 
 async def bad_chunk_size(call: Call) -> None:
-    await _partial(call, int(call.spec.get("after")), _bad_size)
+    await _broken(call, BAD_SIZE)
 
 
 async def chunk_overrun(call: Call) -> None:
-    await _partial(call, int(call.spec.get("after")), _overrun)
+    await _broken(call, OVERRUN)
 
 
 async def error_event(call: Call) -> None:
@@ -355,6 +367,25 @@ def spec_from_model(model: str) -> FaultSpec | None:
     if not model.startswith("fault:"):
         return None
     return parse_spec(model[len("fault:"):])
+
+
+# The numbered model ids /v1/models lists besides ``fault:<name>``, so that a gateway's model
+# index routes them (any other number works by header, or by model on a direct request).
+_EXAMPLES: dict[str, tuple[int, ...]] = {
+    "stall-head": (1, 5, 30), "silent-after-head": (1, 5, 30), "stall-after": (1, 2, 3),
+    "reset-after": (1, 2, 3), "close-after": (1, 2, 3), "status": (500, 502, 503),
+    "rate-limit": (1, 5, 30), "bad-chunk-size": (1, 2), "chunk-overrun": (1, 2),
+    "refuse": (1, 2, 3),
+}
+
+
+def fault_models() -> list[str]:
+    """``fault:<name>`` for every behaviour, and the numbered examples."""
+    out = []
+    for b in _ROWS:
+        out.append(f"fault:{b.name}")
+        out += [f"fault:{b.name}-{n}" for n in _EXAMPLES.get(b.name, ())]
+    return out
 
 
 def listing() -> str:
