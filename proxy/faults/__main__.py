@@ -9,7 +9,7 @@ from functools import partial
 import trio
 
 from proxy.faults.behaviours import listing, parse_spec
-from proxy.faults.server import FaultServer
+from proxy.faults.server import FaultServer, check_listen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         parse_spec(args.default)
     except ValueError as exc:
         parser.error(f"--default: {exc}")
+    try:
+        check_listen(args.listen)
+    except ValueError as exc:
+        print(f"faulty-upstream: {exc}", file=sys.stderr)
+        return 2
     server = FaultServer(models=tuple(args.model or ["faulty"]), default=args.default,
                          loading_seconds=args.loading_seconds,
                          loading_requests=args.loading_requests)
@@ -50,10 +55,24 @@ def main(argv: list[str] | None = None) -> int:
         trio.run(run)
     except KeyboardInterrupt:
         return 0
-    except (OSError, ValueError) as exc:
-        print(f"faulty-upstream: {exc}", file=sys.stderr)
+    except (OSError, BaseExceptionGroup) as exc:
+        error = _os_error(exc)
+        if error is None:
+            raise
+        print(f"faulty-upstream: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError (a bind that failed) in ``exc`` or its groups, if any."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _os_error(inner)) is not None:
+                return found
+    return None
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ class FaultServer:
                 if request is not None and spec is not None and spec.name == "never-answer":
                     await writer.silence()
                     return None
-                data = await writer.stream.receive_some(size)
+                data = await _receive(writer.stream, size if request else None)
                 if delay:
                     await trio.sleep(delay)
                 h.receive_data(data)
@@ -188,6 +188,29 @@ class FaultServer:
                     model=served, problem=problem)
 
 
+async def _receive(stream: trio.SocketStream, size: int | None) -> bytes:
+    """``size`` bytes at most; ``None``: up to the end of a request head and no further
+    (peeked first), so a slow reader still finds the body in the socket."""
+    if size is not None:
+        return await stream.receive_some(size)
+    peek = await stream.socket.recv(READ_SIZE, socket.MSG_PEEK)
+    if not peek:
+        return b""
+    end = peek.find(b"\r\n\r\n")
+    return await stream.receive_some(len(peek) if end < 0 else end + 4)
+
+
+def check_listen(listen: str) -> None:
+    """ValueError unless ``listen`` is ``127.0.0.1:PORT``, ``localhost:PORT`` or ``unix:/path``."""
+    if listen.startswith("unix:"):
+        if not listen[5:]:
+            raise ValueError("--listen unix: needs a path")
+        return
+    host, _, port = listen.removeprefix("http://").rpartition(":")
+    if host not in ("127.0.0.1", "localhost") or not port.isdigit():
+        raise ValueError(f"--listen: only 127.0.0.1:PORT or unix:/path, not {listen!r}")
+
+
 def _header(request: h11.Request, name: bytes) -> str | None:
     for key, value in request.headers:
         if key == name:
@@ -204,9 +227,8 @@ async def _bind(listen: str) -> tuple[trio.socket.SocketType, str | None]:
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         address: object = path
     else:
-        host, _, port = listen.removeprefix("http://").rpartition(":")
-        if host not in ("127.0.0.1", "localhost"):
-            raise ValueError(f"--listen: only 127.0.0.1 or unix:/path, not {listen!r}")
+        check_listen(listen)
+        port = listen.rpartition(":")[2]
         sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         address = ("127.0.0.1", int(port))
