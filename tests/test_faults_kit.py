@@ -15,7 +15,8 @@ import trio
 import trio.testing
 
 from proxy.faults import wire
-from proxy.faults.behaviours import TABLE, FaultSpec, parse_spec, spec_from_model
+from proxy.faults.behaviours import TABLE, FaultSpec
+from proxy.faults.specs import parse_spec, spec_from_model
 from tests.client import Client, request
 from tests.conftest import free_port
 from tests.faultkit import CHAT, body, fault, start_kit, stream_chunks

@@ -8,8 +8,8 @@ from functools import partial
 
 import trio
 
-from proxy.faults.behaviours import listing, parse_spec
 from proxy.faults.server import FaultServer, check_listen
+from proxy.faults.specs import listing, parse_spec
 
 
 def main(argv: list[str] | None = None) -> int:

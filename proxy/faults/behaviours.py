@@ -1,8 +1,8 @@
 """The behaviours of the fault-injection upstream, one row each in :data:`TABLE`.
 
 A request picks one with the header ``x-fault: <name>[;param=value...]`` or the model
-``fault:<name>`` (``fault:reset-after-3`` gives the behaviour's main parameter, here
-``after``, the value 3; ``fault:status;code=502`` works too). Without either the server's
+``fault:<name>`` (parsed in :mod:`proxy.faults.specs`: ``fault:reset-after-3`` gives the
+behaviour's main parameter, here ``after``, the value 3). Without either the server's
 default applies (normally ``ok``). Every behaviour bends the answer a well-behaved llama.cpp
 would give to that request (:mod:`proxy.faults.wire`): a stream (``"stream": true``) is SSE
 in HTTP chunks; a whole answer is JSON with Content-Length, or, for the behaviours that cut
@@ -11,7 +11,6 @@ or bend chunks, the same JSON sent chunked in 64-byte pieces. "Chunk" means an H
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -38,7 +37,7 @@ class FaultSpec:
 class Server(Protocol):
     """What a behaviour may see of the server."""
 
-    models: list[str]
+    listed: list[str]  # the model ids /v1/models lists
     refuse_next: int
 
 
@@ -88,8 +87,8 @@ def good_answer(call: Call) -> Answer:
     if call.method == b"GET" and call.path == "/health":
         return Answer(200, json_headers, [wire.compact({"status": "ok"})], False)
     if call.method == b"GET" and call.path == "/v1/models":
-        ids = [*call.server.models, *fault_models()]
-        return Answer(200, json_headers, [wire.compact(wire.models(ids))], False)
+        body = wire.compact(wire.models(call.server.listed))
+        return Answer(200, json_headers, [body], False)
     if call.method == b"POST" and call.path in ("/v1/chat/completions", "/v1/completions"):
         if call.stream:
             return Answer(200, wire.SSE_HEADERS,
@@ -296,7 +295,7 @@ def _row(name: str, doc: str, run: Run, main: str | None = None, level: str = "r
     return Behaviour(name, doc, run, {"tokens": 4, **defaults}, main, level)
 
 
-_ROWS = [
+ROWS = [
     _row("ok", "behave well: llama.cpp's answer (tokens=N tokens)", ok),
     _row("refuse", "reset the connection at once; as the server default every connection "
          "is reset at accept; count=N also resets the next N", refuse, "count", "connection",
@@ -335,60 +334,4 @@ _ROWS = [
     _row("slow-reader", "read the request body bytes=N at a time, delay=S between reads "
          "(header only), then behave well", ok, "bytes", bytes=16, delay=0.01),
 ]
-TABLE: dict[str, Behaviour] = {b.name: b for b in _ROWS}
-_NUMBERED = re.compile(r"(.+)-([0-9]+(?:\.[0-9]+)?)")
-
-
-def parse_spec(text: str) -> FaultSpec:
-    """``name[;param=value...]``; ValueError names what is wrong."""
-    name, *pairs = (part.strip() for part in text.split(";"))
-    params: dict[str, float] = {}
-    if name not in TABLE and (m := _NUMBERED.fullmatch(name)) and m[1] in TABLE:
-        main = TABLE[m[1]].main
-        if main is None:
-            raise ValueError(f"fault {m[1]!r} takes no number")
-        name, params[main] = m[1], float(m[2])
-    if name not in TABLE:
-        raise ValueError(f"unknown fault {name!r} (python -m proxy.faults --list)")
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        key = key.strip()
-        if not sep or key not in TABLE[name].defaults:
-            raise ValueError(f"fault {name!r} has no parameter {key!r}")
-        try:
-            params[key] = float(value)
-        except ValueError:
-            raise ValueError(f"fault {name!r}: {key} must be a number") from None
-    return FaultSpec(name, params)
-
-
-def spec_from_model(model: str) -> FaultSpec | None:
-    """The fault a ``fault:<spec>`` model names, or None for any other model."""
-    if not model.startswith("fault:"):
-        return None
-    return parse_spec(model[len("fault:"):])
-
-
-# The numbered model ids /v1/models lists besides ``fault:<name>``, so that a gateway's model
-# index routes them (any other number works by header, or by model on a direct request).
-_EXAMPLES: dict[str, tuple[int, ...]] = {
-    "stall-head": (1, 5, 30), "silent-after-head": (1, 5, 30), "stall-after": (1, 2, 3),
-    "reset-after": (1, 2, 3), "close-after": (1, 2, 3), "status": (500, 502, 503),
-    "rate-limit": (1, 5, 30), "bad-chunk-size": (1, 2), "chunk-overrun": (1, 2),
-    "refuse": (1, 2, 3),
-}
-
-
-def fault_models() -> list[str]:
-    """``fault:<name>`` for every behaviour, and the numbered examples."""
-    out = []
-    for b in _ROWS:
-        out.append(f"fault:{b.name}")
-        out += [f"fault:{b.name}-{n}" for n in _EXAMPLES.get(b.name, ())]
-    return out
-
-
-def listing() -> str:
-    """One line per behaviour (``--list``)."""
-    width = max(len(b.name) for b in _ROWS)
-    return "\n".join(f"{b.name:<{width}}  {b.doc}" for b in _ROWS)
+TABLE: dict[str, Behaviour] = {b.name: b for b in ROWS}

@@ -20,7 +20,8 @@ import h11
 import trio
 
 from proxy.faults import behaviours
-from proxy.faults.behaviours import Call, FaultSpec, parse_spec, spec_from_model
+from proxy.faults.behaviours import Call, FaultSpec
+from proxy.faults.specs import fault_models, parse_spec, spec_from_model
 from proxy.faults.wire import LOADING, error_body, whole
 from proxy.faults.writer import READ_SIZE, Writer
 
@@ -48,6 +49,7 @@ class FaultServer:
     def __init__(self, *, models: tuple[str, ...] = ("faulty",), default: str = "ok",
                  loading_seconds: float = 0, loading_requests: int = 0) -> None:
         self.models = list(models)
+        self.listed = [*self.models, *fault_models()]
         self.default = parse_spec(default)
         self.loading_seconds = loading_seconds
         self.loading_requests = loading_requests
