@@ -26,7 +26,10 @@ _SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\n]*)?\r?\n")
 
 
 class ProtocolError(Exception):
-    """The peer broke HTTP/1.1 framing."""
+    """The peer broke HTTP/1.1 framing. From :meth:`ChunkedScanner.feed`, ``forward`` holds
+    the bytes of that read before the break, still good to forward."""
+
+    forward: bytes = b""
 
 
 class ResponseHead:
@@ -101,10 +104,13 @@ def parse_response_head(head: bytes, *, request_method: bytes = b"POST") -> Resp
     chunked = False
     if status < 200 or status in (204, 304) or request_method == b"HEAD":
         content_length, transfer_encoding = 0, None
+    if transfer_encoding is not None and content_length is not None:
+        # RFC 9112 §6.3: "ought to be handled as an error" (request smuggling, response
+        # splitting); a gateway that guessed which one frames the body could relay half of it.
+        raise ProtocolError("both Transfer-Encoding and Content-Length")
     if transfer_encoding is not None:
         codings = [c.strip() for c in transfer_encoding.split(b",")]
         chunked = codings[-1] == b"chunked"
-        content_length = None  # RFC 9112 §6.3: Transfer-Encoding overrides Content-Length
     tokens = {t.strip() for t in connection.split(b",")}
     keep_alive = (minor == 1 and b"close" not in tokens) or (minor == 0 and b"keep-alive" in tokens)
     if not chunked and content_length is None:
@@ -157,77 +163,81 @@ class ChunkedScanner:
         end = len(data)
         forward_to = 0
         size_line = _SIZE_LINE.match
-        while pos < end:
-            state = self._state
-            if state == _SIZE and (m := size_line(data, pos)) is not None:
-                # Fast path: a whole chunk (size line, payload, CRLF) inside this read.
-                start = m.end()
-                size = int(m[1], 16)
-                stop = start + size
-                if size and stop + 2 <= end:
-                    if not data.startswith(b"\r\n", stop):
-                        raise ProtocolError("chunk data not followed by CRLF")
-                    self.tail = (data[stop - TAIL:stop] if size >= TAIL
-                                 else (self.tail + data[start:stop])[-TAIL:])
+        try:
+            while pos < end:
+                state = self._state
+                if state == _SIZE and (m := size_line(data, pos)) is not None:
+                    # Fast path: a whole chunk (size line, payload, CRLF) inside this read.
+                    start = m.end()
+                    size = int(m[1], 16)
+                    stop = start + size
+                    if size and stop + 2 <= end:
+                        if not data.startswith(b"\r\n", stop):
+                            raise ProtocolError("chunk data not followed by CRLF")
+                        self.tail = (data[stop - TAIL:stop] if size >= TAIL
+                                     else (self.tail + data[start:stop])[-TAIL:])
+                        if self.collect:
+                            self.parts.append(data[start:stop])
+                        pos = forward_to = stop + 2
+                        continue
+                if state == _DATA:
+                    stop = min(pos + self._remaining, end)
+                    self._remaining -= stop - pos
+                    self.tail = (self.tail + data[max(pos, stop - TAIL):stop])[-TAIL:]
                     if self.collect:
-                        self.parts.append(data[start:stop])
-                    pos = forward_to = stop + 2
-                    continue
-            if state == _DATA:
-                stop = min(pos + self._remaining, end)
-                self._remaining -= stop - pos
-                self.tail = (self.tail + data[max(pos, stop - TAIL):stop])[-TAIL:]
-                if self.collect:
-                    self.parts.append(data[pos:stop])
-                pos = forward_to = stop
-                if not self._remaining:
-                    self._state, self._remaining = _DATA_END, 2
-            elif state == _DATA_END:
-                while self._remaining and pos < end:
-                    if data[pos] != b"\r\n"[2 - self._remaining]:
-                        raise ProtocolError("chunk data not followed by CRLF")
-                    pos += 1
-                    self._remaining -= 1
-                forward_to = pos
-                if not self._remaining:
-                    self._state = _SIZE
-            elif state == _SIZE:
-                newline = data.find(b"\n", pos)
-                if newline < 0:
-                    if end - pos > MAX_CHUNK_LINE:
-                        raise ProtocolError("chunk-size line too long")
-                    self._line = data[pos:]
-                    break
-                size_text = data[pos:newline].split(b";", 1)[0].strip(b" \t\r")
-                if _HEX.fullmatch(size_text) is None:
-                    raise ProtocolError(f"invalid chunk size {data[pos:newline][:40]!r}")
-                size = int(size_text, 16)
-                pos = newline + 1
-                if size:
-                    self._state, self._remaining = _DATA, size
+                        self.parts.append(data[pos:stop])
+                    pos = forward_to = stop
+                    if not self._remaining:
+                        self._state, self._remaining = _DATA_END, 2
+                elif state == _DATA_END:
+                    while self._remaining and pos < end:
+                        if data[pos] != b"\r\n"[2 - self._remaining]:
+                            raise ProtocolError("chunk data not followed by CRLF")
+                        pos += 1
+                        self._remaining -= 1
                     forward_to = pos
-                else:
-                    self._state = _TRAILER  # the last chunk: not forwarded
-            elif state == _TRAILER:
-                newline = data.find(b"\n", pos)
-                stop = end if newline < 0 else newline + 1
-                self._trailer_bytes += stop - pos
-                if self._trailer_bytes > MAX_TRAILERS:
-                    raise ProtocolError("trailer section too long")
-                if newline < 0:
-                    self._trailer_line = (self._trailer_line + data[pos:end])[:2]
-                    pos = end
+                    if not self._remaining:
+                        self._state = _SIZE
+                elif state == _SIZE:
+                    newline = data.find(b"\n", pos)
+                    if newline < 0:
+                        if end - pos > MAX_CHUNK_LINE:
+                            raise ProtocolError("chunk-size line too long")
+                        self._line = data[pos:]
+                        break
+                    size_text = data[pos:newline].split(b";", 1)[0].strip(b" \t\r")
+                    if _HEX.fullmatch(size_text) is None:
+                        raise ProtocolError(f"invalid chunk size {data[pos:newline][:40]!r}")
+                    size = int(size_text, 16)
+                    pos = newline + 1
+                    if size:
+                        self._state, self._remaining = _DATA, size
+                        forward_to = pos
+                    else:
+                        self._state = _TRAILER  # the last chunk: not forwarded
+                elif state == _TRAILER:
+                    newline = data.find(b"\n", pos)
+                    stop = end if newline < 0 else newline + 1
+                    self._trailer_bytes += stop - pos
+                    if self._trailer_bytes > MAX_TRAILERS:
+                        raise ProtocolError("trailer section too long")
+                    if newline < 0:
+                        self._trailer_line = (self._trailer_line + data[pos:end])[:2]
+                        pos = end
+                        break
+                    if (self._trailer_line + data[pos:newline][:2]) in (b"", b"\r"):
+                        self._state = _DONE  # the blank line that ends the trailers
+                        self.leftover = data[stop:]
+                        pos = end
+                        break
+                    self._trailer_line = b""
+                    pos = stop
+                else:  # _DONE
+                    self.leftover += data[pos:]
                     break
-                if (self._trailer_line + data[pos:newline][:2]) in (b"", b"\r"):
-                    self._state = _DONE  # the blank line that ends the trailers
-                    self.leftover = data[stop:]
-                    pos = end
-                    break
-                self._trailer_line = b""
-                pos = stop
-            else:  # _DONE
-                self.leftover += data[pos:]
-                break
+        except ProtocolError as exc:
+            exc.forward = data[:forward_to]  # the good bytes before the break
+            raise
         return data if forward_to == end else data[:forward_to]
 
 

@@ -34,12 +34,15 @@ IDEMPOTENT = frozenset({b"GET", b"HEAD"})  # may be sent again after a lost answ
 
 class UpstreamFailure(Exception):
     """The upstream connection failed. ``connect`` tells a connect failure from a later one;
-    ``responded`` tells whether any byte of the response had arrived."""
+    ``responded`` tells whether any byte of the response had arrived; ``lost`` that the
+    connection ended (closed or reset) rather than that the upstream broke the protocol."""
 
-    def __init__(self, message: str, *, connect: bool = False, responded: bool = False) -> None:
+    def __init__(self, message: str, *, connect: bool = False, responded: bool = False,
+                 lost: bool = False) -> None:
         super().__init__(message)
         self.connect = connect
         self.responded = responded
+        self.lost = lost
 
 
 def _describe(exc: BaseException) -> str:
@@ -51,8 +54,8 @@ def _describe(exc: BaseException) -> str:
 class UpstreamConnection:
     """One HTTP/1.1 connection to a model server, spoken with :mod:`protocol.http1`."""
 
-    __slots__ = ("_buffer", "_eof", "_length_left", "_mode", "_responded", "_scanner",
-                 "address", "fd", "head", "reused", "stream")
+    __slots__ = ("_buffer", "_eof", "_length_left", "_mode", "_pending", "_responded", "_scanner",
+                 "address", "body_started", "fd", "head", "reused", "stream")
 
     def __init__(self, stream: trio.SocketStream, address: UpstreamAddress) -> None:
         self.stream = stream
@@ -66,9 +69,11 @@ class UpstreamConnection:
         self._buffer = b""  # received bytes not yet handed out
         self._eof = False
         self._responded = False
+        self.body_started = False  # a byte of the response body has arrived
         self._mode = _NO_BODY
         self._length_left = 0
         self._scanner: ChunkedScanner | None = None
+        self._pending: UpstreamFailure | None = None  # raised after the good bytes before it
 
     def __repr__(self) -> str:
         return (f"UpstreamConnection({self.address.key}, reused={self.reused}, "
@@ -91,7 +96,7 @@ class UpstreamConnection:
             data = await sockio.recv(self.fd, RECEIVE_SIZE)
         except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"connection lost: {_describe(exc)}",
-                                  responded=self._responded) from None
+                                  responded=self._responded, lost=True) from None
         if data:
             self._responded = True
         else:
@@ -135,11 +140,14 @@ class UpstreamConnection:
     async def _next_data(self) -> bytes:
         if self._buffer:
             data, self._buffer = self._buffer, b""
+            self.body_started = True
             return data
         data = await self._read()
         if not data and self._mode != _UNTIL_CLOSE:
-            raise UpstreamFailure("upstream closed the connection in the middle of the body",
-                                  responded=True)
+            where = "in the middle of the body" if self.body_started else "after the head"
+            raise UpstreamFailure(f"upstream closed the connection {where}",
+                                  responded=True, lost=True)
+        self.body_started = self.body_started or bool(data)
         return data
 
     def body_done(self) -> bool:
@@ -157,12 +165,18 @@ class UpstreamConnection:
         True once the terminating chunk was seen (it is not returned)."""
         scanner = self._scanner
         assert scanner is not None
+        if self._pending is not None:
+            raise self._pending
         data = await self._next_data()
         try:
             out = scanner.feed(data)
         except ProtocolError as exc:
-            raise UpstreamFailure(f"upstream broke the chunked body: {exc}",
-                                  responded=True) from None
+            failure = UpstreamFailure(f"upstream broke the chunked body: {exc}", responded=True)
+            if not exc.forward:
+                raise failure from None
+            # The whole chunks that came before the break in this read are relayed first.
+            self._pending = failure
+            return exc.forward
         if scanner.done:
             self._mode = _NO_BODY
             self._buffer = scanner.leftover

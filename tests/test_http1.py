@@ -47,8 +47,7 @@ def test_llama_cpp_stream_head() -> None:
     (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream", None, False, False),  # until close
     (b"HTTP/1.1 204 No Content", 0, False, True),
     (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 50", 0, False, True),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 9", None, True,
-     True),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked", None, True, True),
     (b"HTTP/1.1 200 OK\nContent-Length: 1\n", 1, False, True),  # bare LF line endings
     (b"HTTP/1.1 500", 0 if False else None, False, False),  # no reason phrase, no length
 ])
@@ -68,6 +67,8 @@ def test_framing(head: bytes, length: int | None, chunked: bool, keep_alive: boo
     b"HTTP/1.1 200 OK\r\nContent-Length: -1",
     b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2",
     b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 9",  # RFC 9112 §6.3
+    b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: gzip, chunked",
 ])
 def test_invalid_heads(head: bytes) -> None:
     with pytest.raises(ProtocolError):
@@ -175,3 +176,13 @@ def test_whole_reads_and_byte_reads_agree(parts: list[bytes], cuts: list[int]) -
     points = sorted({c % (len(body) + 1) for c in cuts})
     assert _outcome([body[a:b] for a, b in zip([0, *points], [*points, len(body)],
                                                strict=True)]) == whole
+
+
+def test_broken_chunk_keeps_the_good_bytes_before_it() -> None:
+    scanner = ChunkedScanner()
+    with pytest.raises(ProtocolError) as caught:
+        scanner.feed(b"5\r\nhello\r\nzz\r\nworld\r\n")
+    assert caught.value.forward == b"5\r\nhello\r\n"
+    with pytest.raises(ProtocolError) as caught:
+        ChunkedScanner().feed(b"3\r\nabc\r\n2\r\nabcd\r\n")  # longer than announced
+    assert caught.value.forward == b"3\r\nabc\r\n"

@@ -1,0 +1,181 @@
+"""The fault-injection upstream itself (proxy/faults), hit directly: once as a real process
+started by scripts/faulty-upstream, then in-process for what the gateway tests cannot see."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from proxy.faults import wire
+from proxy.faults.behaviours import TABLE, FaultSpec
+from proxy.faults.specs import parse_spec, spec_from_model
+from tests.client import Client, request
+from tests.conftest import free_port
+from tests.faultkit import CHAT, body, fault, start_kit, stream_chunks
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "faulty-upstream"
+
+
+def _env() -> dict[str, str]:
+    # The venv running these tests, and this checkout's code.
+    return {**os.environ, "SLUICE_VENV": sys.prefix, "PYTHONPATH": str(ROOT)}
+
+
+def test_list_prints_one_line_per_behaviour() -> None:
+    out = subprocess.run([str(SCRIPT), "--list"], env=_env(), capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    lines = out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == list(TABLE)
+
+
+def test_script_serves_a_real_process() -> None:
+    port = free_port()
+    proc = subprocess.Popen([str(SCRIPT), "--listen", f"127.0.0.1:{port}", "--model", "m1"],
+                            env=_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == f"faulty upstream listening on " \
+                                                 f"http://127.0.0.1:{port}"
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=base, timeout=5) as client:
+            assert client.get("/health").json() == {"status": "ok"}
+            ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
+            assert ids[0] == "m1"
+            assert {"fault:reset-after-3", "fault:status-502", "fault:ok"} <= set(ids)
+            reply = client.post(CHAT, content=body(stream=True))
+            assert reply.headers["content-type"] == "text/event-stream"
+            assert reply.content == b"".join(wire.stream_chunks(True, "faulty", 4))
+            reply = client.post(CHAT, content=body(), headers={"x-fault": "status;code=502"})
+            assert reply.status_code == 502
+            assert reply.json()["error"] == {"code": 502, "message": "Bad Gateway",
+                                             "type": "server_error"}
+            reply = client.post(CHAT, content=body(model="fault:rate-limit-5"))
+            assert (reply.status_code, reply.headers["retry-after"]) == (429, "5")
+        # A plain socket sees the reset: SO_LINGER 0 before any byte.
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-fault: reset\r\n"
+                         b"Content-Length: 2\r\n\r\n{}")
+            with pytest.raises(ConnectionResetError):
+                sock.recv(100)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_script_refuses_a_foreign_address() -> None:
+    done = subprocess.run([str(SCRIPT), "--listen", "0.0.0.0:8199"], env=_env(),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert "only 127.0.0.1" in done.stderr
+
+
+def test_specs() -> None:
+    assert parse_spec("reset-after;after=3") == FaultSpec("reset-after", {"after": 3})
+    assert spec_from_model("fault:reset-after-3") == FaultSpec("reset-after", {"after": 3})
+    assert spec_from_model("fault:status-502") == FaultSpec("status", {"code": 502})
+    assert spec_from_model("llama") is None
+    assert parse_spec("stall-after;after=2;seconds=1.5").get("seconds") == 1.5
+    assert parse_spec("ok").get("tokens") == 4
+    for bad, why in [("nope", "unknown fault 'nope'"), ("reset-3", "takes no number"),
+                     ("status;colour=1", "no parameter 'colour'"),
+                     ("status;code=x", "code must be a number")]:
+        with pytest.raises(ValueError, match=why):
+            parse_spec(bad)
+
+
+async def test_unknown_fault_is_400(nursery: trio.Nursery) -> None:
+    kit = await start_kit(nursery, "127.0.0.1:0")
+    reply = await request(kit.url, "POST", CHAT, body(), fault("nope"))
+    assert reply.status == 400
+    assert "unknown fault 'nope'" in reply.json()["error"]["message"]
+
+
+async def test_loading_for_the_first_requests(nursery: trio.Nursery, short_tmp: Path) -> None:
+    kit = await start_kit(nursery, f"unix:{short_tmp / 'k.sock'}", loading_requests=3)
+    for path in ("/health", "/v1/models"):
+        reply = await request(kit.url, "GET", path)
+        assert (reply.status, reply.json()) == (503, wire.LOADING)
+    reply = await request(kit.url, "POST", CHAT, body())
+    assert reply.status == 503
+    reply = await request(kit.url, "GET", "/health")
+    assert (reply.status, reply.json()) == (200, {"status": "ok"})
+
+
+async def test_loading_for_a_while(autojump_clock: trio.testing.MockClock,
+                                   nursery: trio.Nursery, short_tmp: Path) -> None:
+    kit = await start_kit(nursery, f"unix:{short_tmp / 'k.sock'}", loading_seconds=10)
+    assert (await request(kit.url, "GET", "/health")).status == 503
+    await trio.sleep(10)
+    assert (await request(kit.url, "GET", "/health")).status == 200
+
+
+async def test_keep_alive_for_whole_answers_close_after_a_stream(
+        nursery: trio.Nursery, short_tmp: Path) -> None:
+    kit = await start_kit(nursery, f"unix:{short_tmp / 'k.sock'}")
+    client = await Client.open(kit.url)
+    try:
+        for _ in range(2):
+            reply = await client.request("POST", CHAT, body())
+            assert reply.json()["choices"][0]["message"]["content"] == "tok1 tok2 tok3 tok4 "
+        reply = await client.request("POST", CHAT, body(stream=True))
+        assert reply.body == b"".join(stream_chunks())
+        assert await client.stream.receive_some(10) == b""  # closed, as llama.cpp does
+    finally:
+        await client.aclose()
+    assert kit.connections == 1
+
+
+async def test_refuse_count_resets_the_next_connections(nursery: trio.Nursery) -> None:
+    kit = await start_kit(nursery, "127.0.0.1:0")
+    for spec in ("refuse;count=1", None):
+        with pytest.raises(trio.BrokenResourceError):
+            await request(kit.url, "POST", CHAT, body(), fault(spec) if spec else None)
+    assert (await request(kit.url, "POST", CHAT, body())).status == 200
+    assert len(kit.requests) == 2  # the refused connection was never read
+
+
+async def test_framing_faults_on_the_wire(nursery: trio.Nursery, short_tmp: Path) -> None:
+    kit = await start_kit(nursery, f"unix:{short_tmp / 'k.sock'}")
+    raw = await _raw(kit.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"x-fault: cl-and-te\r\nContent-Length: 2\r\n\r\n{}")
+    head = raw.split(b"\r\n\r\n", 1)[0].lower()
+    assert b"transfer-encoding: chunked" in head
+    assert b"content-length: " in head
+    raw = await _raw(kit.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"x-fault: chunk-overrun\r\nContent-Length: 2\r\n\r\n{}")
+    assert raw.endswith(b"\r\n\r\n" + b"%x\r\n" % (len(b'data: {"overrun":true}\n\n') - 8)
+                        + b'data: {"overrun":true}\n\n\r\n')
+
+
+async def test_slow_reader_reads_slowly(autojump_clock: trio.testing.MockClock,
+                                        nursery: trio.Nursery, short_tmp: Path) -> None:
+    kit = await start_kit(nursery, f"unix:{short_tmp / 'k.sock'}")
+    sent = body(size=1000)
+    start = trio.current_time()
+    reply = await request(kit.url, "POST", CHAT, sent, fault("slow-reader;bytes=100;delay=1"))
+    assert reply.status == 200
+    assert trio.current_time() - start >= len(sent) // 100 - 1  # one read a second
+    assert kit.requests[-1].body == sent
+
+
+async def _raw(url: str, data: bytes) -> bytes:
+    stream = await trio.open_unix_socket(url.removeprefix("unix:"))
+    got = b""
+    with trio.fail_after(5):
+        await stream.send_all(data)
+        while chunk := await stream.receive_some(65536):
+            got += chunk
+    await stream.aclose()
+    return got
+
