@@ -48,6 +48,7 @@ HEAD_EVENTS = 2  # events sent before an abort hold or a reset
 ABORT_RATE = 0.10
 FAULT_RATE = 0.05
 REQUEST_LIMIT = 30.0  # one request's client-side bound (a hang is an unexpected outcome)
+WARM_PREFIX = "w-1-"  # the soak ids of the warm-up client (worker -1)
 STREAM = sse_events(EVENTS)
 WHOLE = b"".join(STREAM)
 
