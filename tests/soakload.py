@@ -4,7 +4,7 @@ chooses, the clients that load a real gateway process, and what /proc says about
 Every chat request carries ``"soak": {"id": ..., "act": ...}`` in its JSON body (the gateway
 forwards the body byte for byte); :class:`SoakUpstream` reads it:
 
-- ``"ok"``: a whole SSE stream (:data:`EVENTS` events ``GAP`` seconds apart, then
+- ``"ok"``: a whole SSE stream (:data:`EVENTS` events ``soak.gap`` seconds apart, then
   ``data: [DONE]``); the client must get exactly those bytes;
 - ``"abort"``: the head and two events, then the stream is held until the gateway closes the
   connection (the client closes mid-stream, so the abort always lands mid-stream);
@@ -43,7 +43,7 @@ from tests.fakeupstream import (
 
 CHAT = "/v1/chat/completions"
 EVENTS = 6  # chat.completion.chunk events per stream (then data: [DONE])
-GAP = 0.02  # seconds between two events of a stream
+GAP = 0.02  # seconds between two events of a stream, unless the request says otherwise
 HEAD_EVENTS = 2  # events sent before an abort hold or a reset
 ABORT_RATE = 0.10
 FAULT_RATE = 0.05
@@ -71,6 +71,7 @@ class SoakUpstream(FakeUpstream):
     async def _chat(self, req: ReceivedRequest, w: ResponseWriter) -> None:
         soak = req.json()["soak"]
         act = soak["act"]
+        gap = float(soak.get("gap", GAP))
         self.attempts[soak["id"]] += 1
         self.acts[act] += 1
         if act == "status":
@@ -84,7 +85,7 @@ class SoakUpstream(FakeUpstream):
                     return
                 await w.stall()  # until the gateway closes: the handler is cancelled
             if i:
-                await trio.sleep(GAP)
+                await trio.sleep(gap)
             await w.chunk(event)
         await w.end()
 
@@ -120,10 +121,10 @@ def act_for(rng: random.Random) -> str:
     return "ok"
 
 
-def body_for(soak_id: str, act: str) -> bytes:
+def body_for(soak_id: str, act: str, gap: float = GAP) -> bytes:
     return json.dumps({"model": "fake-model", "stream": True,
                        "messages": [{"role": "user", "content": "hi"}],
-                       "soak": {"id": soak_id, "act": act}}).encode()
+                       "soak": {"id": soak_id, "act": act, "gap": gap}}).encode()
 
 
 async def close_client(client: Client, abrupt: bool) -> None:
@@ -134,9 +135,10 @@ async def close_client(client: Client, abrupt: bool) -> None:
     await client.aclose()
 
 
-async def one_request(client: Client, soak_id: str, act: str, tally: Tally) -> bool:
+async def one_request(client: Client, soak_id: str, act: str, tally: Tally,
+                      gap: float = GAP) -> bool:
     """Send one stream and check its outcome; True if the connection may be reused."""
-    await client.send_request("POST", CHAT, body_for(soak_id, act),
+    await client.send_request("POST", CHAT, body_for(soak_id, act, gap),
                               [("content-type", "application/json")])
     head = await client.read_head()
     if act == "abort":
@@ -183,10 +185,10 @@ async def one_request(client: Client, soak_id: str, act: str, tally: Tally) -> b
 
 
 async def client_loop(address: str, worker: int, seed: int, until: float, max_requests: int,
-                      tally: Tally, *, plain: bool = False) -> None:
+                      tally: Tally, *, plain: bool = False, gap: float = GAP) -> None:
     """One client: streams one after another until ``until`` (trio time) or
     ``max_requests``, on a keep-alive connection it replaces when it cannot be reused;
-    ``plain``: whole streams only (no aborts, no faults)."""
+    ``plain``: whole streams only (no aborts, no faults); ``gap``: between two events."""
     rng = random.Random(seed * 100_003 + worker)
     client: Client | None = None
     try:
@@ -203,7 +205,7 @@ async def client_loop(address: str, worker: int, seed: int, until: float, max_re
             reuse = False
             with trio.move_on_after(REQUEST_LIMIT) as scope:
                 try:
-                    reuse = await one_request(client, f"w{worker}-{n}", act, tally)
+                    reuse = await one_request(client, f"w{worker}-{n}", act, tally, gap)
                 except (trio.BrokenResourceError, OSError, AssertionError) as exc:
                     tally.client_errors += act != "abort"
                     tally.wrong(f"w{worker}-{n} {act}: {exc!r}")

@@ -14,13 +14,16 @@ injected upstream faults. It asserts correctness only, never speed:
 - RSS drift under 5% between the end of the warm-up and the end of the load.
 
 ``scripts/soak`` runs the full size (``SLUICE_SOAK=1``; ``SLUICE_SOAK_STREAMS``, default
-500, ``SLUICE_SOAK_SECONDS``, default 120, ``SLUICE_SOAK_SEED``); the default suite runs
-the same checks small (:data:`SMOKE`).
+500, ``SLUICE_SOAK_SECONDS``, default 120, ``SLUICE_SOAK_SEED``, and ``SLUICE_SOAK_GAP``,
+the seconds between two events, default 0.5: streams of about 3 s, so that the clients,
+one Python process, can keep 500 of them open at once); the default suite runs the same
+checks small (:data:`SMOKE`: 40 streams for 5 s, events 20 ms apart).
 """
 
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ import trio
 from proxy.upstream import IDLE_PER_ADDRESS
 from tests.figures import Figures
 from tests.gateways import GatewayProcess, Launcher
-from tests.soakload import Tally, client_loop, open_fds, rss_kb
+from tests.soakload import GAP, Tally, client_loop, open_fds, rss_kb
 from tests.soakserver import SoakServer
 
 SMOKE = {"streams": 40, "seconds": 5.0}
@@ -43,7 +46,8 @@ RSS_DRIFT_LIMIT = 5.0  # percent
 def soak_size() -> dict[str, Any]:
     return {"streams": int(os.environ.get("SLUICE_SOAK_STREAMS", "500")),
             "seconds": float(os.environ.get("SLUICE_SOAK_SECONDS", "120")),
-            "seed": int(os.environ.get("SLUICE_SOAK_SEED", "11"))}
+            "seed": int(os.environ.get("SLUICE_SOAK_SEED", "11")),
+            "gap": float(os.environ.get("SLUICE_SOAK_GAP", "0.5"))}
 
 
 async def held(gw: GatewayProcess, up: SoakServer) -> int:
@@ -83,7 +87,7 @@ async def warm(gw: GatewayProcess, address: str, tally: Tally) -> None:
 
 
 async def soak(root: Path, transport: str, streams: int, seconds: float,
-               seed: int = 11) -> dict[str, Any]:
+               seed: int = 11, gap: float = GAP) -> dict[str, Any]:
     up = await SoakServer().start()
     launcher = Launcher(root)
     stopped = False
@@ -124,8 +128,8 @@ async def soak(root: Path, transport: str, streams: int, seconds: float,
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sample)
                 for worker in range(streams):
-                    nursery.start_soon(client_loop, address, worker, seed, until,
-                                       max_requests, tally)
+                    nursery.start_soon(partial(client_loop, address, worker, seed, until,
+                                               max_requests, tally, gap=gap))
         elapsed = trio.current_time() - start
         after = await settle(gw, up, baseline)
         fds_after = open_fds(pid)
@@ -149,7 +153,8 @@ async def soak(root: Path, transport: str, streams: int, seconds: float,
         "tally": tally, "seen": seen, "stats": stats, "baseline": baseline, "after": after,
         "idle_upstream": seen["open"], "left_open": left_open, "drift": drift,
         "figures": {
-            "transport": transport, "streams": streams, "seconds": round(elapsed, 1),
+            "transport": transport, "streams": streams, "event_gap_s": gap,
+            "seconds": round(elapsed, 1),
             "requests": tally.requests, "completed": tally.ok, "aborts": tally.aborts,
             "injected_faults": injected, "client_visible_errors": tally.client_errors,
             "unexpected": tally.unexpected_count, "streams_held": tally.streams_held,
@@ -203,7 +208,8 @@ async def test_soak_smoke(transport: str, short_tmp: Path, figures: Figures) -> 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 async def test_soak(transport: str, short_tmp: Path, figures: Figures) -> None:
     size = soak_size()
-    result = await soak(short_tmp, transport, size["streams"], size["seconds"], size["seed"])
+    result = await soak(short_tmp, transport, size["streams"], size["seconds"], size["seed"],
+                        size["gap"])
     numbers = result["figures"]
     figures.note(f"soak_{transport}", numbers)
     figures.note("streams_held", numbers["streams_held"])
