@@ -6,7 +6,8 @@ injected upstream faults. It asserts correctness only, never speed:
 - every request has exactly its expected outcome: a whole, byte-exact stream; a 5xx or one
   SSE error event for each injected fault (and no other request fails); each client request
   reaches the upstream exactly once (a local backend has no failover);
-- the gateway's counters add up and nothing is left in flight;
+- the gateway's counters agree: every request counted once, as a success, a failure (the
+  injected faults) or an abort (the client aborts), and nothing left in flight;
 - no leak: once the load is over, the gateway's open file descriptors minus the upstream
   connections its pool keeps idle (counted on the fake's side) are back to the warm
   baseline, the idle ones are within the pool's cap, and when the gateway stops the fake
@@ -187,8 +188,10 @@ def check(result: dict[str, Any]) -> None:
     # The gateway's counters add up, and nothing is in flight.
     assert stats["activeRequests"] == 0, stats
     assert stats["totalRequests"] == seen["attempts"] + WARM_REQUESTS, stats
-    assert (stats["successCount"] + stats["failureCount"] + stats["abortedCount"]
-            == stats["totalRequests"]), stats
+    # Each outcome counted as what it was: an abort, a failure (the injected faults), or not.
+    assert stats["abortedCount"] == tally.aborts, stats
+    assert stats["failureCount"] == sum(tally.injected.values()), stats
+    assert stats["successCount"] == tally.ok + WARM_REQUESTS, stats
     # No leaked fds or upstream connections.
     assert result["after"] == result["baseline"], result["figures"]
     assert result["idle_upstream"] <= IDLE_PER_ADDRESS
