@@ -18,6 +18,7 @@ from proxy.server import Gateway
 from tests.client import chat_body, raw, request
 from tests.conftest import RunningGateway, gateway_config, open_settings, remote_request
 from tests.fakeupstream import FakeUpstream, json_completion
+from tests.figures import Figures
 
 ADMIN = "CanaryAdm1nT0ken-Qx7vWz9Lp2Rk5Ty8Nb4Mf6Hd3"
 BACKEND_KEY = "CanaryBackendK3y-Jh2Gf5Sd8Ap1Lk4Zx7Cv0Bn3"
@@ -38,7 +39,7 @@ def leaks(text: str) -> list[str]:
 
 @pytest.mark.usefixtures("remote_seam")
 async def test_no_secret_escapes(nursery: trio.Nursery, short_tmp: Path,
-                                 caplog: pytest.LogCaptureFixture) -> None:
+                                 caplog: pytest.LogCaptureFixture, figures: Figures) -> None:
     caplog.set_level(logging.DEBUG)
     upstream = FakeUpstream()
     upstream.on("POST", "/v1/chat/completions", json_completion())
@@ -113,6 +114,9 @@ async def test_no_secret_escapes(nursery: trio.Nursery, short_tmp: Path,
             await trio.sleep(0.01)
     logs = caplog.text + "\n".join(r.getMessage() for r in caplog.records)
     assert caplog.records  # DEBUG capture was on and the gateway logged
+    hits = leaks(logs) + leaks("\n".join(seen))
+    figures.count("secret_canary_hits", len(hits))
+    figures.count("secret_canary_places_checked", len(seen) + len(caplog.records))
     assert leaks(logs) == []
     assert leaks("\n".join(seen)) == []
     # The secrets file itself does hold them (so the check above is meaningful).

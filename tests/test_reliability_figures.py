@@ -1,0 +1,135 @@
+"""Reliability figures measured with the real clock (issue 11, part 8), recorded through the
+``figures`` fixture. The bounds asserted are loose on purpose (deterministic on a loaded
+machine); the figures say how close the gateway actually is:
+
+- ``abort_to_upstream_close_ms``: a client closes mid-stream; how long until the fake
+  upstream sees its connection closed (SPEC §6: within 100 ms; asserted: under 1 s);
+- ``timeout_accuracy_ms``: how late the gateway's ``first_byte`` timeout (0.5 s) and
+  ``chunk_interval`` timeout (1 s: the smallest the config accepts) fire, as the client
+  sees it (asserted: never early, under 1 s late);
+- ``attempts_per_request_max``: how many upstreams one request reached when they fail
+  (asserted: two, one failover, never a third).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.client import Client, chat_body, read_events
+from tests.conftest import StartGateway
+from tests.fakenode import FakeNode, reset_now
+from tests.fakeupstream import FakeUpstream, stall_before_head, stall_between_chunks
+from tests.figures import Figures
+from tests.gateways import Launcher, Node
+from tests.soakload import close_client
+
+CHAT = "/v1/chat/completions"
+ABORTS = 10  # per transport and kind of close
+LIMITS = {"first_byte": 0.5, "chunk_interval": 1.0}  # seconds, as configured
+TIMEOUT_RUNS = 3
+
+
+async def wait_requests(up: FakeUpstream, count: int) -> None:
+    with trio.fail_after(5):
+        while len(up.requests_to(CHAT)) < count:
+            await trio.sleep(0.001)
+
+
+@pytest.mark.parametrize("abrupt", [False, True], ids=["close", "reset"])
+async def test_abort_to_upstream_close(abrupt: bool, upstream: FakeUpstream,
+                                       start_gateway: StartGateway, transport: str,
+                                       figures: Figures) -> None:
+    upstream.on("POST", CHAT, stall_between_chunks(2))
+    gw = await start_gateway([("fake", upstream.url)])
+    for n in range(1, ABORTS + 1):
+        client = await Client.open(gw.address(transport))
+        await client.send_request("POST", CHAT, chat_body(stream=True))
+        with trio.fail_after(5):
+            await client.read_head()
+            await read_events(client, 2)
+        await wait_requests(upstream, n)
+        conn_id = upstream.requests_to(CHAT)[-1].conn_id
+        closed = trio.current_time()
+        await close_client(client, abrupt)
+        with trio.fail_after(2):
+            seen = await upstream.wait_connection_closed(conn_id)
+        figures.sample("abort_to_upstream_close_ms", (seen - closed) * 1000)
+        assert seen - closed < 1.0
+
+
+async def _late_error(gw_address: str, *, events: int) -> float:
+    """Seconds from the last thing the client got (the request sent, or the ``events``-th
+    event) to the gateway's timeout answer (a 504, or the SSE error event)."""
+    client = await Client.open(gw_address)
+    try:
+        await client.send_request("POST", CHAT, chat_body(stream=True))
+        with trio.fail_after(10):
+            if not events:
+                start = trio.current_time()
+                reply = await client.read_reply()
+                end = trio.current_time()
+                assert reply.status == 504, reply
+                assert b"first_byte" in reply.body
+                return end - start
+            head = await client.read_head()
+            await read_events(client, events)
+            start = trio.current_time()
+            reply = await client.read_reply(head)
+            end = trio.current_time()
+            assert not reply.complete
+            assert b"chunk_interval" in reply.body
+            return end - start
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("which", ["first_byte", "chunk_interval"])
+async def test_timeout_accuracy(which: str, upstream: FakeUpstream,
+                                start_gateway: StartGateway, figures: Figures) -> None:
+    limit = LIMITS[which]
+    if which == "first_byte":
+        upstream.on("POST", CHAT, stall_before_head())
+        events = 0
+    else:
+        upstream.on("POST", CHAT, stall_between_chunks(2))
+        events = 2
+    gw = await start_gateway([("fake", upstream.url)], **{which: limit})
+    for _ in range(TIMEOUT_RUNS):
+        waited = await _late_error(gw.tcp, events=events)
+        figures.sample("timeout_accuracy_ms", (waited - limit) * 1000)
+        figures.sample(f"timeout_accuracy_{which}_ms", (waited - limit) * 1000)
+        assert limit - 0.01 <= waited < limit + 1.0
+
+
+FAILOVER_REQUESTS = 10
+
+
+async def test_attempts_per_request(nursery: trio.Nursery, short_tmp: Path,
+                                    figures: Figures) -> None:
+    """Three nodes, the first two resetting every request: each request is tried at most
+    twice (one failover), never on the third node; the figure is the fakes' request count
+    per request, checked against the gateway's routing stats."""
+    x, y, z = [await FakeNode(f"node-{n}", ["m"], answer=answer).start(nursery)
+               for n, answer in (("x", reset_now()), ("y", reset_now()), ("z", None))]
+    launcher = Launcher(short_tmp)
+    try:
+        gw = await launcher.start("g", failure_threshold=1000, nodes=[
+            Node(n.fingerprint, n.url, p) for n, p in ((x, 3), (y, 2), (z, 1))])
+        await gw.wait_nodes({n.fingerprint: ["m"] for n in (x, y, z)})
+        for i in range(FAILOVER_REQUESTS):
+            reply = await gw.chat("m", body=chat_body("m", tag=f"r{i}"))
+            assert reply.status == 502, reply
+        tries = Counter(json.loads(r.body)["tag"] for n in (x, y, z) for r in n.chats())
+        assert z.chats() == []
+        stats = await gw.routing_stats()
+    finally:
+        await launcher.aclose()
+    figures.peak("attempts_per_request_max", max(tries.values()))
+    assert sorted(tries) == sorted(f"r{i}" for i in range(FAILOVER_REQUESTS))
+    assert set(tries.values()) == {2}
+    assert stats["failovers"] == FAILOVER_REQUESTS
