@@ -63,7 +63,7 @@ class Gateway:
                  extra_models: Sequence[ModelConfig] = ()) -> None:
         self.settings = settings
         self.drain_timeout = drain_timeout
-        self.connections = ConnectionPool()
+        self.connections = ConnectionPool(lambda: settings.config.timeouts.connection)
         self.backends = BackendRegistry(settings.config.backends, settings.secrets.backend_keys)
         self.nodes = NodeIndex()
         self.router = Router(settings, self.backends, self.nodes)
