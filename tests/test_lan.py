@@ -17,6 +17,9 @@ up, B is checked online and one half-open probe closes the circuit.
 from __future__ import annotations
 
 import json
+import shutil
+import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,8 @@ import h11
 import pytest
 import trio
 
+from protocol.upstream_url import parse_upstream_url
+from proxy.upstream import ConnectionPool
 from tests.client import Client, chat_body, read_events
 from tests.fakenode import ThreadedUpstream
 from tests.fakeupstream import (
@@ -79,9 +84,6 @@ def hosts() -> Iterator[Hosts]:
     reason = unavailable()
     if reason is not None:
         pytest.skip(f"NO LAN TEST: {reason}")
-    import shutil
-    import tempfile
-
     folder = Path(tempfile.mkdtemp(prefix="sl-lan-", dir="/tmp"))
     lan = Lan()
     fakes: list[ThreadedUpstream] = []
@@ -276,3 +278,22 @@ async def test_link_cut_then_back(hosts: Hosts, figures: Figures) -> None:
     figures.peak("half_open_probes_per_window", 1)
     note = figures.notes["lan_link_cut"]
     note.update({"online_again_after_s": round(online_after, 2), "circuit_closed": True})
+
+
+async def test_upstream_sockets_bound_unacknowledged_bytes() -> None:
+    """Without namespaces: the pool sets TCP_USER_TIMEOUT from timeouts.connection (what
+    makes a request on a kept-alive connection over a dead link fail promptly above)."""
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    try:
+        port = listener.getsockname()[1]
+        conn = await ConnectionPool(lambda: 1.5).connect(
+            parse_upstream_url(f"http://127.0.0.1:{port}"))
+        try:
+            sock = conn.stream.socket
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 1500
+        finally:
+            conn.close()
+    finally:
+        listener.close()
