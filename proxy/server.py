@@ -19,6 +19,7 @@ from protocol.response import Response
 from proxy.connection import ClientConnection
 from proxy.context import Clients, GatewayContext, Listening
 from proxy.datadir import STATE_FILE, GatewayState, read_state, write_state
+from proxy.files import remove_leftovers
 from proxy.listeners import (
     SOCKET_NAME,
     ListenerError,
@@ -90,6 +91,10 @@ class Gateway:
     async def run(self, *, handle_signals: bool = False,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners, listening = await self._open_listeners()
+        # Bound: no other gateway uses this data folder. Temp files of a write cut short
+        # by kill -9 go (the files themselves are whole: proxy/files.py).
+        for path in (self.settings.config_path, self.settings.secrets_path):
+            remove_leftovers(path)
         try:
             supervisor = None
             if self.models:
