@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-
-import httpx
 
 from tests.gateways import START_TIMEOUT, GatewayProcess
 
@@ -144,7 +143,7 @@ def launch_in(lan: Lan, host: str, gw: GatewayProcess) -> GatewayProcess:
         if gw.proc.poll() is not None:
             raise AssertionError(f"gateway {gw.name} exited:\n{gw.log()}")
         gw.port = gw.port or _state_port(gw.data_dir)
-        if gw.port is not None and _unix_health(gw.socket_path):
+        if gw.port is not None and unix_health(gw.socket_path):
             return gw
         time.sleep(0.05)
     raise AssertionError(f"gateway {gw.name} not ready in {START_TIMEOUT}s:\n{gw.log()}")
@@ -158,9 +157,13 @@ def _state_port(data_dir: Path) -> int | None:
     return port if isinstance(port, int) else None
 
 
-def _unix_health(path: Path) -> bool:
+def unix_health(path: Path) -> bool:
+    """``GET /health`` over the Unix socket at ``path`` answers 200."""
     try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=2) as client:
-            return client.get("http://localhost/health").status_code == 200
-    except (OSError, httpx.HTTPError):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(2)
+            sock.connect(str(path))
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            return sock.recv(64).startswith(b"HTTP/1.1 200 ")
+    except OSError:
         return False
