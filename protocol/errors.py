@@ -137,6 +137,12 @@ def overloaded(message: str) -> SluiceError:
                        source=Source.GATEWAY)
 
 
+def shutting_down() -> SluiceError:
+    """A streamed answer cut at the drain deadline of a stopping gateway."""
+    return SluiceError(503, "the gateway is stopping: the answer was cut at its drain deadline",
+                       type="server_error", code="shutting_down", source=Source.GATEWAY)
+
+
 def upstream_unreachable(message: str) -> SluiceError:
     return SluiceError(502, message, type="server_error", code="upstream_connection_error",
                        source=Source.UPSTREAM)

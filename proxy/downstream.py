@@ -38,6 +38,11 @@ class Downstream:
         return f"Downstream(fd={self.fd}, {self.response!r}, gone={self.gone})"
 
     @property
+    def closing(self) -> bool:
+        """The gateway is draining."""
+        return self._closing()
+
+    @property
     def chunked(self) -> bool:
         """A streamed body goes out chunk-framed: a chunked upstream body may pass as is."""
         return self.response.chunked

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from protocol.errors import ConfigError
 
-__all__ = ["atomic_write", "read_text"]
+__all__ = ["atomic_write", "read_text", "remove_leftovers"]
 
 
 def atomic_write(path: Path, data: bytes, mode: int) -> None:
@@ -36,6 +36,19 @@ def atomic_write(path: Path, data: bytes, mode: int) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def remove_leftovers(path: Path) -> int:
+    """Remove the temp files of :func:`atomic_write` for ``path`` that a killed process left
+    (made, not yet renamed); how many. Run at start, before any write."""
+    removed = 0
+    for leftover in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            leftover.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def read_text(path: Path) -> str:

@@ -17,6 +17,7 @@ import trio
 
 from protocol.errors import (
     SluiceError,
+    shutting_down,
     upstream_bad_response,
     upstream_unreachable,
 )
@@ -96,6 +97,14 @@ class Relay:
             await self._fail(timeout.error)
         except trio.Cancelled:
             self.interrupted = True
+            if self.out.closing and self.out.response.state is State.STREAMING:
+                # The drain deadline (SPEC: streams are cut with the SSE error event).
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
+                    try:
+                        await self.out.error_event(shutting_down(),
+                                                   at_boundary=self.at_event_boundary)
+                    except ClientGone:
+                        pass
             raise
         finally:
             conn = self._conn

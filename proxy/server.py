@@ -19,6 +19,7 @@ from protocol.response import Response
 from proxy.connection import ClientConnection
 from proxy.context import Clients, GatewayContext, Listening
 from proxy.datadir import STATE_FILE, GatewayState, read_state, write_state
+from proxy.files import remove_leftovers
 from proxy.listeners import (
     SOCKET_NAME,
     ListenerError,
@@ -63,7 +64,7 @@ class Gateway:
                  extra_models: Sequence[ModelConfig] = ()) -> None:
         self.settings = settings
         self.drain_timeout = drain_timeout
-        self.connections = ConnectionPool()
+        self.connections = ConnectionPool(lambda: settings.config.timeouts.connection)
         self.backends = BackendRegistry(settings.config.backends, settings.secrets.backend_keys)
         self.nodes = NodeIndex()
         self.router = Router(settings, self.backends, self.nodes)
@@ -90,6 +91,10 @@ class Gateway:
     async def run(self, *, handle_signals: bool = False,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners, listening = await self._open_listeners()
+        # Bound: no other gateway uses this data folder. Temp files of a write cut short
+        # by kill -9 go (the files themselves are whole: proxy/files.py).
+        for path in (self.settings.config_path, self.settings.secrets_path):
+            remove_leftovers(path)
         try:
             supervisor = None
             if self.models:
@@ -301,10 +306,19 @@ class Gateway:
         stream.socket.close()
 
 
+def drain_timeout() -> float:
+    """DRAIN_TIMEOUT, or the seconds in ``$SLUICE_DRAIN_TIMEOUT`` (a hidden knob for tests)."""
+    try:
+        value = float(os.environ.get("SLUICE_DRAIN_TIMEOUT", DRAIN_TIMEOUT))
+    except ValueError:
+        return DRAIN_TIMEOUT
+    return value if value > 0 else DRAIN_TIMEOUT
+
+
 def serve(settings: Settings, extra_models: Sequence[ModelConfig] = ()) -> int:
     """Run the gateway until a stop signal; the process exit code."""
     try:
-        gateway = Gateway(settings, extra_models=extra_models)
+        gateway = Gateway(settings, drain_timeout=drain_timeout(), extra_models=extra_models)
         trio.run(lambda: gateway.run(handle_signals=True))
     except (ListenerError, StartupError) as exc:
         log.error("%s", exc)

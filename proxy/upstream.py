@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import select
+import socket
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -250,9 +251,14 @@ _NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(4)
 class ConnectionPool:
     """Idle keep-alive connections per upstream address (most recently used first)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ack_timeout: Callable[[], float] | None = None) -> None:
         self._idle: dict[str, deque[UpstreamConnection]] = {}
         self.connects = 0
+        # TCP_USER_TIMEOUT of upstream TCP sockets (timeouts.connection): bytes we sent
+        # that the peer's kernel does not acknowledge in time end the connection. A request
+        # written to an idle connection over a LAN link that went down since then fails
+        # (a connection error) instead of waiting for a head until the total timeout.
+        self._ack_timeout = ack_timeout
 
     def __repr__(self) -> str:
         idle = sum(len(q) for q in self._idle.values())
@@ -267,6 +273,9 @@ class ConnectionPool:
                 assert address.host is not None
                 assert address.port is not None
                 stream = await trio.open_tcp_stream(address.host, address.port)
+                if self._ack_timeout is not None and hasattr(socket, "TCP_USER_TIMEOUT"):
+                    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                                      max(int(self._ack_timeout() * 1000), 1))
         except OSError as exc:
             raise UpstreamFailure(f"cannot connect to {address.key}: {_describe(exc)}",
                                   connect=True) from None

@@ -83,6 +83,7 @@ class GatewayProcess:
         # Status and admin calls go over the Unix socket when TCP clients need a key.
         self.default_via = "unix" if self.config.api.require_auth else "tcp"
         self.port: int | None = None
+        self.prefix: list[str] = []  # e.g. ``ip netns exec <ns>`` (tests/netns.py)
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -104,8 +105,8 @@ class GatewayProcess:
         env = {**os.environ, "XDG_RUNTIME_DIR": str(self.folder / "run")}
         env.pop("SLUICE_DATA_DIR", None)
         self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen([*SERVE, "--data-dir", str(self.data_dir)], env=env,
-                                     stdin=subprocess.DEVNULL, stdout=self._log,
+        self.proc = subprocess.Popen([*self.prefix, *SERVE, "--data-dir", str(self.data_dir)],
+                                     env=env, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT)
 
     def _check_alive(self) -> None:

@@ -1,0 +1,169 @@
+"""A real LAN of two hosts for end-to-end tests: two Linux network namespaces joined by a
+veth pair, each with ``lo`` up and one address of a private /30 (10.213.N.0/30, N from the
+pid), plus the plumbing the tests need: link down/up, a ``tbf`` slow link, running a command
+(a gateway, the ``sluice`` CLI, a small HTTP client) inside a namespace.
+
+Every name starts with ``sl-<pid>`` (devices ``sl<pid>a`` / ``sl<pid>b``: at most 15 bytes)
+so nothing collides with another run; ``Lan.remove()`` deletes both namespaces (which
+deletes the veth pair too) and is safe to call twice or after a half-made setup.
+``unavailable()`` says why namespaces cannot be made here (None when they can).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tests.gateways import START_TIMEOUT, GatewayProcess
+
+IP = shutil.which("ip") or "ip"
+TC = shutil.which("tc") or "tc"
+COMMAND_TIMEOUT = 15.0
+
+
+def unavailable() -> str | None:
+    """Why network namespaces cannot be made here, or None."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (not root here)"
+    if shutil.which("ip") is None:
+        return "the ip command (iproute2) is not installed"
+    if shutil.which("tc") is None:
+        return "the tc command (iproute2) is not installed"
+    return None
+
+
+def _run(argv: Sequence[str], *, check: bool = True, timeout: float = COMMAND_TIMEOUT,
+         stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(list(argv), input=stdin, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+class Lan:
+    """Host A and host B (see the module docstring)."""
+
+    def __init__(self) -> None:
+        pid = os.getpid()
+        self.ns = {"a": f"sl-{pid}-a", "b": f"sl-{pid}-b"}
+        self.dev = {"a": f"sl{pid}a"[:15], "b": f"sl{pid}b"[:15]}
+        subnet = f"10.213.{pid % 250 + 1}"
+        self.addr = {"a": f"{subnet}.1", "b": f"{subnet}.2"}
+
+    def __repr__(self) -> str:
+        return f"Lan({self.ns['a']} {self.addr['a']} <-> {self.ns['b']} {self.addr['b']})"
+
+    def make(self) -> Lan:
+        try:
+            for host in ("a", "b"):
+                _run([IP, "netns", "add", self.ns[host]])
+            _run([IP, "link", "add", self.dev["a"], "type", "veth", "peer", "name",
+                  self.dev["b"]])
+            for host in ("a", "b"):
+                ns, dev = self.ns[host], self.dev[host]
+                _run([IP, "link", "set", dev, "netns", ns])
+                _run([IP, "-n", ns, "addr", "add", f"{self.addr[host]}/30", "dev", dev])
+                _run([IP, "-n", ns, "link", "set", "lo", "up"])
+                _run([IP, "-n", ns, "link", "set", dev, "up"])
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def remove(self) -> None:
+        for ns in self.ns.values():
+            _run([IP, "netns", "del", ns], check=False)
+        # A veth pair left in the root namespace by a setup cut short.
+        _run([IP, "link", "del", self.dev["a"]], check=False)
+
+    # -- inside a namespace ---------------------------------------------------------------
+
+    def prefix(self, host: str) -> list[str]:
+        return [IP, "netns", "exec", self.ns[host]]
+
+    def run(self, host: str, argv: Sequence[str], *, stdin: str | None = None,
+            check: bool = True, timeout: float = COMMAND_TIMEOUT
+            ) -> subprocess.CompletedProcess[str]:
+        return _run([*self.prefix(host), *argv], stdin=stdin, check=check, timeout=timeout)
+
+    def link(self, host: str, up: bool) -> None:
+        """``ip link set <host's veth> up|down`` inside its namespace."""
+        _run([IP, "-n", self.ns[host], "link", "set", self.dev[host], "up" if up else "down"])
+
+    def shape(self, host: str, rate: str, burst: str, latency: str) -> None:
+        """A ``tbf`` slow link on the egress of ``host``'s veth."""
+        self.run(host, [TC, "qdisc", "replace", "dev", self.dev[host], "root", "tbf", "rate",
+                        rate, "burst", burst, "latency", latency])
+
+    def unshape(self, host: str) -> None:
+        self.run(host, [TC, "qdisc", "del", "dev", self.dev[host], "root"], check=False)
+
+    def overlimits(self, host: str) -> int:
+        """How often the tbf on ``host``'s veth held a packet back (0 without one)."""
+        out = self.run(host, [TC, "-s", "-j", "qdisc", "show", "dev", self.dev[host]]).stdout
+        for qdisc in json.loads(out or "[]"):
+            if qdisc.get("kind") == "tbf":
+                return int(qdisc.get("overlimits", 0))
+        return 0
+
+    def http(self, host: str, url: str, headers: dict[str, str]) -> int:
+        """The status of ``GET url`` made by a client on ``host`` (a Python process run
+        inside its namespace)."""
+        code = ("import http.client, json, sys, urllib.parse\n"
+                "u = urllib.parse.urlsplit(sys.argv[1])\n"
+                "c = http.client.HTTPConnection(u.hostname, u.port, timeout=5)\n"
+                "c.request('GET', u.path, headers=json.loads(sys.argv[2]))\n"
+                "print(c.getresponse().status)\n")
+        out = self.run(host, [sys.executable, "-c", code, url, json.dumps(headers)])
+        return int(out.stdout.strip())
+
+    def sluice(self, host: str, *args: str, stdin: str | None = None) -> str:
+        """A ``sluice`` command run inside ``host``'s namespace; its standard output."""
+        return self.run(host, [sys.executable, "-m", "proxy", *args], stdin=stdin).stdout
+
+
+def launch_in(lan: Lan, host: str, gw: GatewayProcess) -> GatewayProcess:
+    """Start ``gw`` inside ``host``'s namespace; wait (bounded) until ``GET /health``
+    answers 200 on its Unix socket (the test's own namespace cannot reach its TCP port).
+    Status and admin calls then go over the Unix socket."""
+    gw.prefix = lan.prefix(host)
+    gw.default_via = "unix"
+    gw.launch()
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        assert gw.proc is not None
+        if gw.proc.poll() is not None:
+            raise AssertionError(f"gateway {gw.name} exited:\n{gw.log()}")
+        gw.port = gw.port or _state_port(gw.data_dir)
+        if gw.port is not None and unix_health(gw.socket_path):
+            return gw
+        time.sleep(0.05)
+    raise AssertionError(f"gateway {gw.name} not ready in {START_TIMEOUT}s:\n{gw.log()}")
+
+
+def _state_port(data_dir: Path) -> int | None:
+    try:
+        port = json.loads((data_dir / "state.json").read_text()).get("tcpPort")
+    except (OSError, ValueError):
+        return None
+    return port if isinstance(port, int) else None
+
+
+def unix_health(path: Path) -> bool:
+    """``GET /health`` over the Unix socket at ``path`` answers 200."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(2)
+            sock.connect(str(path))
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            return sock.recv(64).startswith(b"HTTP/1.1 200 ")
+    except OSError:
+        return False
