@@ -96,10 +96,10 @@ class Outcome:
 
 
 async def send_hostile(address: str, data: bytes, *, answers: int = 1,
-                       until_close: bool = True) -> Outcome:
+                       until_close: bool = True, head_only: int = 0) -> Outcome:
     """Send ``data``, read up to ``answers`` responses, then (``until_close``) whatever
     comes until the gateway closes (bounded by T: a connection left open counts as not
-    closed)."""
+    closed). The first ``head_only`` answers are to HEAD requests: no body is read."""
     raw = await Raw.open(address)
     responses: list[RawResponse] = []
     closed = False
@@ -107,9 +107,9 @@ async def send_hostile(address: str, data: bytes, *, answers: int = 1,
     try:
         with trio.move_on_after(T):
             await raw.send(data)
-            for _ in range(answers):
+            for i in range(answers):
                 try:
-                    responses.append(await raw.response())
+                    responses.append(await raw.response(head_only=i < head_only))
                 except AssertionError:  # closed before (another) response
                     break
             if until_close:

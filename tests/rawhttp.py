@@ -42,8 +42,9 @@ class Raw:
         self.buf += data
         return True
 
-    async def response(self) -> RawResponse:
-        """One response (status line, headers, Content-Length body); AssertionError on EOF."""
+    async def response(self, *, head_only: bool = False) -> RawResponse:
+        """One response (status line, headers, Content-Length body unless ``head_only``: the
+        answer to a HEAD); AssertionError on EOF."""
         while b"\r\n\r\n" not in self.buf:
             if not await self._fill():
                 raise AssertionError(f"connection closed before a response head: "
@@ -62,7 +63,7 @@ class Raw:
         for name, value in headers:
             if name == "content-length":
                 length = int(value)
-        if status < 200:
+        if status < 200 or head_only:
             length = 0
         while len(self.buf) < length:
             if not await self._fill():

@@ -265,3 +265,27 @@ async def test_websocket_upgrade_is_never_switched(
         assert req.body == CHAT
     await check_aftermath(gw, upstream, transport, bystander, caplog, figures,
                           forwarded=len(forwarded))
+
+
+async def test_head_answers_carry_no_body(
+    upstream: FakeUpstream, start_gateway: StartGateway, transport: str,
+    caplog: pytest.LogCaptureFixture, figures: Figures
+) -> None:
+    """A HEAD answer has no body, whatever it says its length is: the request pipelined
+    after it is read from the right place (no response desync)."""
+    serve_everything(upstream)
+    gw = await start_gateway([("fake", upstream.url)])
+    bystander = await Bystander.start(gw.address(transport))
+    data = b""
+    for path in (b"/health", b"/v1/models", b"/nope", b"/v1/chat/completions"):
+        data += b"HEAD " + path + b" HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    data += b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    outcome = await send_hostile(gw.address(transport), data, answers=5, head_only=4)
+    statuses = [r.status for r in outcome.responses]
+    assert len(statuses) == 5, outcome.responses
+    assert statuses[-1] == 200, outcome.responses
+    assert outcome.responses[-1].body == b'{"status":"ok"}'
+    assert all(r.body == b"" for r in outcome.responses[:4])
+    assert outcome.closed
+    assert outcome.rest == b""
+    await check_aftermath(gw, upstream, transport, bystander, caplog, figures, tried=4)
