@@ -23,6 +23,7 @@ import trio
 import trio.testing
 
 from proxy.connection import BODY_GAP_TIMEOUT, HEAD_TIMEOUT
+from proxy.downstream import WRITE_TIMEOUT
 from tests.client import chat_body, request
 from tests.conftest import StartGateway
 from tests.fakeupstream import (
@@ -276,3 +277,35 @@ def test_accept_loop_survives_emfile(low_fd_gateway: GatewayProcess, figures: Fi
     assert doc == {"status": "ok"}
     assert "Traceback" not in log, log[-4000:]
     assert "too many open files" in log.lower(), "the flood never hit the descriptor limit"
+
+
+async def test_pipelining_client_that_never_reads_is_dropped(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+    start_gateway: StartGateway, caplog: pytest.LogCaptureFixture, figures: Figures
+) -> None:
+    """Requests pipelined without ever reading an answer: the gateway's read-ahead is capped
+    and its blocked answer is given up after WRITE_TIMEOUT, so the connection cannot be held
+    forever; other clients are served meanwhile."""
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    raw = await Raw.open(gw.unix)
+    batch = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n" * 100
+    sent = 0
+    try:
+        with trio.move_on_after(5):  # until the gateway stops taking requests
+            while sent < 100_000:  # bounded
+                await raw.send(batch)
+                sent += 100
+        t0 = trio.current_time()
+        assert (await request(gw.unix, "GET", "/health")).status == 200
+        with trio.fail_after(WRITE_TIMEOUT + 30):
+            while gw.gateway.ctx.connection_count:
+                await trio.sleep(0.5)
+        elapsed = trio.current_time() - t0
+    finally:
+        await raw.aclose()
+    figures.count("bad_inputs_tried")
+    problems = log_problems(caplog)
+    figures.count("crashes", 1 if problems else 0)
+    assert sent < 100_000  # the gateway pushed back
+    assert elapsed <= WRITE_TIMEOUT + 1
+    assert not problems, problems
