@@ -61,7 +61,7 @@ class Response:
     Origin the answer names (an upstream's own ``access-control-*`` headers never pass).
     """
 
-    __slots__ = ("chunked", "continued", "cors_origin", "keep_alive", "state")
+    __slots__ = ("bodiless", "chunked", "continued", "cors_origin", "keep_alive", "state")
 
     def __init__(self, *, http11: bool = True, keep_alive: bool = True,
                  cors_origin: bytes | None = None) -> None:
@@ -70,16 +70,19 @@ class Response:
         self.keep_alive = keep_alive and http11
         self.cors_origin = cors_origin
         self.continued = False  # 100 Continue sent
+        self.bodiless = False  # the answer to a HEAD: its head says the length, no body follows
 
     def __repr__(self) -> str:
         return (f"Response({self.state.value}, chunked={self.chunked}, "
                 f"keep_alive={self.keep_alive})")
 
-    def request_allows(self, *, http11: bool, keep_alive: bool) -> None:
-        """What the request, once its head is read, allows: chunked framing (HTTP/1.1) and
-        keeping the connection (HTTP/1.1 without ``Connection: close``)."""
+    def request_allows(self, *, http11: bool, keep_alive: bool, head: bool = False) -> None:
+        """What the request, once its head is read, allows: chunked framing (HTTP/1.1),
+        keeping the connection (HTTP/1.1 without ``Connection: close``), and a body (not
+        for a HEAD request, RFC 9110 §9.3.2)."""
         self.chunked = http11
         self.keep_alive = keep_alive and http11
+        self.bodiless = head
 
     def _move(self, new: State) -> None:
         if new not in MOVES[self.state]:
@@ -142,13 +145,13 @@ class Response:
 
     def whole(self, status: int, headers: list[Header], body: bytes, reason: bytes = b"", *,
               cors: Sequence[Header] = (), closing: bool = False) -> bytes:
-        """A whole answer, head and body."""
+        """A whole answer, head and body (only the head for a HEAD request)."""
         if not body_allowed(status):
             body = b""
         data = self.head(status, headers, reason, length=len(body), cors=cors, closing=closing)
         if self.state is State.STREAMING:
             self._move(State.DONE)
-        return data + body if body else data
+        return data + body if body and not self.bodiless else data
 
     def frame(self, data: bytes) -> bytes:
         """Body bytes of a streamed answer, framed for this client."""

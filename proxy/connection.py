@@ -206,10 +206,13 @@ class ClientConnection:
             size += len(name) + len(value) + 4
         if size > MAX_HEAD_SIZE:
             raise headers_too_large(_HEAD_TOO_LARGE)
-        if header_value(headers, b"transfer-encoding") is not None and \
-                header_value(headers, b"content-length") is not None:
-            raise bad_request("a request must not carry both Transfer-Encoding and "
-                              "Content-Length", code="bad_http_request")
+        if header_value(headers, b"transfer-encoding") is not None:
+            if header_value(headers, b"content-length") is not None:
+                raise bad_request("a request must not carry both Transfer-Encoding and "
+                                  "Content-Length", code="bad_http_request")
+            if event.http_version == b"1.0":  # RFC 9112 §6.1: its framing is faulty
+                raise bad_request("an HTTP/1.0 request must not carry Transfer-Encoding",
+                                  code="bad_http_request")
         return event
 
     async def _next_head(self) -> h11.Request:

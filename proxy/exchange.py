@@ -98,7 +98,8 @@ class Exchange:
             request = await self.source.read_head()
             headers = self.source.headers
             response.request_allows(http11=request.http_version == b"1.1",
-                                    keep_alive=b"close" not in connection_tokens(headers))
+                                    keep_alive=b"close" not in connection_tokens(headers),
+                                    head=request.method == b"HEAD")
             denied = await self.authorize(request, headers)
             body = await self.source.read_body(self.ctx.config.api.max_body_size)
         except SluiceError as err:  # the request cannot be read: answer, then close

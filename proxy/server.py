@@ -264,15 +264,22 @@ class Gateway:
 
     async def _accept_loop(self, listener: trio.SocketListener, transport: str,
                            nursery: trio.Nursery) -> None:
+        starved = False  # accept is failing for want of descriptors (logged once)
         while True:
             try:
                 stream = await listener.accept()
             except OSError as exc:
                 if exc.errno in _FD_ERRORS:
-                    log.error("accept failed (%s); retrying", os.strerror(exc.errno or 0))
+                    if not starved:  # once per episode: a flood must not flood the log
+                        log.error("accept failed (%s); retrying every %gs",
+                                  os.strerror(exc.errno or 0), _ACCEPT_RETRY)
+                        starved = True
                     await trio.sleep(_ACCEPT_RETRY)
                     continue
                 raise
+            if starved:
+                log.warning("accepting connections again")
+                starved = False
             if self.clients.count >= self.settings.config.api.max_connections:
                 nursery.start_soon(self._turn_away, stream)
             else:

@@ -121,3 +121,11 @@ def test_broken_from_any_state() -> None:
         assert r.state is State.BROKEN
         r.broken()  # idempotent
         assert not r.reusable
+
+
+def test_answer_to_head_has_its_length_but_no_body() -> None:
+    r = Response()
+    r.request_allows(http11=True, keep_alive=True, head=True)
+    data = r.whole(405, [(b"allow", b"GET")], b'{"error":1}')
+    assert data.endswith(b"content-length: 11\r\n\r\n")
+    assert r.reusable  # the next request is read right after the head

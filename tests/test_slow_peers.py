@@ -1,0 +1,313 @@
+"""Slow and greedy peers (SPEC §6.1): a head trickled a byte at a time, a chunked body that
+stalls, a client that stops reading an SSE stream, a flood beyond ``api.max_connections``,
+and an accept loop that runs out of file descriptors. The plain deadline cases (a half head,
+a Content-Length body gap, idle keep-alive, one connection over the cap) are in
+tests/test_http_hygiene.py.
+
+Deadline tests use the autojump MockClock over Unix sockets only (see the note on
+``jump_clock`` in tests/test_http_hygiene.py: a Unix socket's bytes are in the peer's buffer
+when send returns, so the clock never jumps past bytes in flight)."""
+
+from __future__ import annotations
+
+import resource
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from proxy.connection import BODY_GAP_TIMEOUT, HEAD_TIMEOUT
+from proxy.downstream import WRITE_TIMEOUT
+from tests.client import chat_body, request
+from tests.conftest import StartGateway
+from tests.fakeupstream import (
+    LLAMA_SSE_HEADERS,
+    FakeUpstream,
+    ReceivedRequest,
+    ResponseWriter,
+    json_completion,
+)
+from tests.figures import Figures
+from tests.gateways import GatewayProcess
+from tests.hostile import log_problems
+from tests.rawhttp import Raw, T, assert_openai_error, chat_head
+
+CHAT = chat_body()
+
+
+@pytest.fixture
+def jump_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def test_slowloris_head_never_extends_the_head_deadline(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+    start_gateway: StartGateway, caplog: pytest.LogCaptureFixture, figures: Figures
+) -> None:
+    """A byte a second keeps the connection busy but the head has HEAD_TIMEOUT in all: 408
+    and close at 10 s, while another client is served meanwhile."""
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    head = (b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"s" * 60
+            + b"\r\n\r\n")
+    raw = await Raw.open(gw.unix)
+    sent = 0
+
+    async def trickle() -> None:
+        nonlocal sent
+        for byte in head:  # bounded: the whole head would take 80 s
+            try:
+                await raw.send(bytes([byte]))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            sent += 1
+            await trio.sleep(1)
+
+    try:
+        with trio.fail_after(HEAD_TIMEOUT + 20):
+            async with trio.open_nursery() as nursery:
+                t0 = trio.current_time()
+                nursery.start_soon(trickle)
+                await trio.sleep(HEAD_TIMEOUT / 2)
+                assert (await request(gw.unix, "GET", "/health")).status == 200
+                resp = await raw.response()
+                elapsed = trio.current_time() - t0
+                rest = await raw.rest()
+                nursery.cancel_scope.cancel()
+    finally:
+        await raw.aclose()
+    figures.count("bad_inputs_tried")
+    problems = log_problems(caplog)
+    figures.count("crashes", 1 if problems else 0)
+    assert resp.status == 408, resp
+    assert_openai_error(resp.body, "request_timeout")
+    assert resp.header("connection") == "close"
+    assert rest == b""
+    assert HEAD_TIMEOUT <= elapsed < HEAD_TIMEOUT + 1
+    assert sent < len(head)
+    assert not problems, problems
+
+
+async def test_stalled_chunked_body_gets_408(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+    start_gateway: StartGateway, caplog: pytest.LogCaptureFixture, figures: Figures
+) -> None:
+    """A chunked body that stops mid-chunk for more than 30 s: 408, close, nothing
+    forwarded."""
+    unix_upstream.on("POST", "/v1/chat/completions", json_completion())
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    raw = await Raw.open(gw.unix)
+    try:
+        with trio.fail_after(2 * BODY_GAP_TIMEOUT + 20):
+            await raw.send(chat_head(b"Transfer-Encoding: chunked\r\n\r\n")
+                           + b"%x\r\n" % len(CHAT) + CHAT[:10])
+            t0 = trio.current_time()
+            await trio.sleep(BODY_GAP_TIMEOUT - 1)
+            await raw.send(CHAT[10:20])  # a gap just under the limit is fine
+            resp = await raw.response()
+            elapsed = trio.current_time() - t0
+            rest = await raw.rest()
+    finally:
+        await raw.aclose()
+    figures.count("bad_inputs_tried")
+    problems = log_problems(caplog)
+    figures.count("crashes", 1 if problems else 0)
+    assert resp.status == 408, resp
+    assert_openai_error(resp.body, "request_timeout")
+    assert rest == b""
+    assert 2 * BODY_GAP_TIMEOUT - 1 <= elapsed < 2 * BODY_GAP_TIMEOUT
+    assert unix_upstream.requests_to("/v1/chat/completions") == []
+    assert not problems, problems
+
+
+EVENT = b"data: " + b"x" * 4090 + b"\n\n"  # 4 KiB
+FLOOD_EVENTS = 16 * 1024  # 64 MiB if nothing pushed back
+STREAM_TOTAL = 20.0
+
+
+async def test_client_that_stops_reading_an_sse_stream(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+    start_gateway: StartGateway, caplog: pytest.LogCaptureFixture, figures: Figures
+) -> None:
+    """The client reads the head and then nothing: backpressure pauses the upstream (what
+    it managed to write stays a small bounded amount), the streaming total cuts the stream,
+    and the upstream connection is closed."""
+    writers: list[ResponseWriter] = []
+
+    async def flood(req: ReceivedRequest, w: ResponseWriter) -> None:
+        writers.append(w)
+        await w.head(200, LLAMA_SSE_HEADERS)
+        for _ in range(FLOOD_EVENTS):
+            await w.chunk(EVENT)
+        await w.end()
+
+    unix_upstream.on("POST", "/v1/chat/completions", flood)
+    gw = await start_gateway([("fake", unix_upstream.url)], chunk_interval=60,
+                             stream_total=STREAM_TOTAL)
+    raw = await Raw.open(gw.unix)
+    try:
+        with trio.fail_after(STREAM_TOTAL + 30):
+            t0 = trio.current_time()
+            await raw.send(chat_head(b"Content-Length: %d\r\n\r\n" % len(chat_body(stream=True))
+                                     + chat_body(stream=True)))
+            while b"\r\n\r\n" not in raw.buf:  # the head, then the client stops reading
+                assert await raw._fill()
+            (req,) = unix_upstream.requests_to("/v1/chat/completions")
+            closed_at = await unix_upstream.wait_connection_closed(req.conn_id)
+            written = writers[0].bytes_sent
+            data = await raw.rest()  # now read what was buffered, until the close
+    finally:
+        await raw.aclose()
+    figures.count("bad_inputs_tried")
+    problems = log_problems(caplog)
+    figures.count("crashes", 1 if problems else 0)
+    assert STREAM_TOTAL <= closed_at - t0 < STREAM_TOTAL + 1
+    assert written < 8 * 1024 * 1024, written  # paused: far from the 64 MiB flood
+    assert len(data) <= written
+    assert not data.endswith(b"0\r\n\r\n")  # cut: never a clean end
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+async def test_connection_flood_beyond_the_cap_gets_fast_503s(
+    transport: str, upstream: FakeUpstream, start_gateway: StartGateway,
+    caplog: pytest.LogCaptureFixture, figures: Figures
+) -> None:
+    """Twenty connections at once over a cap of 3: the extra ones get 503 and close without
+    sending anything; the held ones and later clients are served."""
+    gw = await start_gateway([("fake", upstream.url)], max_connections=3)
+    addr = gw.address(transport)
+    held = [await Raw.open(addr) for _ in range(3)]
+    statuses: list[int] = []
+
+    async def knock() -> None:
+        raw = await Raw.open(addr)
+        try:
+            resp = await raw.response()
+            statuses.append(resp.status)
+            assert await raw.rest() == b""
+        finally:
+            await raw.aclose()
+
+    try:
+        with trio.fail_after(T):
+            while gw.gateway.ctx.connection_count < 3:
+                await trio.sleep(0.001)
+            async with trio.open_nursery() as nursery:
+                for _ in range(20):
+                    nursery.start_soon(knock)
+            for raw in held:
+                await raw.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                assert (await raw.response()).status == 200
+    finally:
+        for raw in held:
+            await raw.aclose()
+    with trio.fail_after(T):
+        while gw.gateway.ctx.connection_count:
+            await trio.sleep(0.001)
+        assert (await request(addr, "GET", "/health")).status == 200
+    figures.count("bad_inputs_tried", 20)
+    problems = log_problems(caplog)
+    figures.count("crashes", 1 if problems else 0)
+    assert statuses == [503] * 20
+    assert not problems, problems
+
+
+FD_LIMIT = 64
+FLOOD = 80
+
+
+@pytest.fixture
+def low_fd_gateway() -> Iterator[GatewayProcess]:
+    folder = Path(tempfile.mkdtemp(prefix="slm-", dir="/tmp"))
+    gw = GatewayProcess(folder, "emfile", lb=False)
+    gw.launch()
+    assert gw.proc is not None
+    # As `ulimit -n 64` would (applied from outside, so the gateway's own start is the same).
+    resource.prlimit(gw.proc.pid, resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+    try:
+        gw.ready_sync()
+        yield gw
+    finally:
+        gw.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_accept_loop_survives_emfile(low_fd_gateway: GatewayProcess, figures: Figures) -> None:
+    """More connections than the gateway has file descriptors: accept fails with EMFILE for
+    a while; once the flood closes, a normal request is served and nothing crashed."""
+    gw = low_fd_gateway
+    assert gw.port is not None
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(FLOOD):
+            flood.append(socket.create_connection(("127.0.0.1", gw.port), timeout=T))
+        # Requests on the flood: the accepted ones are answered; the rest wait in the backlog.
+        for sock in flood:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        answered = 0
+        for sock in flood[:10]:
+            if sock.recv(64).startswith(b"HTTP/1.1 200 "):
+                answered += 1
+        assert answered == 10
+        for _ in range(500):  # bounded (5 s): hold the flood until accept has hit the limit
+            if "too many open files" in gw.log().lower():
+                break
+            time.sleep(0.01)
+        time.sleep(1)  # ten accept retries while starved: they must not flood the log
+    finally:
+        for sock in flood:
+            sock.close()
+    status, doc = 0, None
+    for _ in range(200):  # bounded: the backlog of closed connections drains first
+        try:
+            status, doc = gw.call_sync("GET", "/health")
+            break
+        except OSError:
+            pass
+    log = gw.log()
+    figures.count("bad_inputs_tried", FLOOD)
+    crashed = "Traceback" in log or status != 200
+    figures.count("crashes", 1 if crashed else 0)
+    assert status == 200, log[-2000:]
+    assert doc == {"status": "ok"}
+    assert "Traceback" not in log, log[-4000:]
+    assert "too many open files" in log.lower(), "the flood never hit the descriptor limit"
+    assert log.count("accept failed") <= 3, log[-4000:]  # once per starved episode
+
+
+async def test_pipelining_client_that_never_reads_is_dropped(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+    start_gateway: StartGateway, caplog: pytest.LogCaptureFixture, figures: Figures
+) -> None:
+    """Requests pipelined without ever reading an answer: the gateway's read-ahead is capped
+    and its blocked answer is given up after WRITE_TIMEOUT, so the connection cannot be held
+    forever; other clients are served meanwhile."""
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    raw = await Raw.open(gw.unix)
+    batch = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n" * 100
+    sent = 0
+    try:
+        with trio.move_on_after(5):  # until the gateway stops taking requests
+            while sent < 100_000:  # bounded
+                await raw.send(batch)
+                sent += 100
+        t0 = trio.current_time()
+        assert (await request(gw.unix, "GET", "/health")).status == 200
+        with trio.fail_after(WRITE_TIMEOUT + 30):
+            while gw.gateway.ctx.connection_count:
+                await trio.sleep(0.5)
+        elapsed = trio.current_time() - t0
+    finally:
+        await raw.aclose()
+    figures.count("bad_inputs_tried")
+    problems = log_problems(caplog)
+    figures.count("crashes", 1 if problems else 0)
+    assert sent < 100_000  # the gateway pushed back
+    assert elapsed <= WRITE_TIMEOUT + 1
+    assert not problems, problems
