@@ -21,8 +21,7 @@ from protocol.response import Response
 from proxy import sockio
 from proxy.errors import ClientGone
 
-WRITE_TIMEOUT = 60.0  # a client that takes no slice of a whole answer for this is gone
-WRITE_SLICE = 64 * 1024  # a whole answer is written in slices of this, each with WRITE_TIMEOUT
+WRITE_TIMEOUT = 60.0  # a client that takes no byte of a whole answer for this is gone
 
 
 class Downstream:
@@ -53,10 +52,11 @@ class Downstream:
     def frame(self, data: bytes) -> bytes:
         return self.response.frame(data)
 
-    async def _send(self, data: bytes, on_block: Callable[[], None] | None = None) -> None:
+    async def _send(self, data: bytes, on_block: Callable[[], None] | None = None,
+                    stall: float | None = None) -> None:
         try:
-            await sockio.send_all(self.fd, data, on_block)
-        except (trio.ClosedResourceError, OSError):
+            await sockio.send_all(self.fd, data, on_block, stall)
+        except (trio.ClosedResourceError, OSError):  # TimeoutError too: a stalled client
             self.gone = True
             self.response.broken()
             raise ClientGone from None
@@ -73,17 +73,10 @@ class Downstream:
     async def send_whole(self, status: int, headers: list[Header], body: bytes,
                          reason: bytes = b"", *, cors: Sequence[Header] = ()) -> None:
         """A whole answer; ``cors``: more access-control headers for an allowed Origin. A
-        client that takes no slice of it for WRITE_TIMEOUT (one that pipelines and never
+        client that takes no byte of it for WRITE_TIMEOUT (one that pipelines and never
         reads) is treated as gone, so it cannot hold its connection forever."""
-        data = self.response.whole(status, headers, body, reason, cors=cors,
-                                   closing=self._closing())
-        for start in range(0, len(data), WRITE_SLICE):
-            piece = data if len(data) <= WRITE_SLICE else data[start:start + WRITE_SLICE]
-            with trio.move_on_after(WRITE_TIMEOUT) as stalled:
-                await self._send(piece)
-            if stalled.cancelled_caught:  # _send has marked the answer broken
-                self.gone = True
-                raise ClientGone
+        await self._send(self.response.whole(status, headers, body, reason, cors=cors,
+                                             closing=self._closing()), stall=WRITE_TIMEOUT)
 
     async def send_json(self, status: int, payload: Any) -> None:
         body = json.dumps(payload, separators=(",", ":")).encode()

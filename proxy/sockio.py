@@ -27,9 +27,12 @@ async def recv(fd: int, size: int) -> bytes:
             await trio.lowlevel.wait_readable(fd)
 
 
-async def send_all(fd: int, data: bytes, on_block: Callable[[], None] | None = None) -> None:
+async def send_all(fd: int, data: bytes, on_block: Callable[[], None] | None = None,
+                   stall: float | None = None) -> None:
     """Write all of ``data``. Raises OSError (e.g. EPIPE) as the kernel does. ``on_block`` is
-    called once before the first wait, if the kernel cannot take everything at once."""
+    called once before the first wait, if the kernel cannot take everything at once.
+    ``stall``: the longest wait for the peer to take more bytes; past it, TimeoutError (an
+    OSError). Only a write that blocks pays for either."""
     try:
         sent = _write(fd, data)
     except BlockingIOError:
@@ -40,7 +43,13 @@ async def send_all(fd: int, data: bytes, on_block: Callable[[], None] | None = N
         on_block()
     view = memoryview(data)[sent:]
     while view:
-        await trio.lowlevel.wait_writable(fd)
+        if stall is None:
+            await trio.lowlevel.wait_writable(fd)
+        else:
+            with trio.move_on_after(stall) as waiting:
+                await trio.lowlevel.wait_writable(fd)
+            if waiting.cancelled_caught:
+                raise TimeoutError(f"the peer took no byte for {stall:g}s")
         try:
             sent = _write(fd, view)
         except BlockingIOError:
