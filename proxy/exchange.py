@@ -147,12 +147,9 @@ class Exchange:
         relay = Relay(plan, request.method, request.target, path, headers, body, info,
                       out=self.out, scope=self.scope, connections=ctx.connections,
                       timeouts=ctx.config.timeouts)
-        if self.scope.cancelled:
-            relay.interrupted = True
-            self.settle(relay)
-            raise ClientGone
         try:
-            await relay.run()
+            if not self.scope.cancelled:  # the client may have left while it was routed
+                await relay.run()
         finally:
             self.settle(relay)
         if self.scope.cancelled:

@@ -84,11 +84,7 @@ class Relay:
         try:
             await self._run()
         except UpstreamFailure as failure:
-            # SPEC §7.4: refused, reset, or closed before the first body byte (also after a
-            # 200 head) is a connection error; a broken answer is a protocol error.
-            conn = self._conn
-            before_body = failure.lost and (conn is None or not conn.body_started)
-            if failure.connect or not failure.responded or before_body:
+            if failure.connection_error:
                 err = upstream_unreachable(str(failure))
             else:
                 err = upstream_bad_response(str(failure))

@@ -35,15 +35,21 @@ IDEMPOTENT = frozenset({b"GET", b"HEAD"})  # may be sent again after a lost answ
 
 class UpstreamFailure(Exception):
     """The upstream connection failed. ``connect`` tells a connect failure from a later one;
-    ``responded`` tells whether any byte of the response had arrived; ``lost`` that the
-    connection ended (closed or reset) rather than that the upstream broke the protocol."""
+    ``responded`` tells whether any byte of the response had arrived; ``lost_before_body``
+    that the connection ended (closed or reset) before any byte of the response body."""
 
     def __init__(self, message: str, *, connect: bool = False, responded: bool = False,
-                 lost: bool = False) -> None:
+                 lost_before_body: bool = False) -> None:
         super().__init__(message)
         self.connect = connect
         self.responded = responded
-        self.lost = lost
+        self.lost_before_body = lost_before_body
+
+    @property
+    def connection_error(self) -> bool:
+        """SPEC §7.4: refused, reset or closed before the first body byte (also after a 200
+        head) is a connection error; anything else is a broken answer."""
+        return self.connect or not self.responded or self.lost_before_body
 
 
 def _describe(exc: BaseException) -> str:
@@ -97,7 +103,8 @@ class UpstreamConnection:
             data = await sockio.recv(self.fd, RECEIVE_SIZE)
         except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"connection lost: {_describe(exc)}",
-                                  responded=self._responded, lost=True) from None
+                                  responded=self._responded,
+                                  lost_before_body=not self.body_started) from None
         if data:
             self._responded = True
         else:
@@ -147,7 +154,7 @@ class UpstreamConnection:
         if not data and self._mode != _UNTIL_CLOSE:
             where = "in the middle of the body" if self.body_started else "after the head"
             raise UpstreamFailure(f"upstream closed the connection {where}",
-                                  responded=True, lost=True)
+                                  responded=True, lost_before_body=not self.body_started)
         self.body_started = self.body_started or bool(data)
         return data
 

@@ -73,6 +73,15 @@ def log_problems(caplog: pytest.LogCaptureFixture) -> list[str]:
     return problems
 
 
+def tally(figures: Figures, caplog: pytest.LogCaptureFixture, inputs: int = 1) -> list[str]:
+    """Count ``inputs`` bad inputs tried and, if the log shows a problem, one crash; the
+    problems (for the caller to assert on after its other checks)."""
+    figures.count("bad_inputs_tried", inputs)
+    problems = log_problems(caplog)
+    figures.count("crashes", 1 if problems else 0)
+    return problems
+
+
 def forwarded_headers_clean(requests: list[ReceivedRequest]) -> None:
     """What reached the upstream carries no hop-by-hop framing or control bytes."""
     for req in requests:

@@ -35,7 +35,7 @@ from tests.fakeupstream import (
 )
 from tests.figures import Figures
 from tests.gateways import GatewayProcess
-from tests.hostile import log_problems
+from tests.hostile import tally
 from tests.rawhttp import Raw, T, assert_openai_error, chat_head
 
 CHAT = chat_body()
@@ -81,9 +81,7 @@ async def test_slowloris_head_never_extends_the_head_deadline(
                 nursery.cancel_scope.cancel()
     finally:
         await raw.aclose()
-    figures.count("bad_inputs_tried")
-    problems = log_problems(caplog)
-    figures.count("crashes", 1 if problems else 0)
+    problems = tally(figures, caplog)
     assert resp.status == 408, resp
     assert_openai_error(resp.body, "request_timeout")
     assert resp.header("connection") == "close"
@@ -114,9 +112,7 @@ async def test_stalled_chunked_body_gets_408(
             rest = await raw.rest()
     finally:
         await raw.aclose()
-    figures.count("bad_inputs_tried")
-    problems = log_problems(caplog)
-    figures.count("crashes", 1 if problems else 0)
+    problems = tally(figures, caplog)
     assert resp.status == 408, resp
     assert_openai_error(resp.body, "request_timeout")
     assert rest == b""
@@ -163,9 +159,7 @@ async def test_client_that_stops_reading_an_sse_stream(
             data = await raw.rest()  # now read what was buffered, until the close
     finally:
         await raw.aclose()
-    figures.count("bad_inputs_tried")
-    problems = log_problems(caplog)
-    figures.count("crashes", 1 if problems else 0)
+    problems = tally(figures, caplog)
     assert STREAM_TOTAL <= closed_at - t0 < STREAM_TOTAL + 1
     assert written < 8 * 1024 * 1024, written  # paused: far from the 64 MiB flood
     assert len(data) <= written
@@ -211,9 +205,7 @@ async def test_connection_flood_beyond_the_cap_gets_fast_503s(
         while gw.gateway.ctx.connection_count:
             await trio.sleep(0.001)
         assert (await request(addr, "GET", "/health")).status == 200
-    figures.count("bad_inputs_tried", 20)
-    problems = log_problems(caplog)
-    figures.count("crashes", 1 if problems else 0)
+    problems = tally(figures, caplog, 20)
     assert statuses == [503] * 20
     assert not problems, problems
 
@@ -305,9 +297,7 @@ async def test_pipelining_client_that_never_reads_is_dropped(
         elapsed = trio.current_time() - t0
     finally:
         await raw.aclose()
-    figures.count("bad_inputs_tried")
-    problems = log_problems(caplog)
-    figures.count("crashes", 1 if problems else 0)
+    problems = tally(figures, caplog)
     assert sent < 100_000  # the gateway pushed back
     assert elapsed <= WRITE_TIMEOUT + 1
     assert not problems, problems

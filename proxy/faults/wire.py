@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from protocol.http1 import LAST_CHUNK as LAST_CHUNK
+from protocol.http1 import build_response_head, frame_chunk
+
 CREATED = 1_700_000_000  # fixed, so answers are byte-for-byte the same on every run
 FINGERPRINT = "b0-faulty"
 JSON_HEADERS: list[tuple[str, str]] = [
@@ -16,9 +19,6 @@ SSE_HEADERS: list[tuple[str, str]] = [
     ("Server", "llama.cpp"), ("Keep-Alive", "timeout=5, max=100"),
     ("Content-Type", "text/event-stream"), ("X-Accel-Buffering", "no")]
 DONE = b"data: [DONE]\n\n"
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Content Too Large",
-            429: "Too Many Requests",
-            500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
 
 
 def compact(obj: Any) -> bytes:
@@ -27,17 +27,14 @@ def compact(obj: Any) -> bytes:
 
 
 def head(status: int, headers: list[tuple[str, str]]) -> bytes:
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
-    lines += [f"{name}: {value}" for name, value in headers]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return build_response_head(
+        status, b"", [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers])
 
 
 def chunk(data: bytes) -> bytes:
-    """One HTTP/1.1 chunk: size line, data, CRLF."""
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
-
-LAST_CHUNK = b"0\r\n\r\n"
+    """One HTTP/1.1 chunk: size line, data, CRLF (never empty: that would end the body)."""
+    assert data, "an empty chunk is the last chunk"
+    return frame_chunk(data)
 
 
 def whole(status: int, obj: Any, extra: list[tuple[str, str]] | None = None) -> bytes:
