@@ -119,9 +119,9 @@ class Response:
     def head(self, status: int, headers: list[Header], reason: bytes = b"", *,
              length: int | None = None, cors: Sequence[Header] = (),
              closing: bool = False) -> bytes:
-        """The head of the answer: with ``length`` a Content-Length body (the caller sends
-        it and calls :meth:`sent_whole`), else a streamed one. ``closing``: the gateway is
-        draining (the connection ends after this answer). ``headers`` is changed in place."""
+        """The head of the answer: with ``length`` a Content-Length body (:meth:`whole`
+        adds it), else a streamed one. ``closing``: the gateway is draining (the connection
+        ends after this answer). ``headers`` is changed in place."""
         if closing:
             self.keep_alive = False
         headers[:] = [h for h in headers if not h[0].startswith(b"access-control-")]
