@@ -189,8 +189,13 @@ def fuzz(gw: GatewayProcess, via: str, examples: int, figures: Figures) -> None:
     finally:
         problems = log_problems(gw)
         healthy = health(gw, via)
-        figures.count("bad_inputs_tried", tried)
-        figures.count("crashes", 1 if problems or not healthy else 0)
+        crashed = 1 if problems or not healthy else 0
+        if examples > DEFAULT_EXAMPLES:  # the slow run's figures stand beside the default's
+            figures.count("long_fuzz_requests_tried", tried)
+            figures.count("long_fuzz_crashes", crashed)
+        else:
+            figures.count("bad_inputs_tried", tried)
+            figures.count("crashes", crashed)
     assert not problems, "\n".join(problems[:20])
     assert healthy
 
