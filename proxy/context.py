@@ -8,6 +8,8 @@ passed explicitly (no module-level singletons). Each part has its own owner:
 - ``router`` — the routing decision, breakers and counters (:mod:`proxy.routing.router`);
 - ``clients`` — the client connections: how many, draining or not (:class:`Clients`);
 - ``listening`` — where the gateway listens (:class:`Listening`, fixed at start);
+- ``hub`` — the one feed of what happens (:mod:`proxy.observe.hub`, SPEC §9), and
+  ``request_log``, the finished requests it reports (:mod:`proxy.observe.request_log`);
 - ``notifications``, ``supervisor`` (managed model servers, when there are any).
 """
 
@@ -20,6 +22,8 @@ import trio
 
 from protocol.config import Config
 from proxy.notifications import Notifications
+from proxy.observe.hub import Hub
+from proxy.observe.request_log import RequestLog
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
 from proxy.routing.router import Router
@@ -72,6 +76,8 @@ class GatewayContext:
     notifications: Notifications
     clients: Clients
     listening: Listening
+    hub: Hub
+    request_log: RequestLog
     supervisor: Supervisor | None = None
 
     def __repr__(self) -> str:

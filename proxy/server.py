@@ -35,6 +35,8 @@ from proxy.listeners import (
 from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.models.supervisor import Supervisor
 from proxy.notifications import Notifications
+from proxy.observe.hub import Hub
+from proxy.observe.request_log import RequestLog
 from proxy.pool.backends import BackendRegistry, run_health_checks
 from proxy.pool.node_checks import run_node_checks
 from proxy.pool.nodes import NodeIndex
@@ -68,6 +70,10 @@ class Gateway:
         self.backends = BackendRegistry(settings.config.backends, settings.secrets.backend_keys)
         self.nodes = NodeIndex()
         self.router = Router(settings, self.backends, self.nodes)
+        self.hub = Hub()
+        self.request_log = RequestLog(settings.config.observability.request_log_size)
+        self.request_log.attach(self.hub)
+        settings.subscribe(self.request_log.follow)
         self.notifications = Notifications()
         self.clients = Clients()
         configured = {m.name for m in settings.config.models}
@@ -105,7 +111,8 @@ class Gateway:
             self.ctx = GatewayContext(
                 settings=self.settings, connections=self.connections, backends=self.backends,
                 nodes=self.nodes, router=self.router, notifications=self.notifications,
-                clients=self.clients, listening=listening, supervisor=supervisor)
+                clients=self.clients, listening=listening, hub=self.hub,
+                request_log=self.request_log, supervisor=supervisor)
             async with trio.open_nursery() as background:
                 if handle_signals:
                     background.start_soon(self._watch_signals, background.cancel_scope)

@@ -26,7 +26,8 @@ from protocol.config import (
 from protocol.errors import ConfigError
 from protocol.names import is_fingerprint, is_label
 
-SPEC_ORDER = ["api", "local", "backends", "models", "load_balancing", "nodes", "health_checks",
+SPEC_ORDER = ["api", "local", "backends", "models", "load_balancing", "nodes", "observability",
+              "health_checks",
               "circuit_breaker", "timeouts"]
 
 

@@ -23,6 +23,8 @@ from proxy.deadline import RequestScope
 from proxy.errors import ClientGone
 from proxy.exchange import Exchange, Peer
 from proxy.notifications import Notifications
+from proxy.observe.hub import Hub
+from proxy.observe.request_log import RequestLog
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
 from proxy.routing.router import Router
@@ -99,10 +101,14 @@ def context(data_dir: Path, backends: tuple[BackendConfig, ...] = ()) -> Gateway
     registry.ready.set()
     nodes = NodeIndex()
     nodes.round_done()
+    hub = Hub()
+    log = RequestLog(settings.config.observability.request_log_size)
+    log.attach(hub)
     return GatewayContext(
         settings=settings, connections=ConnectionPool(), backends=registry, nodes=nodes,
         router=Router(settings, registry, nodes), notifications=Notifications(),
-        clients=Clients(), listening=Listening(socket_path="/nowhere.sock"))
+        clients=Clients(), listening=Listening(socket_path="/nowhere.sock"), hub=hub,
+        request_log=log)
 
 
 async def run(ctx: GatewayContext, source: FakeSource, *, peer: Peer | None = None,

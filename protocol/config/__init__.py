@@ -27,6 +27,7 @@ from protocol.config.schema import (
     LocalConfig,
     ModelConfig,
     NodeConfig,
+    ObservabilityConfig,
     PhaseTimeouts,
     RequestTimeouts,
     Strategy,
@@ -42,8 +43,8 @@ from protocol.config.validate import validate_config
 __all__ = [
     "BACKEND_KINDS", "SOCKET_DIR_MAX_BYTES", "STRATEGIES", "ApiConfig", "BackendConfig",
     "CircuitBreakerConfig", "Config", "HealthCheckTimeouts", "HealthChecksConfig",
-    "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "PhaseTimeouts",
-    "RequestTimeouts", "Strategy", "StreamingTimeouts", "TimeoutsConfig", "by_priority",
+    "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "ObservabilityConfig",
+    "PhaseTimeouts", "RequestTimeouts", "Strategy", "StreamingTimeouts", "TimeoutsConfig", "by_priority",
     "config_to_dict",
     "default_config", "dump_config_yaml", "parse_config_text", "rebuild_health_check",
     "validate_config",

@@ -15,7 +15,8 @@ import attrs
 __all__ = [
     "BACKEND_KINDS", "SOCKET_DIR_MAX_BYTES", "STRATEGIES", "ApiConfig", "BackendConfig",
     "CircuitBreakerConfig", "Config", "Duration", "HealthCheckTimeouts", "HealthChecksConfig",
-    "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "PhaseTimeouts",
+    "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "ObservabilityConfig",
+    "PhaseTimeouts",
     "RequestTimeouts", "Size", "Strategy", "StreamingTimeouts", "TimeoutsConfig", "Unit",
     "by_priority",
     "default_config", "rebuild_health_check",
@@ -98,6 +99,11 @@ class NodeConfig:
 
 
 @attrs.frozen
+class ObservabilityConfig:
+    request_log_size: int = 1000  # finished requests kept for /api/v1/requests (0 = off)
+
+
+@attrs.frozen
 class HealthChecksConfig:
     interval: Duration = 5.0
     timeout: Duration = 4.0
@@ -150,6 +156,7 @@ class Config:
     models: tuple[ModelConfig, ...] = ()
     load_balancing: LoadBalancingConfig = attrs.field(factory=LoadBalancingConfig)
     nodes: tuple[NodeConfig, ...] = ()
+    observability: ObservabilityConfig = attrs.field(factory=ObservabilityConfig)
     health_checks: HealthChecksConfig = attrs.field(factory=HealthChecksConfig)
     circuit_breaker: CircuitBreakerConfig = attrs.field(factory=CircuitBreakerConfig)
     timeouts: TimeoutsConfig = attrs.field(factory=TimeoutsConfig)

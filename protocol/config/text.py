@@ -69,6 +69,8 @@ _KEY_NOTES: Final = {
     ("local", "socket_dir"): "custom socket folder, at most 62 bytes, applied at restart",
     ("local", "fallback_port"): "loopback TCP port used only when no socket folder works",
     ("load_balancing", "strategy"): " | ".join(STRATEGIES),
+    ("observability", "request_log_size"): "finished requests kept for /api/v1/requests "
+                                           "(0 = off)",
     ("timeouts", "health_check"): "generated from health_checks on every write",
 }
 

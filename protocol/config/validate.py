@@ -17,6 +17,8 @@ from protocol.upstream_url import parse_upstream_url
 
 __all__ = ["validate_config"]
 
+MAX_REQUEST_LOG = 100_000  # observability.request_log_size: entries are ~1 KiB each
+
 
 def _check_range(path: str, value: int, low: int, high: int | None = None) -> None:
     if value < low or (high is not None and value > high):
@@ -136,4 +138,6 @@ def validate_config(cfg: Config) -> None:
     _check_api(cfg.api)
     _check_local(cfg.local)
     _check_lists(cfg)
+    _check_range("observability.request_log_size", cfg.observability.request_log_size, 0,
+                 MAX_REQUEST_LOG)
     _check_timeouts(cfg)

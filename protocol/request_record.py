@@ -1,0 +1,134 @@
+"""What is kept of one finished request (SPEC §9.1), and how its ``usage`` is found.
+
+A :class:`RequestRecord` is made once, by the settle step of the request, and read by the
+request log, the metrics and the live events. It never holds a prompt, a completion, a body,
+a header value or a key: only the facts below.
+
+``usage`` is the upstream's own object: for a whole answer it is found by looking for the
+``"usage"`` key near where answers put it, without parsing (or decoding) the whole body; for
+an SSE stream the :class:`~protocol.sse.SseObserver` keeps the last event line that carries
+one, and it is parsed here, once, when the request ends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import attrs
+
+__all__ = ["OUTCOMES", "RequestRecord", "iso_utc", "usage_from_event", "usage_in_body"]
+
+OUTCOMES = ("success", "failure", "aborted", "refused")
+USAGE_WINDOW = 4096  # bytes after the "usage" key read to find its object
+_USAGE_KEY = b'"usage"'
+_DECODER = json.JSONDecoder()
+
+
+def iso_utc(epoch: float) -> str:
+    """``2026-12-01T12:00:00.123Z`` (UTC, milliseconds)."""
+    whole = int(epoch)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + ".%03dZ" % (
+        int((epoch - whole) * 1000))
+
+
+def _usage_at(data: bytes, key: int) -> dict[str, Any] | None:
+    """The JSON object that follows the ``"usage"`` key found at ``key``, if it is one."""
+    window = data[key + len(_USAGE_KEY): key + len(_USAGE_KEY) + USAGE_WINDOW]
+    try:
+        text = window.decode("utf-8", "ignore").lstrip()
+        if not text.startswith(":"):
+            return None
+        rest = text[1:].lstrip()
+        if not rest.startswith("{"):
+            return None  # "usage": null (every chunk but the last, with include_usage)
+        value, _ = _DECODER.raw_decode(rest)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def usage_in_body(body: bytes) -> dict[str, Any] | None:
+    """The top-level ``usage`` of a whole JSON answer. A key spelled ``"usage"`` can only be
+    a key (inside a JSON string its quotes would be escaped); the last one is taken, as
+    answers put it after the choices."""
+    key = body.rfind(_USAGE_KEY)
+    while key >= 0:
+        usage = _usage_at(body, key)
+        if usage is not None:
+            return usage
+        key = body.rfind(_USAGE_KEY, 0, key)
+    return None
+
+
+def usage_from_event(line: bytes | None) -> dict[str, Any] | None:
+    """The ``usage`` of one SSE ``data:`` line kept by the observer (a chat completion
+    chunk's ``usage``, or a Responses API event's ``response.usage``)."""
+    if not line:
+        return None
+    return usage_in_body(line)
+
+
+def token_counts(usage: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of a usage object, in the Chat Completions or the
+    Responses API spelling; None when it has neither."""
+    if not usage:
+        return None
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    return prompt, completion
+
+
+@attrs.define(slots=True, repr=False)
+class RequestRecord:
+    """One finished request (SPEC §9.1). Times are seconds; ``started_at`` is wall-clock.
+    ``attempts`` are (upstream, outcome) for each upstream tried, for the metrics;
+    ``routed`` says the model id was one the gateway routed (so it may be a metric label)."""
+
+    id: str
+    started_at: float
+    method: str
+    path: str
+    model: str | None
+    stream: bool
+    transport: str
+    served_by: str | None
+    status: int
+    outcome: str
+    failover: str | None
+    ttfb: float | None
+    duration: float
+    bytes_out: int
+    events: int | None
+    usage: dict[str, Any] | None
+    error: str | None
+    attempts: tuple[tuple[str, str], ...] = ()
+    routed: bool = False
+
+    def __repr__(self) -> str:
+        return (f"RequestRecord({self.id} {self.method} {self.path} {self.status} "
+                f"{self.outcome} served_by={self.served_by})")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "startedAt": iso_utc(self.started_at),
+            "method": self.method,
+            "path": self.path,
+            "model": self.model,
+            "stream": self.stream,
+            "transport": self.transport,
+            "servedBy": self.served_by,
+            "status": self.status,
+            "outcome": self.outcome,
+            "failover": self.failover,
+            "ttfbMs": None if self.ttfb is None else round(self.ttfb * 1000, 3),
+            "durationMs": round(self.duration * 1000, 3),
+            "bytesOut": self.bytes_out,
+            "events": self.events,
+            "usage": self.usage,
+            "error": self.error,
+        }

@@ -1,0 +1,71 @@
+"""The request log (SPEC §9.1): the last ``observability.request_log_size`` finished
+requests, newest first, read by ``GET /api/v1/requests``. Fed by the hub's ``request``
+events only; follows the setting live (a smaller size drops the oldest at once, 0 turns the
+log off)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from protocol.request_record import RequestRecord
+
+if TYPE_CHECKING:
+    from protocol.config import Config
+    from proxy.observe.hub import Hub
+
+MAX_LIMIT = 10_000  # entries one GET may ask for
+
+
+class RequestLog:
+    __slots__ = ("_entries", "_unsubscribe")
+
+    def __init__(self, size: int) -> None:
+        self._entries: deque[RequestRecord] = deque(maxlen=size)
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"RequestLog({len(self._entries)}/{self._entries.maxlen})"
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def attach(self, hub: Hub) -> None:
+        """Read the hub's ``request`` events from now on."""
+        self._unsubscribe = hub.subscribe(self._on_request, ("request",))
+
+    def detach(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def _on_request(self, kind: str, at: float, record: RequestRecord) -> None:
+        if self._entries.maxlen:
+            self._entries.append(record)
+
+    def resize(self, size: int) -> None:
+        """Keep at most ``size`` entries (the newest)."""
+        if size != self._entries.maxlen:
+            self._entries = deque(self._entries, maxlen=size)
+
+    def follow(self, config: Config) -> None:
+        """A settings subscriber: apply ``observability.request_log_size``."""
+        self.resize(config.observability.request_log_size)
+
+    def query(self, *, limit: int | None = None, model: str | None = None,
+              served_by: str | None = None) -> list[dict[str, Any]]:
+        """Newest first; ``model`` and ``served_by`` match exactly."""
+        out: list[dict[str, Any]] = []
+        cap = MAX_LIMIT if limit is None else min(limit, MAX_LIMIT)
+        if cap <= 0:
+            return out
+        for record in reversed(self._entries):
+            if model is not None and record.model != model:
+                continue
+            if served_by is not None and record.served_by != served_by:
+                continue
+            out.append(record.to_json())
+            if len(out) >= cap:
+                break
+        return out
