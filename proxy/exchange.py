@@ -31,6 +31,7 @@ from protocol.headers import Header, connection_tokens, header_value
 from protocol.request_info import parse_request_body, request_path
 from protocol.response import Response
 from proxy import auth
+from proxy.api.call import Body
 from proxy.api.routes import NEEDS_MODELS, AnyHandler, Call, route
 from proxy.errors import ClientGone
 from proxy.relay import Relay
@@ -139,7 +140,7 @@ class Exchange:
             return
         handler = route(request.method, path)  # raises 404 / 405
         if handler is not None:
-            await self.call(handler, request.method, path, body)
+            await self.call(handler, request.method, path, body, request.target)
             return
         info = parse_request_body(path, body)
         ctx = self.ctx
@@ -155,16 +156,22 @@ class Exchange:
         if self.scope.cancelled:
             raise ClientGone
 
-    async def call(self, handler: AnyHandler, method: bytes, path: str, body: bytes) -> None:
+    async def call(self, handler: AnyHandler, method: bytes, path: str, body: bytes,
+                   target: bytes) -> None:
         """One of the gateway's own endpoints (``proxy.api``)."""
         backends = self.ctx.backends
         if handler in NEEDS_MODELS and not backends.ready.is_set():
             await backends.ready.wait()
-        reply = handler(Call(self.ctx, method, path, body))
+        query = target.partition(b"?")[2].decode("latin-1")
+        reply = handler(Call(self.ctx, method, path, body, query))
         if not isinstance(reply, tuple):  # an async handler
             reply = await reply
         status, payload = reply
-        await self.out.send_json(status, payload)
+        if isinstance(payload, Body):
+            await self.out.send_whole(status, [(b"content-type", payload.content_type)],
+                                      payload.data)
+        else:
+            await self.out.send_json(status, payload)
 
     def settle(self, relay: Relay) -> None:
         """Record the outcome of the last attempt, once (see proxy.routing.attempts)."""

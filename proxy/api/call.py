@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from urllib.parse import parse_qsl
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -21,6 +22,11 @@ class Call:
     method: bytes
     path: str
     body: bytes = b""
+    query: str = ""  # the target's query string, without the "?"
+
+    def params(self) -> dict[str, str]:
+        """The query string's parameters (the last value of a repeated one)."""
+        return dict(parse_qsl(self.query, keep_blank_values=True))
 
     def __repr__(self) -> str:  # never the body: it may hold a key
         return f"Call({self.method.decode('latin-1')} {self.path}, {len(self.body)} bytes)"
@@ -39,7 +45,20 @@ class Call:
         return doc
 
 
+@attrs.frozen(repr=False)
+class Body:
+    """A reply that is not JSON: its bytes and their content type."""
+
+    content_type: bytes
+    data: bytes
+
+    def __repr__(self) -> str:
+        return f"Body({self.content_type!r}, {len(self.data)} bytes)"
+
+
 Handler = Callable[[Call], tuple[int, Any]]
+"""``handler(call) -> (status, payload)``: the payload is sent as JSON, or as it is when it
+is a :class:`Body`."""
 
 
 @contextmanager
