@@ -141,7 +141,7 @@ def main() -> None:
                         ("prometheus_client Counter/Histogram", "native")):
                     hub = Hub()
                     if subscribe == "ours":
-                        Metrics(router, Clients(), "bench").attach(hub)
+                        Metrics(router, Clients().by_transport, "bench").attach(hub)
                     elif subscribe == "native":
                         hub.subscribe(NativeMetrics().on_request, ("request",))
 
@@ -156,7 +156,7 @@ def main() -> None:
                     print(f"  {label:38} {median:6.2f} / {best:6.2f}")
             print("\none scrape, ms (median of 9), models x (stream, whole) series")
             for models in (1, 10, 200):
-                ours = Metrics(router, Clients(), "bench")
+                ours = Metrics(router, Clients().by_transport, "bench")
                 native = NativeMetrics()
                 for i in range(models):
                     for make in (s1_record, s3_record):

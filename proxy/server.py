@@ -78,7 +78,7 @@ class Gateway:
         settings.subscribe(self.request_log.follow)
         self.notifications = Notifications()
         self.clients = Clients()
-        self.metrics = Metrics(self.router, self.clients, version())
+        self.metrics = Metrics(self.router, self.clients.by_transport, version())
         self.metrics.attach(self.hub)
         configured = {m.name for m in settings.config.models}
         self.models = [*settings.config.models,

@@ -116,7 +116,7 @@ def context(data_dir: Path, backends: tuple[BackendConfig, ...] = ()) -> Gateway
     log.attach(hub)
     router = Router(settings, registry, nodes)
     clients = Clients()
-    metrics = Metrics(router, clients, "test")
+    metrics = Metrics(router, clients.by_transport, "test")
     metrics.attach(hub)
     return GatewayContext(
         settings=settings, connections=ConnectionPool(), backends=registry, nodes=nodes,

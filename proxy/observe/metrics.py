@@ -10,7 +10,7 @@ Two kinds of figures:
 - **Read at scrape time** from their owners: attempts in flight per upstream (the
   :class:`~proxy.routing.router.Router`'s counters), node up and latency (the node index),
   circuit states (the router's breakers), client connections per transport
-  (:class:`~proxy.context.Clients`), and the process figures (prometheus_client's
+  (``Clients.by_transport`` of :mod:`proxy.context`), and the process figures (prometheus_client's
   :class:`~prometheus_client.ProcessCollector`, rendered by its ``generate_latest``).
 
 The sluice figures are written by :mod:`proxy.observe.exposition`: prometheus_client's own
@@ -39,7 +39,6 @@ from proxy.observe.exposition import Exposition, bucket_labels, label_set
 from proxy.routing.breaker import BreakerState
 
 if TYPE_CHECKING:
-    from proxy.context import Clients
     from proxy.observe.hub import Hub
     from proxy.routing.router import Router
 
@@ -107,9 +106,9 @@ class Metrics:
     """The counted figures (fed by :meth:`attach`) and the scrape (:meth:`render`) that
     writes them with the read ones (see the module docstring)."""
 
-    def __init__(self, router: Router, clients: Clients, version: str) -> None:
+    def __init__(self, router: Router, connections: dict[str, int], version: str) -> None:
         self._router = router
-        self._clients = clients
+        self._connections = connections  # client connections open per transport (Clients)
         self._version = version
         self._series: dict[tuple[str, str, bool], _Series] = {}
         self._models: set[str] = set()
@@ -261,6 +260,6 @@ class Metrics:
             for labels, value in samples:
                 out.sample(name, labels, value)
         out.family("sluice_client_connections", "gauge", "Client connections open now.")
-        for transport, count in self._clients.by_transport.items():
+        for transport, count in self._connections.items():
             out.sample("sluice_client_connections", label_set(("transport", transport)),
                        count)
