@@ -156,14 +156,16 @@ def main() -> None:
                     print(f"  {label:38} {median:6.2f} / {best:6.2f}")
             print("\none scrape, ms (median of 9), models x (stream, whole) series")
             for models in (1, 10, 200):
+                hub = Hub()
                 ours = Metrics(router, Clients().by_transport, "bench")
+                ours.attach(hub)
                 native = NativeMetrics()
+                hub.subscribe(native.on_request, ("request",))
                 for i in range(models):
                     for make in (s1_record, s3_record):
                         record = make(i)
                         record.model = f"model-{i}"
-                        ours.count(record)
-                        native.on_request("request", 0.0, record)
+                        hub.publish("request", record)
                 for label, scrape in (
                         ("sluice (own exposition + process)", ours.render),
                         ("prometheus_client generate_latest",

@@ -134,9 +134,6 @@ class Metrics:
     # -- the hot path: once per finished request ------------------------------------------
 
     def _on_request(self, kind: str, at: float, record: RequestRecord) -> None:
-        self.count(record)
-
-    def count(self, record: RequestRecord) -> None:
         """Add one finished request."""
         model = record.model
         if not record.routed or model is None:
