@@ -107,11 +107,12 @@ class Exchange:
         connection must end without (more of) an answer; whether it may carry another request
         afterwards is ``out.response.reusable``."""
         out = self.out
-        response = Response(request_id=self.ctx.request_log.next_id())
+        response = Response()
         out.begin(response)
         denied: SluiceError | None = None
         try:
             request = await self.source.read_head()
+            response.request_id = self.ctx.request_log.next_id()
             self.request = request
             self.started = trio.current_time()
             self.wall = time.time()
@@ -123,6 +124,8 @@ class Exchange:
             body = await self.source.read_body(self.ctx.config.api.max_body_size)
         except SluiceError as err:  # the request cannot be read: answer, then close
             out.response.close_after()
+            if response.request_id is None:
+                response.request_id = self.ctx.request_log.next_id()
             try:
                 await out.send_error(err)
             finally:
@@ -225,7 +228,7 @@ class Exchange:
         served_by: str | None = None
         if relay is not None:
             served_by = relay.plan.upstream.served_by.decode()
-            outcome = _ATTEMPT_OUTCOMES[self.outcome] if self.outcome else "aborted"
+            outcome = _OUTCOMES[self.outcome] if self.outcome else "aborted"
         elif not out.response.started and (out.gone or self.scope.cancelled):
             outcome = "aborted"
         else:
@@ -271,5 +274,6 @@ class Exchange:
             error=out.error_code, attempts=attempts, routed=relay is not None))
 
 
-_ATTEMPT_OUTCOMES = {Outcome.SUCCESS: "success", Outcome.CLIENT_ERROR: "success",
-                     Outcome.FAILURE: "failure", Outcome.ABORTED: "aborted"}
+# The request log's words (SPEC §9.1): a 4xx answer, the upstream's or ours, is "refused".
+_OUTCOMES = {Outcome.SUCCESS: "success", Outcome.CLIENT_ERROR: "refused",
+             Outcome.FAILURE: "failure", Outcome.ABORTED: "aborted"}

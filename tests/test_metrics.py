@@ -163,12 +163,13 @@ SEQUENCE = [
                                          duration=0.05, attempts=(("local:fake", "aborted"),))),
     ("timed out (504)", record(status=504, outcome="failure", error="upstream_timeout", ttfb=30.0,
                                duration=30.0, attempts=(("local:fake", "failure"),))),
-    ("the upstream's 400", record(status=400, ttfb=0.001, duration=0.001)),
+    ("the upstream's 400", record(status=400, outcome="refused", ttfb=0.001, duration=0.001,
+                                  attempts=(("local:fake", "refused"),))),
     ("unknown model (404)", record(model="nope", routed=False, served_by=None, status=404,
                                    outcome="refused", error="model_not_found", ttfb=0.0002,
                                    duration=0.0002, attempts=())),
     ("no upstream (503)", record(model="elsewhere", routed=False, served_by=None, status=503,
-                                 outcome="failure", error="model_not_available", ttfb=0.0003,
+                                 outcome="refused", error="model_not_available", ttfb=0.0003,
                                  duration=0.0003, attempts=())),
 ]
 
@@ -238,7 +239,8 @@ async def test_every_counter_and_histogram_after_a_known_sequence() -> None:
         labels(model="none", served_by="none", type="completion"): 0,
     }
     assert series(samples, "sluice_upstream_attempts_total") == {
-        labels(upstream="local:fake", outcome="success"): 3,
+        labels(upstream="local:fake", outcome="success"): 2,
+        labels(upstream="local:fake", outcome="refused"): 1,
         labels(upstream="local:fake", outcome="failure"): 1,
         labels(upstream="local:fake", outcome="aborted"): 2,
         labels(upstream="node:node-a", outcome="success"): 1,

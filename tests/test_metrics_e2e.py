@@ -184,7 +184,8 @@ async def test_a_known_sequence_end_to_end(
         labels(model="none", served_by="none", type="completion"): 0,
     }
     assert series(samples, "sluice_upstream_attempts_total") == {
-        labels(upstream="local:fake", outcome="success"): 3,  # whole, stream, the 400
+        labels(upstream="local:fake", outcome="success"): 2,  # whole, stream
+        labels(upstream="local:fake", outcome="refused"): 1,  # the upstream's 400
         labels(upstream="local:fake", outcome="aborted"): 1,
         labels(upstream="local:fake", outcome="failure"): 1,
         labels(upstream="node:node-a", outcome="success"): 1,
