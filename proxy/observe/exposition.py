@@ -2,7 +2,7 @@
 
 Label sets are escaped once, when a series is first seen (:func:`label_set`), so that a
 scrape is string joins only: about 0.5 µs a line, where building prometheus_client's
-``Metric`` objects and rendering them with ``generate_latest`` takes about 12 µs a line
+``Metric`` objects and rendering them with ``generate_latest`` takes 12 µs a line or more
 (``bench/metrics_cost.py``; a histogram is 20 lines a series). The output is read back by
 prometheus_client's own parser in the tests.
 """

@@ -14,8 +14,8 @@ Two kinds of figures:
   :class:`~prometheus_client.ProcessCollector`, rendered by its ``generate_latest``).
 
 The sluice figures are written by :mod:`proxy.observe.exposition`: prometheus_client's own
-``Counter``/``Histogram`` cost about 20 µs per request on S1's load and its rendering about
-12 µs per line, against about 2 µs and 0.5 µs here (``bench/metrics_cost.py``; the README
+``Counter``/``Histogram`` cost 16 µs or more per request on S1's load and its rendering
+12 µs or more per line, against about 2 µs and 0.5 µs here (``bench/metrics_cost.py``; the README
 quotes the figures).
 
 Label values are only names the gateway was configured with: ``served_by`` and ``upstream``
