@@ -39,6 +39,8 @@ def error_event(err: SluiceError, at_boundary: bool) -> bytes:
 
 _DATA_LINE = b"\ndata:"
 _USAGE_KEY = b'"usage"'
+_DONE_EVENT = b"data: [DONE]"
+_DONE_TAIL = 18  # "data: [DONE]", its blank line and a chunk's CRLF fit in this
 USAGE_LINE_CAP = 64 * 1024  # a usage event line longer than this is not kept
 
 
@@ -55,20 +57,28 @@ class SseObserver:
     it costs a few searches in C; the unfinished last line of a read is kept (up to
     :data:`USAGE_LINE_CAP`) so a line split across reads is still seen whole."""
 
-    __slots__ = ("_partial", "_prev", "events", "usage_line")
+    __slots__ = ("_before", "_last", "_partial", "_prev", "events", "usage_line")
 
     def __init__(self) -> None:
         self.events = 0
         self.usage_line: bytes | None = None
+        self._last = self._before = b""  # the last two reads (references, not copies)
         self._prev = b"\n"  # the last bytes seen (a stream starts on a line of its own)
         self._partial: bytearray | None = bytearray()  # an unfinished line (None: too long)
 
     def __repr__(self) -> str:
         return f"SseObserver(events={self.events})"
 
+    @property
+    def ended(self) -> bool:
+        """The stream so far ends with ``data: [DONE]`` (the Chat Completions end): a client
+        may leave now without waiting for the body's last chunk, as the OpenAI SDKs do."""
+        return _DONE_EVENT in self._before[-_DONE_TAIL:] + self._last[-_DONE_TAIL:]
+
     def see(self, data: bytes) -> None:
         if not data:
             return
+        self._before, self._last = self._last, data
         self.events += data.count(_DATA_LINE)
         if _DATA_LINE in self._prev + data[:5]:  # a "\ndata:" across two reads
             self.events += 1

@@ -219,7 +219,7 @@ class Exchange:
         attempt = relay.plan.attempt
         if attempt.finished:
             return
-        if relay.done:
+        if relay.done or relay.delivered:
             status = relay.status
             outcome = (Outcome.SUCCESS if status < 400 else
                        Outcome.CLIENT_ERROR if status < 500 else Outcome.FAILURE)

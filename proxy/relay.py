@@ -81,6 +81,15 @@ class Relay:
         """The whole answer reached the client."""
         return self.out.response.state is State.DONE
 
+    @property
+    def delivered(self) -> bool:
+        """An SSE answer's end (``data: [DONE]``) reached the client, whatever followed: a
+        client that leaves then (the OpenAI SDKs close at ``[DONE]``, before the body's last
+        chunk) got the whole answer."""
+        observer = self.observer
+        return (observer is not None and observer.ended
+                and self.out.response.state is State.STREAMING)
+
     async def run(self) -> None:
         """Relay the exchange. Raises SluiceError only while nothing was sent, ClientGone
         when the client left."""

@@ -20,6 +20,7 @@ from proxy.observe.request_log import RequestLog
 from tests.client import Client, chat_body, read_events, request
 from tests.conftest import RunningGateway, StartGateway, inject_backend
 from tests.fakeupstream import (
+    LLAMA_SSE_HEADERS,
     FakeUpstream,
     ReceivedRequest,
     ResponseWriter,
@@ -278,3 +279,32 @@ def _with_log_size(cfg: Any, size: int) -> Any:
 
     return attrs.evolve(cfg, observability=attrs.evolve(cfg.observability,
                                                         request_log_size=size))
+
+
+async def test_a_client_that_leaves_at_done_got_the_whole_answer(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
+        start_gateway: StartGateway) -> None:
+    """The OpenAI SDKs close the response at ``data: [DONE]``, before the body's last chunk:
+    that is a success (for the log and the routing stats), not an abort."""
+    gw, up = await local_gateway(nursery, short_tmp, start_gateway)
+
+    async def slow_terminator(req: ReceivedRequest, w: ResponseWriter) -> None:
+        await w.head(200, LLAMA_SSE_HEADERS)
+        for event in sse_events(3):
+            await w.chunk(event)
+        await trio.sleep(5)  # the terminating chunk comes late
+        await w.end()
+
+    up.on("POST", CHAT, slow_terminator)
+    for leave_at in (4, 2):  # after [DONE]; before it
+        client = await Client.open(gw.unix)
+        await client.send_request("POST", CHAT, chat_body(MODEL, stream=True))
+        await client.read_head()
+        await read_events(client, leave_at)
+        await client.aclose()
+        await trio.sleep(1)
+    early, at_done = await entries(gw)
+    assert (at_done["outcome"], at_done["events"]) == ("success", 4)
+    assert early["outcome"] == "aborted"
+    local = (await request(gw.unix, "GET", "/api/v1/pool/routing-stats")).json()["local"]
+    assert (local["successCount"], local["abortedCount"]) == (1, 1)
