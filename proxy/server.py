@@ -35,6 +35,7 @@ from proxy.listeners import (
 from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.models.supervisor import Supervisor
 from proxy.notifications import Notifications
+from proxy.observe.feeds import Feeds
 from proxy.observe.hub import Hub
 from proxy.observe.request_log import RequestLog
 from proxy.pool.backends import BackendRegistry, run_health_checks
@@ -69,12 +70,14 @@ class Gateway:
         self.connections = ConnectionPool(lambda: settings.config.timeouts.connection)
         self.backends = BackendRegistry(settings.config.backends, settings.secrets.backend_keys)
         self.nodes = NodeIndex()
-        self.router = Router(settings, self.backends, self.nodes)
         self.hub = Hub()
+        self.router = Router(settings, self.backends, self.nodes, self.hub)
         self.request_log = RequestLog(settings.config.observability.request_log_size)
         self.request_log.attach(self.hub)
         settings.subscribe(self.request_log.follow)
-        self.notifications = Notifications()
+        self.notifications = Notifications(self.hub)
+        self.feeds = Feeds(self.hub, settings, self.nodes, self.backends, self.router,
+                           self.notifications)
         self.clients = Clients()
         configured = {m.name for m in settings.config.models}
         self.models = [*settings.config.models,
@@ -107,7 +110,7 @@ class Gateway:
                 supervisor = Supervisor(
                     self.models, self.settings.data_dir,
                     None if self._socket_path is None else self._socket_path.parent,
-                    self.backends, self.connections)
+                    self.backends, self.connections, self.hub)
             self.ctx = GatewayContext(
                 settings=self.settings, connections=self.connections, backends=self.backends,
                 nodes=self.nodes, router=self.router, notifications=self.notifications,
@@ -124,6 +127,7 @@ class Gateway:
                                        lambda: self.settings.config)
                 background.start_soon(run_node_checks, self.nodes, self.connections,
                                       self.settings)
+                background.start_soon(self.feeds.run)
                 async with trio.open_nursery() as connections:
                     async with trio.open_nursery() as accepting:
                         for listener, transport in listeners:
