@@ -22,6 +22,7 @@ __all__ = ["OUTCOMES", "RequestRecord", "iso_utc", "usage_from_event", "usage_in
 
 OUTCOMES = ("success", "failure", "aborted", "refused")
 USAGE_WINDOW = 4096  # bytes after the "usage" key read to find its object
+USAGE_TRIES = 8  # "usage" keys looked at, from the last one back
 _USAGE_KEY = b'"usage"'
 _DECODER = json.JSONDecoder()
 
@@ -54,7 +55,9 @@ def usage_in_body(body: bytes) -> dict[str, Any] | None:
     a key (inside a JSON string its quotes would be escaped); the last one is taken, as
     answers put it after the choices."""
     key = body.rfind(_USAGE_KEY)
-    while key >= 0:
+    for _ in range(USAGE_TRIES):
+        if key < 0:
+            break
         usage = _usage_at(body, key)
         if usage is not None:
             return usage
