@@ -14,8 +14,10 @@ a subscriber hears of real changes only), settings after each write; the stats a
 at once a second, and built only while somebody reads them.
 
 - ``node``: an endpoint entry of ``GET /api/v1/pool/distributed-status``, when a field of it
-  changed. Latency moves only count when large enough (:data:`LATENCY_STEP_MS`,
-  :data:`LATENCY_SHARE`, from the entry last published), so jitter is no event storm.
+  or the node's model ids changed (the entry only counts them: a reader that shows the
+  models reads them from distributed-status). Latency moves only count when large enough
+  (:data:`LATENCY_STEP_MS`, :data:`LATENCY_SHARE`, from the entry last published), so
+  jitter is no event storm.
 - ``model``: ``{source: "backend", name, kind, online, models, lastError}`` (an entry of
   ``backends`` in ``/api/v1/inference/status``); managed servers send ``source: "managed"``.
 - ``settings``: ``{section, value}``, one per section whose GET body changed in a write:
@@ -57,10 +59,8 @@ def latency_moved(old: int | None, new: int | None) -> bool:
     return abs(new - old) >= max(LATENCY_STEP_MS, LATENCY_SHARE * old)
 
 
-def entry_moved(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+def entry_moved(old: dict[str, Any], new: dict[str, Any]) -> bool:
     """``new`` differs from the node entry last published (latency with its dead band)."""
-    if old is None:
-        return True
     if any(old[k] != v for k, v in new.items() if k != "latencyMs"):
         return True
     return latency_moved(old["latencyMs"], new["latencyMs"])
@@ -74,7 +74,8 @@ class NodeFeed:
     def __init__(self, hub: Hub, nodes: NodeIndex, settings: Settings) -> None:
         self._hub = hub
         self._settings = settings
-        self._published: dict[str, dict[str, Any]] = {}  # fingerprint -> last entry sent
+        # fingerprint -> the last entry sent and the model ids then (the entry counts them)
+        self._published: dict[str, tuple[dict[str, Any], frozenset[str]]] = {}
         nodes.changes.subscribe(self._changed)
 
     def __repr__(self) -> str:
@@ -83,8 +84,10 @@ class NodeFeed:
     def _changed(self, endpoint: NodeEndpoint) -> None:
         enabled = self._settings.config.load_balancing.enabled
         entry = endpoint_entry(endpoint.cfg, endpoint, enabled)
-        if entry_moved(self._published.get(endpoint.fingerprint), entry):
-            self._published[endpoint.fingerprint] = entry
+        ids = endpoint.model_ids if entry["loadedModelCount"] else frozenset()
+        last = self._published.get(endpoint.fingerprint)
+        if last is None or last[1] != ids or entry_moved(last[0], entry):
+            self._published[endpoint.fingerprint] = entry, ids
             self._hub.publish("node", entry)
 
 
