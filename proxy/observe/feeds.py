@@ -171,7 +171,7 @@ async def run_stats_feed(hub: Hub, router: Router, config: Callable[[], Config])
 class Feeds:
     """The feeds above, for one gateway: made with its parts, run in its nursery."""
 
-    __slots__ = ("backends", "hub", "nodes", "router", "settings", "settings_feed")
+    __slots__ = ("backend_feed", "hub", "node_feed", "router", "settings", "settings_feed")
 
     def __init__(self, hub: Hub, settings: Settings, nodes: NodeIndex,
                  backends: BackendRegistry, router: Router,
@@ -179,12 +179,13 @@ class Feeds:
         self.hub = hub
         self.router = router
         self.settings = settings
-        self.nodes = NodeFeed(hub, nodes, settings)
-        self.backends = BackendFeed(hub, backends)
+        self.node_feed = NodeFeed(hub, nodes, settings)
+        self.backend_feed = BackendFeed(hub, backends)
         self.settings_feed = SettingsFeed(hub, settings, notifications)
 
     def __repr__(self) -> str:
         return f"Feeds({self.hub!r})"
 
     async def run(self) -> None:
+        """The once-a-second look (:func:`run_stats_feed`), until cancelled."""
         await run_stats_feed(self.hub, self.router, lambda: self.settings.config)
