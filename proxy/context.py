@@ -8,8 +8,10 @@ passed explicitly (no module-level singletons). Each part has its own owner:
 - ``router`` — the routing decision, breakers and counters (:mod:`proxy.routing.router`);
 - ``clients`` — the client connections: how many, draining or not (:class:`Clients`);
 - ``listening`` — where the gateway listens (:class:`Listening`, fixed at start);
-- ``hub`` — the one feed of what happens (:mod:`proxy.observe.hub`, SPEC §9), and
-  ``request_log``, the finished requests it reports (:mod:`proxy.observe.request_log`);
+- ``hub`` — the one feed of what happens (:mod:`proxy.observe.hub`, SPEC §9),
+  ``request_log``, the finished requests it reports (:mod:`proxy.observe.request_log`),
+  ``metrics``, what ``/metrics`` shows (:mod:`proxy.observe.metrics`), and ``events``, the
+  live events subscribers (:mod:`proxy.observe.feed`);
 - ``notifications``, ``supervisor`` (managed model servers, when there are any).
 """
 
@@ -22,7 +24,9 @@ import trio
 
 from protocol.config import Config
 from proxy.notifications import Notifications
+from proxy.observe.feed import EventFeed
 from proxy.observe.hub import Hub
+from proxy.observe.metrics import Metrics
 from proxy.observe.request_log import RequestLog
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
@@ -45,14 +49,15 @@ class Listening:
 
 
 class Clients:
-    """The client connections of the gateway: the count (for ``api.max_connections``) and
-    the drain. Owned by the server; a connection registers its idle wait here so that a drain
-    ends it at once."""
+    """The client connections of the gateway: the count (for ``api.max_connections``), the
+    count per transport (``unix``, ``tcp``: the metrics' gauge) and the drain. Owned by the
+    server; a connection registers its idle wait here so that a drain ends it at once."""
 
-    __slots__ = ("count", "draining", "idle_scopes")
+    __slots__ = ("by_transport", "count", "draining", "idle_scopes")
 
     def __init__(self) -> None:
         self.count = 0
+        self.by_transport = {"unix": 0, "tcp": 0}
         self.draining = False
         self.idle_scopes: set[trio.CancelScope] = set()
 
@@ -78,7 +83,10 @@ class GatewayContext:
     listening: Listening
     hub: Hub
     request_log: RequestLog
+    metrics: Metrics
     supervisor: Supervisor | None = None
+    events: EventFeed = attrs.field(
+        default=attrs.Factory(lambda ctx: EventFeed(ctx.hub), takes_self=True))
 
     def __repr__(self) -> str:
         return f"GatewayContext({self.listening!r}, {self.clients!r}, {self.connections!r})"

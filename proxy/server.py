@@ -16,6 +16,7 @@ import trio
 from protocol.config import ModelConfig
 from protocol.errors import overloaded
 from protocol.response import Response
+from proxy.api.nodes import version
 from proxy.connection import ClientConnection
 from proxy.context import Clients, GatewayContext, Listening
 from proxy.datadir import STATE_FILE, GatewayState, read_state, write_state
@@ -35,9 +36,10 @@ from proxy.listeners import (
 from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.models.supervisor import Supervisor
 from proxy.notifications import Notifications
-from proxy.observe.feeds import Feeds
 from proxy.observe.hub import Hub
+from proxy.observe.metrics import Metrics
 from proxy.observe.request_log import RequestLog
+from proxy.observe.state_events import StateEvents
 from proxy.pool.backends import BackendRegistry, run_health_checks
 from proxy.pool.node_checks import run_node_checks
 from proxy.pool.nodes import NodeIndex
@@ -76,9 +78,11 @@ class Gateway:
         self.request_log.attach(self.hub)
         settings.subscribe(self.request_log.follow)
         self.notifications = Notifications(self.hub)
-        self.feeds = Feeds(self.hub, settings, self.nodes, self.backends, self.router,
-                           self.notifications)
+        self.state_events = StateEvents(self.hub, settings, self.nodes, self.backends,
+                                        self.router, self.notifications)
         self.clients = Clients()
+        self.metrics = Metrics(self.router, self.clients.by_transport, version())
+        self.metrics.attach(self.hub)
         configured = {m.name for m in settings.config.models}
         self.models = [*settings.config.models,
                        *(m for m in extra_models if m.name not in configured)]
@@ -115,7 +119,7 @@ class Gateway:
                 settings=self.settings, connections=self.connections, backends=self.backends,
                 nodes=self.nodes, router=self.router, notifications=self.notifications,
                 clients=self.clients, listening=listening, hub=self.hub,
-                request_log=self.request_log, supervisor=supervisor)
+                request_log=self.request_log, metrics=self.metrics, supervisor=supervisor)
             async with trio.open_nursery() as background:
                 if handle_signals:
                     background.start_soon(self._watch_signals, background.cancel_scope)
@@ -127,7 +131,7 @@ class Gateway:
                                        lambda: self.settings.config)
                 background.start_soon(run_node_checks, self.nodes, self.connections,
                                       self.settings)
-                background.start_soon(self.feeds.run)
+                background.start_soon(self.state_events.run)
                 async with trio.open_nursery() as connections:
                     async with trio.open_nursery() as accepting:
                         for listener, transport in listeners:
@@ -140,6 +144,7 @@ class Gateway:
                     self._remove_socket()
                     log.info("stopping: %d connection(s) to drain", self.clients.count)
                     self.clients.begin_drain()
+                    self.ctx.events.close_all()  # live events subscribers: close code 1001
                     if self.clients.count:
                         with trio.move_on_after(self.drain_timeout):
                             await self._drained.wait()
@@ -298,10 +303,13 @@ class Gateway:
                 nursery.start_soon(self._handle, stream, transport)
 
     async def _handle(self, stream: trio.SocketStream, transport: str) -> None:
+        kind = "unix" if transport == "unix" else "tcp"  # local-tcp is TCP too
+        self.clients.by_transport[kind] += 1
         try:
             await ClientConnection(stream, self.ctx, transport=transport).run()
         finally:
             self.clients.count -= 1
+            self.clients.by_transport[kind] -= 1
             if self.clients.draining and not self.clients.count:
                 self._drained.set()
 

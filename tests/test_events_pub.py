@@ -24,8 +24,8 @@ import trio.testing
 from protocol.config import Config, ModelConfig, NodeConfig
 from proxy.models.supervisor import BACKOFF_FIRST, Supervisor
 from proxy.notifications import Notifications
-from proxy.observe.feeds import LATENCY_STEP_MS, NodeFeed, latency_moved
 from proxy.observe.hub import TYPES, Hub
+from proxy.observe.state_events import LATENCY_STEP_MS, NodeFeed, latency_moved
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import ONLINE, NodeIndex
 from proxy.upstream import ConnectionPool

@@ -9,7 +9,7 @@ back-off) has it healthy again. On shutdown: SIGTERM, then SIGKILL after a deadl
 Each change of a server's status entry (:meth:`ManagedModel.status`: starting with its pid,
 running, back-off, stopped) is a ``model`` event on the hub (SPEC §9.3), that entry with
 ``source: "managed"``; the backend it serves through reports its own (``source: "backend"``,
-:mod:`proxy.observe.feeds`).
+:mod:`proxy.observe.state_events`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ check found (:mod:`proxy.pool.node_checks` runs the checks and reports them here
 parses: :attr:`NodeEndpoint.online` is the one definition, used by routing, the model list
 and the status answers. :attr:`NodeIndex.changes` hears of every node whose state may have
 changed (a check's result, its config, a pause); the ``node`` events are made from it
-(:mod:`proxy.observe.feeds`).
+(:mod:`proxy.observe.state_events`).
 """
 
 from __future__ import annotations

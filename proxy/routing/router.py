@@ -117,7 +117,8 @@ class Router:
         self.backends = backends
         self.nodes = nodes
         self.hub = hub
-        self.local = Counters()
+        self.local = Counters()  # all local backends together (the stats' ``local``)
+        self.backend_counters: dict[str, Counters] = {}  # each local backend's own
         self.cursor = RoundRobinCursor()
         self.failovers = 0
         self.breakers: dict[str, CircuitBreaker] = {}
@@ -148,7 +149,8 @@ class Router:
                 backend = await self.backends.wait_for_holder(info.model)
             if backend is None:
                 return await self._forward(request)
-        return Plan(backend, Attempt(self.local, trio.current_time()))
+        return Plan(backend, Attempt(self.local, trio.current_time(),
+                                     backend=self._backend_counters(backend.name)))
 
     async def _forward(self, request: RouteRequest) -> Plan:
         if request.load_balancing and not request.forwarded:
@@ -171,7 +173,7 @@ class Router:
         key = self.settings.secrets.node_keys.get(target.fingerprint)
         upstream = NodeUpstream(endpoint, key, self.settings.node_id.encode())
         attempt = Attempt(self._node_counters(target.fingerprint), now, target, endpoint.speed,
-                          self.watch_circuits)
+                          reported=self.watch_circuits)
         return upstream, attempt
 
     def views(self) -> list[NodeView]:
@@ -212,7 +214,7 @@ class Router:
         """Each breaker's state at ``now`` (the time-driven moves, open to half_open or an
         expired probe, applied); a ``circuit`` event ``{fingerprint, state,
         consecutiveFailures}`` for each one that moved since the last look. Also run each
-        second by :func:`proxy.observe.feeds.run_stats_feed`, so a half-open move is seen
+        second by :func:`proxy.observe.state_events.run_stats_feed`, so a half-open move is seen
         within a second, and a subscriber hears only of moves made after it came. Several
         moves between two looks are one event with the state reached."""
         hub = self.hub if self.hub is not None and self.hub.wants("circuit") else None
@@ -233,6 +235,19 @@ class Router:
             breaker.failure_threshold = config.failure_threshold
             breaker.reset_timeout = config.reset_timeout
         return breaker
+
+    def active_requests(self) -> dict[str, int]:
+        """Attempts in flight now per upstream (``local:<backend>``, ``node:<fingerprint>``)
+        of every upstream tried since start."""
+        out = {f"local:{name}": c.active for name, c in self.backend_counters.items()}
+        out.update((f"node:{fp}", c.active) for fp, c in self.counters.items())
+        return out
+
+    def _backend_counters(self, name: str) -> Counters:
+        counters = self.backend_counters.get(name)
+        if counters is None:
+            counters = self.backend_counters[name] = Counters()
+        return counters
 
     def _node_counters(self, fingerprint: str) -> Counters:
         counters = self.counters.get(fingerprint)

@@ -168,7 +168,7 @@ async def run_stats_feed(hub: Hub, router: Router, config: Callable[[], Config])
             last = body
 
 
-class Feeds:
+class StateEvents:
     """The feeds above, for one gateway: made with its parts, run in its nursery."""
 
     __slots__ = ("backend_feed", "hub", "node_feed", "router", "settings", "settings_feed")
@@ -184,7 +184,7 @@ class Feeds:
         self.settings_feed = SettingsFeed(hub, settings, notifications)
 
     def __repr__(self) -> str:
-        return f"Feeds({self.hub!r})"
+        return f"StateEvents({self.hub!r})"
 
     async def run(self) -> None:
         """The once-a-second look (:func:`run_stats_feed`), until cancelled."""
