@@ -6,7 +6,8 @@ A callback subscribed to the gateway's own hub records each event with the trio 
 came at (its payload through a JSON round trip: it must be JSON-ready). Node, circuit,
 backend and stats events run under the autojump clock (every hop a Unix socket, nodes put
 into the live config directly); settings writes go through the real admin API over a
-gateway's socket in real time, with a node on 127.0.0.1 TCP.
+gateway's socket in real time, with a node on 127.0.0.1 TCP; one test reads them as a
+trio-websocket client of ``GET /api/v1/events`` over TCP and over the Unix socket.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+import trio_websocket
 
 from protocol.config import Config, ModelConfig, NodeConfig
 from proxy.models.supervisor import BACKOFF_FIRST, Supervisor
@@ -29,7 +31,7 @@ from proxy.observe.state_events import LATENCY_STEP_MS, NodeFeed, latency_moved
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import ONLINE, NodeIndex
 from proxy.upstream import ConnectionPool
-from tests.client import chat_body, request
+from tests.client import chat_body, connect, request
 from tests.conftest import RunningGateway, StartGateway, configure, free_port, node
 from tests.fakenode import FakeNode, start_node
 from tests.fakeupstream import FakeUpstream, Handler, json_completion, status
@@ -405,3 +407,49 @@ async def test_stats_at_most_once_a_second_and_only_on_change(
     assert (last["local"]["totalRequests"], last["local"]["successCount"]) == (20, 20)
     await trio.sleep(10)
     assert len(seen.times("stats")) == len(times)  # idle again: no event
+
+
+# ------------------------------------------------------------------- over the WebSocket
+
+
+async def test_owner_events_reach_a_websocket_subscriber(
+        nursery: trio.Nursery, start_gateway: StartGateway, transport: str) -> None:
+    gw = await start_gateway([])
+    up = await FakeNode("node-w", ["m"]).start(nursery)
+    key = "canary-node-key-5a5a5a5a5a5a5a5a"
+    texts: list[str] = []
+
+    async def next_of(ws: trio_websocket.WebSocketConnection, kind: str) -> Any:
+        with trio.fail_after(10):
+            while True:
+                texts.append(str(await ws.get_message()))
+                doc = json.loads(texts[-1])
+                if doc["type"] == kind:
+                    return doc["data"]
+
+    stream = await connect(gw.address(transport))
+    try:
+        async with trio.open_nursery() as client:
+            ws = await trio_websocket.wrap_client_stream(client, stream, "localhost",
+                                                         "/api/v1/events")
+            await next_of(ws, "hello")
+            assert (await admin(gw, "POST", "/api/v1/nodes", {"baseUrl": up.url, "apiKey": key})
+                    ).status == 201
+            assert await next_of(ws, "settings") == {
+                "section": "nodes", "value": await get_json(gw, "/api/v1/nodes")}
+            assert (await admin(gw, "PUT", "/api/v1/settings/load-balancing",
+                                {"enabled": True})).status == 200
+            assert await next_of(ws, "settings") == {
+                "section": "loadBalancing",
+                "value": await get_json(gw, "/api/v1/settings/load-balancing")}
+            while (entry := await next_of(ws, "node"))["status"] != "online":
+                pass
+            assert entry == (await get_json(gw, POOL))["endpoints"][0]
+            gw.gateway.ctx.notifications.raise_("test_note", "something to know about")
+            assert (await next_of(ws, "notification"))["code"] == "test_note"
+            await ws.aclose()
+    finally:
+        await stream.aclose()
+    joined = "\n".join(texts)
+    assert key not in joined
+    assert gw.gateway.settings.secrets.admin_token not in joined
