@@ -39,6 +39,7 @@ from proxy.notifications import Notifications
 from proxy.observe.hub import Hub
 from proxy.observe.metrics import Metrics
 from proxy.observe.request_log import RequestLog
+from proxy.observe.state_events import StateEvents
 from proxy.pool.backends import BackendRegistry, run_health_checks
 from proxy.pool.node_checks import run_node_checks
 from proxy.pool.nodes import NodeIndex
@@ -71,12 +72,14 @@ class Gateway:
         self.connections = ConnectionPool(lambda: settings.config.timeouts.connection)
         self.backends = BackendRegistry(settings.config.backends, settings.secrets.backend_keys)
         self.nodes = NodeIndex()
-        self.router = Router(settings, self.backends, self.nodes)
         self.hub = Hub()
+        self.router = Router(settings, self.backends, self.nodes, self.hub)
         self.request_log = RequestLog(settings.config.observability.request_log_size)
         self.request_log.attach(self.hub)
         settings.subscribe(self.request_log.follow)
-        self.notifications = Notifications()
+        self.notifications = Notifications(self.hub)
+        self.state_events = StateEvents(self.hub, settings, self.nodes, self.backends,
+                                        self.router, self.notifications)
         self.clients = Clients()
         self.metrics = Metrics(self.router, self.clients.by_transport, version())
         self.metrics.attach(self.hub)
@@ -111,7 +114,7 @@ class Gateway:
                 supervisor = Supervisor(
                     self.models, self.settings.data_dir,
                     None if self._socket_path is None else self._socket_path.parent,
-                    self.backends, self.connections)
+                    self.backends, self.connections, self.hub)
             self.ctx = GatewayContext(
                 settings=self.settings, connections=self.connections, backends=self.backends,
                 nodes=self.nodes, router=self.router, notifications=self.notifications,
@@ -128,6 +131,7 @@ class Gateway:
                                        lambda: self.settings.config)
                 background.start_soon(run_node_checks, self.nodes, self.connections,
                                       self.settings)
+                background.start_soon(self.state_events.run)
                 async with trio.open_nursery() as connections:
                     async with trio.open_nursery() as accepting:
                         for listener, transport in listeners:

@@ -149,7 +149,7 @@ def test_owners_publish_their_changes() -> None:
     changed: list[Any] = []
     r.nodes.changes.subscribe(changed.append)
     endpoint = r.nodes.endpoints[1]
-    r.nodes.checked(endpoint, ONLINE, [{"id": "m"}], None, 1.0)  # no change of status
+    r.nodes.checked(endpoint, ONLINE, [{"id": "m"}], None, 1.0)  # nothing changed
     assert changed == []
     r.nodes.checked(endpoint, "offline", [], "refused", None)
     assert changed == [endpoint]

@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -55,7 +56,7 @@ def identity(call: Call) -> tuple[int, Any]:
 # ------------------------------------------------------------------------------ helpers
 
 
-def _public(node: NodeConfig, keys: dict[str, str]) -> dict[str, Any]:
+def _public(node: NodeConfig, keys: Mapping[str, str]) -> dict[str, Any]:
     return {"fingerprint": node.fingerprint, "name": node.name, "baseUrl": node.base_url,
             "priority": node.priority, "enabled": node.enabled,
             "hasApiKey": node.fingerprint in keys}
@@ -179,9 +180,13 @@ def _check_room(cfg: Config) -> None:
 # ----------------------------------------------------------------------------- handlers
 
 
+def registry_view(cfg: Config, keys: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The GET body, top node first (also the ``settings`` event of section ``nodes``)."""
+    return [_public(n, keys) for n in by_priority(cfg.nodes)]
+
+
 def list_nodes(call: Call) -> tuple[int, Any]:
-    keys = call.ctx.settings.secrets.node_keys
-    return 200, [_public(n, keys) for n in by_priority(call.ctx.config.nodes)]
+    return 200, registry_view(call.ctx.config, call.ctx.settings.secrets.node_keys)
 
 
 async def add_node(call: Call) -> tuple[int, Any]:

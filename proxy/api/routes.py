@@ -77,14 +77,12 @@ def inference_status(call: Call) -> tuple[int, Any]:
     loaded: list[str] = []
     backends = []
     for backend in ctx.backends.backends:
-        live = backend.live
-        ids = [m["id"] for m in backend.models] if live else []
-        for model_id in ids:
+        entry = backend.status()
+        for model_id in entry["models"]:
             if model_id not in loaded:
                 loaded.append(model_id)
                 kinds.setdefault(backend.kind, []).append(model_id)
-        backends.append({"name": backend.name, "kind": backend.kind, "online": live,
-                         "models": ids, "lastError": backend.last_error})
+        backends.append(entry)
     body: dict[str, Any] = {
         "available": bool(loaded),
         "routerRunning": True,

@@ -14,6 +14,7 @@ import attrs
 from protocol.config import Config
 from protocol.errors import ConfigError
 from proxy.api.call import Call, saving
+from proxy.notifications import Notifications
 
 # JSON field -> (YAML section, YAML key, type check, needs a restart)
 FIELDS: dict[str, tuple[str, str, str, bool]] = {
@@ -27,16 +28,28 @@ RESTART_CODE = "restart_required"
 READ_ONLY = frozenset({"restartRequired"})  # computed by the server: ignored in a PUT
 
 
-def _view(cfg: Config, restart: bool) -> dict[str, Any]:
+def api_view(cfg: Config, restart: bool) -> dict[str, Any]:
+    """The GET body (also the ``settings`` event of section ``api``)."""
     out = {field: getattr(getattr(cfg, section), key)
            for field, (section, key, _, _) in FIELDS.items()}
     out["restartRequired"] = restart
     return out
 
 
+def restart_pending(notifications: Notifications) -> bool:
+    """A change that needs a restart was saved since this gateway started."""
+    return any(n["code"] == RESTART_CODE for n in notifications.all())
+
+
+def restart_changes(old: Config, new: Config) -> list[str]:
+    """The dotted paths of the fields that take effect at the next start and differ."""
+    return [f"{section}.{key}" for section, key, _, restart in FIELDS.values()
+            if restart and getattr(getattr(old, section), key)
+            != getattr(getattr(new, section), key)]
+
+
 def get_api(call: Call) -> tuple[int, Any]:
-    pending = any(n["code"] == RESTART_CODE for n in call.ctx.notifications.all())
-    return 200, _view(call.ctx.config, pending)
+    return 200, api_view(call.ctx.config, restart_pending(call.ctx.notifications))
 
 
 def _checked(field: str, path: str, kind: str, value: object) -> object:
@@ -71,9 +84,7 @@ async def put_api(call: Call) -> tuple[int, Any]:
     def change(old: Config) -> Config:
         new = attrs.evolve(old, api=attrs.evolve(old.api, **changes["api"]),
                            local=attrs.evolve(old.local, **changes["local"]))
-        changed[:] = [f"{section}.{key}" for section, key, _, restart in FIELDS.values()
-                      if restart and getattr(getattr(old, section), key)
-                      != getattr(getattr(new, section), key)]
+        changed[:] = restart_changes(old, new)
         return new
 
     with saving("the settings"):
@@ -82,5 +93,4 @@ async def put_api(call: Call) -> tuple[int, Any]:
         ctx.notifications.raise_(
             RESTART_CODE, f"settings changed that apply at the next start ({', '.join(changed)})"
                           ": restart sluice to apply them", level="info")
-    pending = any(n["code"] == RESTART_CODE for n in ctx.notifications.all())
-    return 200, _view(stored, bool(changed) or pending)
+    return 200, api_view(stored, bool(changed) or restart_pending(ctx.notifications))

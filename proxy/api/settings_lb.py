@@ -53,7 +53,8 @@ async def _apply(call: Call, edit: Edit, renames: dict[str, str] | None = None) 
         raise
 
 
-def _lb_view(cfg: Config) -> dict[str, Any]:
+def load_balancing_view(cfg: Config) -> dict[str, Any]:
+    """The GET body (also the ``settings`` event of section ``loadBalancing``)."""
     lb = cfg.load_balancing
     return {"enabled": lb.enabled, "strategy": lb.strategy,
             "failoverEnabled": lb.failover_enabled,
@@ -61,7 +62,7 @@ def _lb_view(cfg: Config) -> dict[str, Any]:
 
 
 def get_load_balancing(call: Call) -> tuple[int, Any]:
-    return 200, _lb_view(call.ctx.config)
+    return 200, load_balancing_view(call.ctx.config)
 
 
 async def put_load_balancing(call: Call) -> tuple[int, Any]:
@@ -75,16 +76,17 @@ async def put_load_balancing(call: Call) -> tuple[int, Any]:
             section, key = LB_FIELDS[field]
             data[section][key] = value
 
-    return 200, _lb_view(await _apply(call, edit))
+    return 200, load_balancing_view(await _apply(call, edit))
 
 
-def _timeouts_view(cfg: Config) -> dict[str, Any]:
+def timeouts_view(cfg: Config) -> dict[str, Any]:
+    """The GET body (also the ``settings`` event of section ``timeouts``)."""
     view: dict[str, Any] = config_to_dict(cfg)["timeouts"]
     return view
 
 
 def get_timeouts(call: Call) -> tuple[int, Any]:
-    return 200, _timeouts_view(call.ctx.config)
+    return 200, timeouts_view(call.ctx.config)
 
 
 def _merge(target: dict[str, Any], changes: dict[str, Any], path: str) -> None:
@@ -113,4 +115,4 @@ async def put_timeouts(call: Call) -> tuple[int, Any]:
             data["health_checks"].update(given)
 
     renames = {"health_checks": "timeouts.health_check"}
-    return 200, _timeouts_view(await _apply(call, edit, renames))
+    return 200, timeouts_view(await _apply(call, edit, renames))

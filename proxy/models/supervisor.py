@@ -5,6 +5,11 @@ Each model runs as a child process (:mod:`proxy.models.launcher`) listening on
 no socket folder works. Once its ``/health`` answers it becomes a local backend serving exactly
 its configured model id; when it dies the model is unavailable until the restart (exponential
 back-off) has it healthy again. On shutdown: SIGTERM, then SIGKILL after a deadline.
+
+Each change of a server's status entry (:meth:`ManagedModel.status`: starting with its pid,
+running, back-off, stopped) is a ``model`` event on the hub (SPEC §9.3), that entry with
+``source: "managed"``; the backend it serves through reports its own (``source: "backend"``,
+:mod:`proxy.observe.state_events`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from protocol.config import BackendConfig, ModelConfig
 from protocol.upstream_url import parse_upstream_url
 from proxy.listeners import MAX_SOCKET_PATH
 from proxy.models.logs import RotatingLog
+from proxy.observe.hub import Hub
 from proxy.pool.backends import BackendRegistry, LocalBackend
 from proxy.upstream import ConnectionPool, UpstreamFailure, fetch
 
@@ -124,10 +130,13 @@ class ManagedModel:
 
 class Supervisor:
     def __init__(self, models: Sequence[ModelConfig], data_dir: Path, socket_dir: Path | None,
-                 registry: BackendRegistry, connections: ConnectionPool) -> None:
+                 registry: BackendRegistry, connections: ConnectionPool,
+                 hub: Hub | None = None) -> None:
         self.models = [ManagedModel(cfg, data_dir, socket_dir) for cfg in models]
         self.registry = registry
         self.connections = connections
+        self.hub = hub
+        self._published: dict[str, dict[str, Any]] = {}  # name -> the last model event
         for model in self.models:
             registry.starting.add(model.name)
             registry.add(model.backend)
@@ -137,6 +146,13 @@ class Supervisor:
 
     def status(self) -> list[dict[str, Any]]:
         return [m.status() for m in self.models]
+
+    def _report(self, model: ManagedModel) -> None:
+        """Publish the server's status entry if it changed."""
+        entry = {"source": "managed", **model.status()}
+        if self.hub is not None and self._published.get(model.name) != entry:
+            self._published[model.name] = entry
+            self.hub.publish("model", entry)
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -152,6 +168,7 @@ class Supervisor:
                 self._first_start_over(model)
                 backoff = next_backoff(backoff, trio.current_time() - started)
                 model.state = ModelState.BACKOFF
+                self._report(model)
                 log.warning("model server %s is down (%s); restarting in %gs", model.name,
                             model.last_error, backoff)
                 await trio.sleep(backoff)
@@ -159,6 +176,7 @@ class Supervisor:
         finally:
             model.state = ModelState.STOPPED
             self._first_start_over(model)
+            self._report(model)
 
     def _first_start_over(self, model: ManagedModel) -> None:
         self.registry.first_start_over(model.name)
@@ -181,6 +199,7 @@ class Supervisor:
             model.command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True)
         model.pid = proc.pid
+        self._report(model)
         try:
             async with trio.open_nursery() as nursery:
                 assert proc.stderr is not None
@@ -234,6 +253,7 @@ class Supervisor:
         model.url = url
         model.state = ModelState.RUNNING
         model.last_error = None
+        self._report(model)
         self.registry.server_up(model.backend, url,
                                 [{"id": model.name, "object": "model", "owned_by": "llamacpp"}])
         log.info("model server %s running (pid %s) on %s", model.name, model.pid, url)

@@ -53,6 +53,14 @@ class LocalBackend:
         """Routed to and listed: it answered its last check and has an address."""
         return self.online and self.address is not None
 
+    def status(self) -> dict[str, Any]:
+        """Its entry in ``backends`` of ``/api/v1/inference/status`` (and of a ``model``
+        event): the models it serves now (none while it is not live)."""
+        live = self.live
+        return {"name": self.name, "kind": self.kind, "online": live,
+                "models": [m["id"] for m in self.models] if live else [],
+                "lastError": self.last_error}
+
     def __repr__(self) -> str:  # never shows the key
         where = self.address.key if self.address is not None else "down"
         return (f"LocalBackend({self.name!r}, {where}, online={self.online}, "

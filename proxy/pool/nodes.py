@@ -4,7 +4,9 @@
 check found (:mod:`proxy.pool.node_checks` runs the checks and reports them here, through
 :meth:`NodeIndex.checked`). A node is *online* when its last check answered 200 and its URL
 parses: :attr:`NodeEndpoint.online` is the one definition, used by routing, the model list
-and the status answers.
+and the status answers. :attr:`NodeIndex.changes` hears of every node whose state may have
+changed (a check's result, its config, a pause); the ``node`` events are made from it
+(:mod:`proxy.observe.state_events`).
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ class NodeIndex:
         self.endpoints: list[NodeEndpoint] = []
         self._wake = trio.Event()
         self._first_round = trio.Event()  # set once every node was checked with LB on
-        self.changes: Subscribers[NodeEndpoint] = Subscribers()  # a node's status changed
+        # A node's state changed: a check found another status, models, error or latency;
+        # its config changed (added, edited, reordered); a pause.
+        self.changes: Subscribers[NodeEndpoint] = Subscribers()
 
     def __repr__(self) -> str:
         return f"NodeIndex({self.endpoints!r})"
@@ -86,19 +90,26 @@ class NodeIndex:
         URL changed starts over as unchecked."""
         old = {e.fingerprint: e for e in self.endpoints}
         out = []
+        changed = []
         for cfg in by_priority(n for n in nodes if n.enabled):
             endpoint = old.get(cfg.fingerprint)
             if endpoint is None or endpoint.cfg.base_url != cfg.base_url:
                 endpoint = NodeEndpoint(cfg)
+                changed.append(endpoint)
+            elif endpoint.cfg != cfg:
+                changed.append(endpoint)
             endpoint.cfg = cfg
             out.append(endpoint)
         self.endpoints = out
+        for endpoint in changed:
+            self.changes.publish(endpoint)
 
     def pause(self) -> None:
         """Load balancing is off: forget what the nodes serve."""
         for endpoint in self.endpoints:
             endpoint.status, endpoint.models, endpoint.latency_ms = UNKNOWN, [], None
             endpoint.model_ids, endpoint.speed = frozenset(), LatencyAverage()
+            self.changes.publish(endpoint)
         if self._first_round.is_set():
             self._first_round = trio.Event()
 
@@ -147,6 +158,7 @@ class NodeIndex:
                 error: str | None, latency_ms: float | None) -> None:
         """A health check's result for ``endpoint``."""
         was = endpoint.status
+        before = (was, endpoint.models, endpoint.last_error, endpoint.latency_ms)
         endpoint.status, endpoint.models, endpoint.last_error = status, models, error
         endpoint.model_ids = frozenset(m["id"] for m in models)
         endpoint.latency_ms = latency_ms if status == ONLINE else None
@@ -155,4 +167,5 @@ class NodeIndex:
         if status != was:
             log.info("node %s is %s%s", endpoint.fingerprint, status,
                      f": {error}" if error else "")
+        if before != (status, models, error, endpoint.latency_ms):
             self.changes.publish(endpoint)

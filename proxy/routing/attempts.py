@@ -15,6 +15,7 @@ breaker:
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 from proxy.routing.resolve import Target
@@ -57,15 +58,19 @@ class Counters:
 
 
 class Attempt:
-    """One try of a request on one upstream (see the module docstring)."""
+    """One try of a request on one upstream (see the module docstring). ``reported(now)``,
+    when given, is called after a node's breaker heard the outcome (the router looks there
+    for a circuit transition)."""
 
-    __slots__ = ("_counters", "_speed", "finished", "started", "target")
+    __slots__ = ("_counters", "_reported", "_speed", "finished", "started", "target")
 
     def __init__(self, counters: Counters, now: float, target: Target | None = None,
                  speed: LatencyAverage | None = None, *,
-                 backend: Counters | None = None) -> None:
+                 backend: Counters | None = None,
+                 reported: Callable[[float], None] | None = None) -> None:
         self._counters = (counters,) if backend is None else (counters, backend)
         self._speed = speed
+        self._reported = reported
         self.target = target
         self.started = now
         self.finished = False
@@ -107,3 +112,5 @@ class Attempt:
             report = Target.succeeded if outcome is Outcome.SUCCESS else Target.neutral
         if self.target is not None:
             report(self.target, now)
+            if self._reported is not None:
+                self._reported(now)

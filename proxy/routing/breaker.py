@@ -115,6 +115,12 @@ class CircuitBreaker:
         return self._failures
 
     @property
+    def generation(self) -> int:
+        """How many times the state has moved: a reader that remembers it sees a transition
+        (its own look at :meth:`state` first applies the time-driven ones)."""
+        return self._generation
+
+    @property
     def probe_out(self) -> bool:
         """True while a half-open probe is handed out and unreported."""
         return self._probe is not None

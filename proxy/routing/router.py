@@ -10,7 +10,8 @@ over, the way to the next node (:meth:`Plan.alternate`).
 
 :class:`Router` owns a circuit breaker and a set of counters per node, the counters of the
 local backends, the round-robin cursor and the failover count; their JSON is
-:func:`proxy.routing.stats.routing_stats`.
+:func:`proxy.routing.stats.routing_stats`. It publishes each breaker transition to the hub
+as a ``circuit`` event (SPEC §9.3, :meth:`Router.watch_circuits`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import trio
 from protocol.headers import FORWARDED, Header, header_value
 from protocol.request_info import RequestInfo, total_timeout
 from protocol.upstream_url import UpstreamAddress
+from proxy.observe.hub import Hub
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeEndpoint, NodeIndex
 from proxy.routing.attempts import Attempt, Counters, Outcome
@@ -96,6 +98,7 @@ class Plan:
             strategy=request.strategy, failover=False,
             tried=request.tried | {target.fingerprint})
         route = resolve(retry, router.views(), router.cursor, now)
+        router.watch_circuits(now)
         if not isinstance(route, Forward):
             return False
         self.attempt.finish(Outcome.FAILURE, now)
@@ -108,16 +111,19 @@ class Plan:
 class Router:
     """The routing decision and its long-lived state (see the module docstring)."""
 
-    def __init__(self, settings: Settings, backends: BackendRegistry, nodes: NodeIndex) -> None:
+    def __init__(self, settings: Settings, backends: BackendRegistry, nodes: NodeIndex,
+                 hub: Hub | None = None) -> None:
         self.settings = settings
         self.backends = backends
         self.nodes = nodes
+        self.hub = hub
         self.local = Counters()  # all local backends together (the stats' ``local``)
         self.backend_counters: dict[str, Counters] = {}  # each local backend's own
         self.cursor = RoundRobinCursor()
         self.failovers = 0
         self.breakers: dict[str, CircuitBreaker] = {}
         self.counters: dict[str, Counters] = {}
+        self._published: dict[str, int] = {}  # fingerprint -> breaker generation last published
 
     def __repr__(self) -> str:
         return (f"Router(local={self.local!r}, nodes={len(self.counters)}, "
@@ -152,6 +158,7 @@ class Router:
             await self.nodes.first_round(self.settings.config.timeouts.health_check.timeout)
         now = trio.current_time()
         route = resolve(request, self.views(), self.cursor, now)
+        self.watch_circuits(now)
         if isinstance(route, NoRoute):
             raise route.error()
         upstream, attempt = self.start(route, now)
@@ -165,7 +172,8 @@ class Router:
         assert endpoint is not None
         key = self.settings.secrets.node_keys.get(target.fingerprint)
         upstream = NodeUpstream(endpoint, key, self.settings.node_id.encode())
-        attempt = Attempt(self._node_counters(target.fingerprint), now, target, endpoint.speed)
+        attempt = Attempt(self._node_counters(target.fingerprint), now, target, endpoint.speed,
+                          reported=self.watch_circuits)
         return upstream, attempt
 
     def views(self) -> list[NodeView]:
@@ -191,9 +199,33 @@ class Router:
 
     def forget_removed(self, known: set[str]) -> None:
         """Drop the breakers and counters of nodes no longer configured."""
-        for table in (self.breakers, self.counters):
+        for table in (self.breakers, self.counters, self._published):
             for fp in [fp for fp in table if fp not in known]:
                 del table[fp]
+
+    def watch_circuits(self, now: float) -> None:
+        """:meth:`look_at_circuits`, after every routing decision and every outcome a
+        breaker hears; with nobody reading circuit events it does nothing (the once-a-second
+        look catches up)."""
+        if self.hub is not None and self.hub.wants("circuit"):
+            self.look_at_circuits(now)
+
+    def look_at_circuits(self, now: float) -> None:
+        """Each breaker's state at ``now`` (the time-driven moves, open to half_open or an
+        expired probe, applied); a ``circuit`` event ``{fingerprint, state,
+        consecutiveFailures}`` for each one that moved since the last look. Also run each
+        second by :func:`proxy.observe.state_events.run_stats_feed`, so a half-open move is seen
+        within a second, and a subscriber hears only of moves made after it came. Several
+        moves between two looks are one event with the state reached."""
+        hub = self.hub if self.hub is not None and self.hub.wants("circuit") else None
+        published = self._published
+        for fp, breaker in self.breakers.items():
+            state = breaker.state(now)
+            if published.get(fp, 0) != breaker.generation:
+                published[fp] = breaker.generation
+                if hub is not None:
+                    hub.publish("circuit", {"fingerprint": fp, "state": state.value,
+                                            "consecutiveFailures": breaker.consecutive_failures})
 
     def _breaker(self, fingerprint: str, config: CircuitBreakerConfig) -> CircuitBreaker:
         breaker = self.breakers.get(fingerprint)
