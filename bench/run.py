@@ -32,6 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a script: bench/ is not a package on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import watch  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 CLK = os.sysconf("SC_CLK_TCK")
@@ -428,6 +432,10 @@ def measure(env: dict[str, Any], target: str, transport: str,
             params: dict[str, Any]) -> dict[str, Any]:
     proxy = env.get(target)
     addr = {transport: (proxy if proxy else env["mock"])[transport]}
+    watcher = None
+    if proxy and proxy.get("watch"):
+        unix = {"unix": proxy["unix"]}
+        watcher = watch.started(proxy["unix"], lambda path: http_call(unix, "GET", path)[0])
     pids = proxy["pids"] if proxy else []
     parts: dict[str, list[int]] = proxy.get("parts", {}) if proxy else {}
     mock_pids = [env["mock"]["pid"]]
@@ -439,13 +447,14 @@ def measure(env: dict[str, Any], target: str, transport: str,
         load = run_load(addr, f"bench-{transport}", params)
     finally:
         peak = sampler.stop()
+        watched = watcher.stop() if watcher is not None else None
     wall = time.monotonic() - t0
     for entry in env.values():
         for name, proc in entry.get("procs", ()):
             if proc["proc"].poll() is not None:
                 raise RuntimeError(f"{name} exited ({proc['proc'].returncode}) during "
                                    f"{target}/{transport}:\n{tail(proc['log'])}")
-    return {"load": load, "wall_s": round(wall, 3),
+    return {"load": load, "wall_s": round(wall, 3), "watched": watched,
             "proxy_cpu_s": round(cpu_seconds(pids) - cpu0, 3) if proxy else None,
             "part_cpu_s": {name: round(cpu_seconds(p) - part0[name], 3)
                            for name, p in parts.items()},
@@ -726,6 +735,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="tiny run of every scenario, 1 round, no nginx; exit 1 unless every "
                          "body equals direct's and every request completed")
     ap.add_argument("--no-nginx", action="store_true", help="leave nginx out")
+    ap.add_argument("--watch", action="store_true",
+                    help="add target 'watched': the same gateway with one live-events "
+                         "subscriber and a /metrics scrape every second while it runs")
     ap.add_argument("--json", type=Path, default=None,
                     help="where to write the JSON (default bench/results/latest.json, "
                          "smoke.json for --smoke)")
@@ -762,7 +774,9 @@ def main(argv: list[str] | None = None) -> int:
                 env["nginx"] = nginx
         if s7:
             env["forwarded"] = start_forwarded(kids, tmp, env["mock"])
-        targets: list[str] = [t for t in ("direct", "sluice", "nginx", "forwarded")
+        if opts.watch:
+            env["watched"] = {**env["sluice"], "watch": True, "procs": []}
+        targets: list[str] = [t for t in ("direct", "sluice", "watched", "nginx", "forwarded")
                               if t == "direct" or t in env]
         print(f"targets: {', '.join(targets)}; transports: {', '.join(transports)}; "
               f"rounds: {rounds}", file=sys.stderr)

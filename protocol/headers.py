@@ -26,13 +26,14 @@ HOP_BY_HOP: frozenset[bytes] = frozenset(
 )
 
 SERVED_BY = b"x-sluice-served-by"
+REQUEST_ID = b"x-sluice-request-id"  # ours on every answer (an upstream gateway's is replaced)
 FORWARDED = b"x-sluice-forwarded"  # set on a request one gateway forwards to another
 
 # Request headers the gateway sets itself, so the client's copies are dropped.
 _REPLACED_UPSTREAM = frozenset(
     {b"host", b"authorization", b"content-length", b"expect", FORWARDED})
 # Response headers the gateway sets itself.
-_REPLACED_DOWNSTREAM = frozenset({b"content-length", SERVED_BY})
+_REPLACED_DOWNSTREAM = frozenset({b"content-length", SERVED_BY, REQUEST_ID})
 
 
 def connection_tokens(headers: Iterable[Header]) -> frozenset[bytes]:

@@ -22,6 +22,7 @@ __all__ = ["OUTCOMES", "RequestRecord", "iso_utc", "usage_from_event", "usage_in
 
 OUTCOMES = ("success", "failure", "aborted", "refused")
 USAGE_WINDOW = 4096  # bytes after the "usage" key read to find its object
+USAGE_TRIES = 8  # "usage" keys looked at, from the last one back
 _USAGE_KEY = b'"usage"'
 _DECODER = json.JSONDecoder()
 
@@ -35,15 +36,19 @@ def iso_utc(epoch: float) -> str:
 
 def _usage_at(data: bytes, key: int) -> dict[str, Any] | None:
     """The JSON object that follows the ``"usage"`` key found at ``key``, if it is one."""
-    window = data[key + len(_USAGE_KEY): key + len(_USAGE_KEY) + USAGE_WINDOW]
+    after = key + len(_USAGE_KEY)
+    start = data.find(b"{", after, after + 16)
+    if start < 0 or data[after:start].strip() != b":":
+        return None  # "usage": null (every chunk but the last, with include_usage)
+    end = data.find(b"}", start, start + USAGE_WINDOW)
+    if end < 0:
+        return None
     try:
-        text = window.decode("utf-8", "ignore").lstrip()
-        if not text.startswith(":"):
-            return None
-        rest = text[1:].lstrip()
-        if not rest.startswith("{"):
-            return None  # "usage": null (every chunk but the last, with include_usage)
-        value, _ = _DECODER.raw_decode(rest)
+        if data.find(b"{", start + 1, end) < 0:  # a flat object: the usual case
+            value = json.loads(data[start:end + 1])
+        else:  # nested details (prompt_tokens_details...): decode the window
+            text = data[start:start + USAGE_WINDOW].decode("utf-8", "ignore")
+            value, _ = _DECODER.raw_decode(text)
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
@@ -54,7 +59,9 @@ def usage_in_body(body: bytes) -> dict[str, Any] | None:
     a key (inside a JSON string its quotes would be escaped); the last one is taken, as
     answers put it after the choices."""
     key = body.rfind(_USAGE_KEY)
-    while key >= 0:
+    for _ in range(USAGE_TRIES):
+        if key < 0:
+            break
         usage = _usage_at(body, key)
         if usage is not None:
             return usage

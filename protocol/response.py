@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from protocol.access import cors_headers
 from protocol.errors import SluiceError
-from protocol.headers import Header
+from protocol.headers import REQUEST_ID, Header
 from protocol.http1 import (
     CONTINUE,
     LAST_CHUNK,
@@ -61,11 +61,14 @@ class Response:
     Origin the answer names (an upstream's own ``access-control-*`` headers never pass).
     """
 
-    __slots__ = ("bodiless", "chunked", "continued", "cors_origin", "keep_alive", "state")
+    __slots__ = ("bodiless", "chunked", "continued", "cors_origin", "keep_alive", "request_id",
+                 "state", "status")
 
     def __init__(self, *, http11: bool = True, keep_alive: bool = True,
-                 cors_origin: bytes | None = None) -> None:
+                 cors_origin: bytes | None = None, request_id: bytes | None = None) -> None:
         self.state = State.IDLE
+        self.status = 0  # the status of the head sent (0: none yet)
+        self.request_id = request_id  # sent as x-sluice-request-id (SPEC §9.1)
         self.chunked = http11
         self.keep_alive = keep_alive and http11
         self.cors_origin = cors_origin
@@ -124,7 +127,10 @@ class Response:
         ends after this answer). ``headers`` is changed in place."""
         if closing:
             self.keep_alive = False
+        self.status = status
         headers[:] = [h for h in headers if not h[0].startswith(b"access-control-")]
+        if self.request_id is not None:
+            headers.append((REQUEST_ID, self.request_id))
         if self.cors_origin is not None:
             headers += cors_headers(self.cors_origin)
             headers += cors

@@ -50,16 +50,18 @@ class SseObserver:
 
     It may be given the stream's chunk framing too (the relay forwards chunked bodies
     verbatim): a chunk-size line ends in LF, so a ``data:`` line at the start of a chunk is
-    still seen after one, and the framing holds neither ``data:`` nor ``"usage"``. Per read
-    it costs a count and a search in C."""
+    still seen after one, and the framing holds neither ``data:`` nor ``"usage"``; only a
+    usage event split across two chunks is then lost (its line holds the framing). Per read
+    it costs a few searches in C; the unfinished last line of a read is kept (up to
+    :data:`USAGE_LINE_CAP`) so a line split across reads is still seen whole."""
 
-    __slots__ = ("_open", "_prev", "events", "usage_line")
+    __slots__ = ("_partial", "_prev", "events", "usage_line")
 
     def __init__(self) -> None:
         self.events = 0
         self.usage_line: bytes | None = None
         self._prev = b"\n"  # the last bytes seen (a stream starts on a line of its own)
-        self._open: bytearray | None = None  # a usage line whose end has not come yet
+        self._partial: bytearray | None = bytearray()  # an unfinished line (None: too long)
 
     def __repr__(self) -> str:
         return f"SseObserver(events={self.events})"
@@ -68,30 +70,33 @@ class SseObserver:
         if not data:
             return
         self.events += data.count(_DATA_LINE)
-        edge = self._prev + data[:5]  # a "\ndata:" across two reads
-        if _DATA_LINE in edge:
+        if _DATA_LINE in self._prev + data[:5]:  # a "\ndata:" across two reads
             self.events += 1
         self._prev = data[-5:] if len(data) >= 5 else (self._prev + data)[-5:]
-        opened = self._open
-        after = 0
-        if opened is not None:
-            end = data.find(b"\n")
-            if end < 0:
-                if len(opened) + len(data) > USAGE_LINE_CAP:
-                    self._open = None
-                else:
-                    opened += data
+        start = 0
+        partial = self._partial
+        if partial is None or partial:  # the rest of a line begun in an earlier read
+            newline = data.find(b"\n")
+            if newline < 0:
+                if partial is not None:
+                    self._grow(partial, data)
                 return
-            opened += data[:end]
-            self.usage_line = bytes(opened)
-            self._open = None
-            after = end
-        key = data.rfind(_USAGE_KEY, after)
-        if key < 0:
-            return
-        start = data.rfind(b"\n", 0, key) + 1
-        end = data.find(b"\n", key)
-        if end < 0:
-            self._open = bytearray(data[start:])
+            if partial is not None and _USAGE_KEY in partial + data[:newline]:
+                self.usage_line = bytes(partial + data[:newline])
+            self._partial = bytearray()
+            start = newline + 1
+        last = data.rfind(b"\n")
+        if last >= start:  # whole lines in data[start:last]
+            key = data.rfind(_USAGE_KEY, start, last)
+            if key >= 0:
+                begin = max(data.rfind(b"\n", start, key) + 1, start)
+                self.usage_line = data[begin:data.find(b"\n", key)]
+            start = last + 1
+        if start < len(data):
+            self._grow(self._partial, data[start:])  # type: ignore[arg-type]
+
+    def _grow(self, partial: bytearray, more: bytes) -> None:
+        if len(partial) + len(more) > USAGE_LINE_CAP:
+            self._partial = None  # skip the rest of this line
         else:
-            self.usage_line = data[start:end]
+            partial += more

@@ -28,13 +28,23 @@ class Downstream:
     """See the module docstring. ``closing()`` says whether the gateway is draining (every
     answer then ends its connection)."""
 
-    __slots__ = ("_closing", "fd", "gone", "response")
+    __slots__ = ("_closing", "bytes_sent", "error_code", "fd", "first_at", "gone", "response")
 
     def __init__(self, fd: int, closing: Callable[[], bool]) -> None:
         self.fd = fd
         self.gone = False
-        self.response = Response()  # replaced for each request
+        self.response = Response()  # replaced for each request (:meth:`begin`)
         self._closing = closing
+        self.first_at: float | None = None  # when the answer's first bytes were sent
+        self.bytes_sent = 0  # bytes of the answer sent
+        self.error_code: str | None = None  # the OpenAI error code the client was sent
+
+    def begin(self, response: Response) -> None:
+        """A new request: its answer's state, and fresh figures for the request log."""
+        self.response = response
+        self.first_at = None
+        self.bytes_sent = 0
+        self.error_code = None
 
     def __repr__(self) -> str:
         return f"Downstream(fd={self.fd}, {self.response!r}, gone={self.gone})"
@@ -54,6 +64,9 @@ class Downstream:
 
     async def _send(self, data: bytes, on_block: Callable[[], None] | None = None,
                     stall: float | None = None) -> None:
+        if self.first_at is None:
+            self.first_at = trio.current_time()
+        self.bytes_sent += len(data)
         try:
             await sockio.send_all(self.fd, data, on_block, stall)
         except (trio.ClosedResourceError, OSError):  # TimeoutError too: a stalled client
@@ -68,7 +81,9 @@ class Downstream:
         """``100 Continue`` (once per request, before the answer)."""
         data = self.response.interim_continue()
         if data:
+            first_at = self.first_at
             await self._send(data)
+            self.first_at, self.bytes_sent = first_at, 0  # not part of the answer
 
     async def send_whole(self, status: int, headers: list[Header], body: bytes,
                          reason: bytes = b"", *, cors: Sequence[Header] = ()) -> None:
@@ -89,6 +104,7 @@ class Downstream:
             self.response.broken()
             return
         headers = [(b"content-type", b"application/json"), *err.headers]
+        self.error_code = err.code
         await self.send_whole(err.status, headers, err.body())
 
     async def send_head(self, status: int, headers: list[Header], reason: bytes, body: bytes,
@@ -111,4 +127,5 @@ class Downstream:
     async def error_event(self, err: SluiceError, *, at_boundary: bool) -> None:
         """After the head: one SSE error event, then the connection ends without the final
         chunk, so the client can tell the answer is incomplete."""
+        self.error_code = err.code
         await self._send(self.response.error_event(err, at_boundary=at_boundary))

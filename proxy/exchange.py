@@ -9,6 +9,7 @@ route      one of the gateway's endpoints, or the routing decision:            p
            a local backend, a network node or 503 (SPEC §7.1)                  Router.plan
 relay      the upstream exchange and the pipe to the client (SPEC §6)          proxy.relay
 settle     the outcome, recorded once: breaker and counters                    Exchange.settle
+report     the access-log line; an OpenAI call's record on the hub (SPEC §9)   Exchange.report
 =========  ==================================================================  ==============
 
 The exchange writes only to its :class:`~proxy.downstream.Downstream`. An error before the
@@ -21,6 +22,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+import logging
+import time
+
 import attrs
 import h11
 import trio
@@ -28,7 +32,8 @@ import trio
 from protocol.access import PREFLIGHT_METHODS, preflight_headers
 from protocol.errors import SluiceError
 from protocol.headers import Header, connection_tokens, header_value
-from protocol.request_info import parse_request_body, request_path
+from protocol.request_info import RequestInfo, parse_request_body, request_path
+from protocol.request_record import RequestRecord, usage_from_event
 from protocol.response import Response
 from proxy import auth
 from proxy.api.call import Body
@@ -41,6 +46,8 @@ if TYPE_CHECKING:
     from proxy.context import GatewayContext
     from proxy.deadline import RequestScope
     from proxy.downstream import Downstream
+
+access_log = logging.getLogger("sluice.access")
 
 DENIED_BODY_CAP = 64 * 1024  # a denied request's body is read (to keep the connection) up to
 
@@ -75,7 +82,8 @@ def _small_body(headers: list[Header]) -> bool:
 class Exchange:
     """One request (see the module docstring)."""
 
-    __slots__ = ("ctx", "out", "peer", "scope", "source")
+    __slots__ = ("ctx", "info", "out", "outcome", "peer", "relay", "request", "scope", "source",
+                 "started", "wall")
 
     def __init__(self, ctx: GatewayContext, source: RequestSource, out: Downstream,
                  scope: RequestScope, peer: Peer) -> None:
@@ -84,6 +92,12 @@ class Exchange:
         self.out = out
         self.scope = scope
         self.peer = peer
+        self.request: h11.Request | None = None  # once its head was read
+        self.started = 0.0  # trio clock, when the head was read
+        self.wall = 0.0  # the same moment, wall-clock (for the request log)
+        self.info: RequestInfo | None = None  # an OpenAI call's model and stream
+        self.relay: Relay | None = None
+        self.outcome: Outcome | None = None  # the last attempt's, once settled
 
     def __repr__(self) -> str:
         return f"Exchange({self.peer.transport}, {self.out!r})"
@@ -93,10 +107,15 @@ class Exchange:
         connection must end without (more of) an answer; whether it may carry another request
         afterwards is ``out.response.reusable``."""
         out = self.out
-        out.response = response = Response()
+        response = Response()
+        out.begin(response)
         denied: SluiceError | None = None
         try:
             request = await self.source.read_head()
+            response.request_id = self.ctx.request_log.next_id()
+            self.request = request
+            self.started = trio.current_time()
+            self.wall = time.time()
             headers = self.source.headers
             response.request_allows(http11=request.http_version == b"1.1",
                                     keep_alive=b"close" not in connection_tokens(headers),
@@ -105,7 +124,12 @@ class Exchange:
             body = await self.source.read_body(self.ctx.config.api.max_body_size)
         except SluiceError as err:  # the request cannot be read: answer, then close
             out.response.close_after()
-            await out.send_error(err)
+            if response.request_id is None:
+                response.request_id = self.ctx.request_log.next_id()
+            try:
+                await out.send_error(err)
+            finally:
+                self.report()
             return
         try:
             if denied is not None:
@@ -113,6 +137,8 @@ class Exchange:
             await self.answer(request, headers, body)
         except SluiceError as err:
             await out.send_error(err)
+        finally:
+            self.report()
 
     async def authorize(self, request: h11.Request, headers: list[Header]) -> SluiceError | None:
         """The DNS-rebinding guard, the admin token and access keys (SPEC §5). A refusal is
@@ -142,12 +168,12 @@ class Exchange:
         if handler is not None:
             await self.call(handler, request.method, path, body, request.target)
             return
-        info = parse_request_body(path, body)
+        self.info = info = parse_request_body(path, body)
         ctx = self.ctx
         plan = await ctx.router.plan(info, headers)
-        relay = Relay(plan, request.method, request.target, path, headers, body, info,
-                      out=self.out, scope=self.scope, connections=ctx.connections,
-                      timeouts=ctx.config.timeouts)
+        self.relay = relay = Relay(plan, request.method, request.target, path, headers, body,
+                                   info, out=self.out, scope=self.scope,
+                                   connections=ctx.connections, timeouts=ctx.config.timeouts)
         try:
             if not self.scope.cancelled:  # the client may have left while it was routed
                 await relay.run()
@@ -186,4 +212,68 @@ class Exchange:
             outcome = Outcome.ABORTED
         else:
             outcome = Outcome.FAILURE
+        self.outcome = outcome
         attempt.finish(outcome, trio.current_time())
+
+    def report(self) -> None:
+        """The request is over: its access-log line and, for the OpenAI API, its record on
+        the hub (the request log, the metrics and the live events read it there)."""
+        request = self.request
+        if request is None:
+            return
+        out = self.out
+        now = trio.current_time()
+        path = request_path(request.target)
+        relay = self.relay
+        served_by: str | None = None
+        if relay is not None:
+            served_by = relay.plan.upstream.served_by.decode()
+            outcome = _OUTCOMES[self.outcome] if self.outcome else "aborted"
+        elif not out.response.started and (out.gone or self.scope.cancelled):
+            outcome = "aborted"
+        else:
+            outcome = "refused" if out.response.status >= 400 else "success"
+        started = self.started
+        ttfb = None if out.first_at is None else max(out.first_at - started, 0.0)
+        duration = max(now - started, 0.0)
+        status = out.response.status
+        method = request.method.decode("latin-1")
+        info = self.info
+        model = None if info is None else info.model
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info(
+                "%s %s %s model=%s status=%d served_by=%s ttfb=%s duration=%.1fms outcome=%s",
+                out.response.request_id.decode(), method, path, model or "-", status,  # type: ignore[union-attr]
+                served_by or "-", "-" if ttfb is None else f"{ttfb * 1000:.1f}ms",
+                duration * 1000, outcome)
+        if not path.startswith("/v1/"):
+            return
+        attempts: tuple[tuple[str, str], ...] = ()
+        failover = None
+        events = usage = None
+        if relay is not None:
+            failed = relay.plan.failed
+            if failed is not None:
+                failover = failed.fingerprint
+                attempts = ((failed.served_by.decode(), "failure"), (served_by, outcome))  # type: ignore[assignment]
+            else:
+                attempts = ((served_by, outcome),)  # type: ignore[assignment]
+            observer = relay.observer
+            if observer is not None:
+                events = observer.events
+                usage = usage_from_event(observer.usage_line)
+            else:
+                usage = relay.usage
+        self.ctx.hub.publish("request", RequestRecord(
+            id=out.response.request_id.decode(),  # type: ignore[union-attr]
+            started_at=self.wall, method=method, path=path, model=model,
+            stream=bool(info is not None and info.stream),
+            transport="unix" if self.peer.transport == "unix" else "tcp",
+            served_by=served_by, status=status, outcome=outcome, failover=failover,
+            ttfb=ttfb, duration=duration, bytes_out=out.bytes_sent, events=events, usage=usage,
+            error=out.error_code, attempts=attempts, routed=relay is not None))
+
+
+# The request log's words (SPEC §9.1): a 4xx answer, the upstream's or ours, is "refused".
+_OUTCOMES = {Outcome.SUCCESS: "success", Outcome.CLIENT_ERROR: "refused",
+             Outcome.FAILURE: "failure", Outcome.ABORTED: "aborted"}

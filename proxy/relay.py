@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -30,7 +30,8 @@ from protocol.headers import (
 from protocol.http1 import ResponseHead
 from protocol.request_info import RequestInfo, total_timeout
 from protocol.response import State
-from protocol.sse import TAIL, ends_event
+from protocol.request_record import usage_in_body
+from protocol.sse import TAIL, SseObserver, ends_event
 from proxy.deadline import Deadline, RequestScope
 from proxy.errors import ClientGone
 from proxy.sockio import Fairness
@@ -67,6 +68,8 @@ class Relay:
         self.timeouts = timeouts
         self.status = 0  # the status relayed to the client
         self.interrupted = False  # cancelled from outside (shutdown)
+        self.observer: SseObserver | None = None  # an SSE answer's events and usage
+        self.usage: dict[str, Any] | None = None  # a whole answer's own usage object
         self._tail = b""  # last payload bytes sent, when not passing chunked framing through
         self._conn: UpstreamConnection | None = None
 
@@ -196,6 +199,8 @@ class Relay:
         headers = downstream_response_headers(head.headers, served_by=self.plan.upstream.served_by)
         self.status = head.status_code
         await self.out.send_whole(head.status_code, headers, body, reason=head.reason)
+        if head.status_code < 300:
+            self.usage = usage_in_body(body)
 
     async def _relay_stream(self, conn: UpstreamConnection, head: ResponseHead,
                             deadline: Deadline) -> None:
@@ -206,9 +211,12 @@ class Relay:
         passthrough = head.chunked and out.chunked
         receive = conn.receive_chunked_raw if passthrough else partial(self._framed_payload, conn)
         headers = downstream_response_headers(head.headers, served_by=self.plan.upstream.served_by)
+        self.observer = observer = SseObserver() if is_event_stream(head.headers) else None
         data = b""
         while not data and not conn.body_done():
             data = await receive()
+        if observer is not None:
+            observer.see(data)
         self.status = head.status_code
         # The gap limit is the upstream's: while a slow client makes us wait, only the
         # total applies.
@@ -226,6 +234,8 @@ class Relay:
             if stream:
                 deadline.within(gap, "timeouts.request.streaming.chunk_interval")
             data = await receive()
+            if observer is not None:
+                observer.see(data)
             if conn.body_done():
                 await out.end(data)
                 return

@@ -85,6 +85,19 @@ async def test_chat_with_the_openai_sdk(llama_gateway: RunningGateway, transport
     assert finishes[-1] in ("stop", "length")
     assert chunks[-1].choices == []  # the usage chunk
     assert chunks[-1].usage is not None
+    # The request log read both usages from the bytes it relayed (SPEC §9.1).
+    log = (await request(llama_gateway.unix, "GET", "/api/v1/requests?limit=2")).json()
+    streamed, answered = log["requests"]
+    assert (answered["stream"], streamed["stream"]) == (False, True)
+    assert answered["usage"]["completion_tokens"] == whole.usage.completion_tokens
+    assert answered["usage"]["prompt_tokens"] == whole.usage.prompt_tokens
+    assert streamed["usage"]["completion_tokens"] == chunks[-1].usage.completion_tokens
+    assert streamed["events"] == len(chunks) + 1  # and data: [DONE]
+    for entry in (answered, streamed):
+        assert entry["servedBy"] == f"local:{DEMO_MODEL}"
+        assert entry["outcome"] == "success" and entry["status"] == 200
+        assert entry["transport"] == transport
+        assert 0 < entry["ttfbMs"] <= entry["durationMs"]
 
 
 async def test_only_the_configured_id_is_served(llama_gateway: RunningGateway) -> None:

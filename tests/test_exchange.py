@@ -64,6 +64,12 @@ class FakeDownstream:
         self.response = Response()
         self.gone = False
         self.sent = b""
+        self.first_at: float | None = None
+        self.bytes_sent = 0
+        self.error_code: str | None = None
+
+    def begin(self, response: Response) -> None:
+        self.response = response
 
     @property
     def chunked(self) -> bool:
@@ -74,7 +80,9 @@ class FakeDownstream:
 
     async def send_whole(self, status: int, headers: list[Header], body: bytes,
                          reason: bytes = b"", *, cors: Any = ()) -> None:
-        self.sent += self.response.whole(status, headers, body, reason, cors=cors)
+        data = self.response.whole(status, headers, body, reason, cors=cors)
+        self.sent += data
+        self.bytes_sent += len(data)
 
     async def send_json(self, status: int, payload: Any) -> None:
         await self.send_whole(status, [(b"content-type", b"application/json")],
@@ -84,13 +92,14 @@ class FakeDownstream:
         if self.response.started:
             self.response.broken()
             return
+        self.error_code = err.code
         await self.send_whole(err.status, [(b"content-type", b"application/json")],
                               err.body())
 
     def status(self) -> int:
         return int(self.sent.split(b" ", 2)[1])
 
-    def error_code(self) -> Any:
+    def sent_error_code(self) -> Any:
         return json.loads(self.sent.split(b"\r\n\r\n", 1)[1])["error"]["code"]
 
 
@@ -167,7 +176,7 @@ async def test_http10_gets_one_answer(tmp_path: Path) -> None:
 async def test_route_phase_refusal_is_a_503_and_nothing_is_counted(tmp_path: Path) -> None:
     ctx = context(tmp_path)
     out = await run(ctx, FakeSource(b"POST", CHAT, [], chat("nowhere")))
-    assert (out.status(), out.error_code()) == (503, "model_not_available")
+    assert (out.status(), out.sent_error_code()) == (503, "model_not_available")
     assert out.response.reusable  # a refusal keeps the connection
     assert ctx.router.local.total == 0
 
@@ -190,7 +199,7 @@ async def test_authorize_phase(tmp_path: Path, length: int, reads_body: bool,
     remote_key(ctx)
     source = FakeSource(b"POST", CHAT, [(b"content-length", b"%d" % length)], b"x" * 10)
     out = await run(ctx, source, peer=Peer("tcp", loopback=False))
-    assert (out.status(), out.error_code()) == (401, "missing_api_key")
+    assert (out.status(), out.sent_error_code()) == (401, "missing_api_key")
     assert source.body_read is reads_body
     assert out.response.reusable is keeps
 
@@ -214,7 +223,7 @@ async def test_relay_failure_before_commit_is_settled_once(tmp_path: Path) -> No
     ctx.backends.checked(backend, [{"id": "m"}], None, 1.0)
     backend.address = None  # as a managed server's is between its death and the index update
     out = await run(ctx, FakeSource(b"POST", CHAT, [], chat()))
-    assert (out.status(), out.error_code()) == (502, "upstream_connection_error")
+    assert (out.status(), out.sent_error_code()) == (502, "upstream_connection_error")
     local = ctx.router.local
     assert (local.total, local.failure, local.active, local.aborted) == (1, 1, 0, 0)
 

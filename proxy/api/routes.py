@@ -16,7 +16,7 @@ from protocol.errors import (
     not_found,
 )
 from protocol.openai import merge_model_lists
-from proxy.api import access_keys, nodes, pool_status, settings_api, settings_lb
+from proxy.api import access_keys, nodes, pool_status, requests_api, settings_api, settings_lb
 from proxy.api.call import Call, Handler
 from proxy.routing.stats import routing_stats as stats_of
 
@@ -116,6 +116,7 @@ ROUTES: dict[str, dict[bytes, AnyHandler]] = {
     "/api/v1/nodes/routing-stats": {b"GET": routing_stats},
     "/admin/stats": {b"GET": routing_stats},
     "/api/v1/notifications": {b"GET": notifications},
+    "/api/v1/requests": {b"GET": requests_api.list_requests},
     "/api/v1/access-keys": {b"GET": access_keys.list_keys, b"POST": access_keys.create_key},
     "/api/v1/settings/api": {b"GET": settings_api.get_api, b"PUT": settings_api.put_api},
     "/api/v1/settings/load-balancing": {b"GET": settings_lb.get_load_balancing,

@@ -5,6 +5,8 @@ log off)."""
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -19,11 +21,20 @@ MAX_LIMIT = 10_000  # entries one GET may ask for
 
 
 class RequestLog:
-    __slots__ = ("_entries", "_unsubscribe")
+    """The ring of finished requests, and the maker of request ids: ``<6 hex>-<n>``, the
+    prefix random per gateway run so that ids in logs of different runs do not collide."""
+
+    __slots__ = ("_count", "_entries", "_prefix", "_unsubscribe")
 
     def __init__(self, size: int) -> None:
         self._entries: deque[RequestRecord] = deque(maxlen=size)
         self._unsubscribe: Callable[[], None] | None = None
+        self._prefix = os.urandom(3).hex() + "-"
+        self._count = itertools.count(1)
+
+    def next_id(self) -> bytes:
+        """A new request id (sent as ``x-sluice-request-id``)."""
+        return f"{self._prefix}{next(self._count)}".encode()
 
     def __repr__(self) -> str:
         return f"RequestLog({len(self._entries)}/{self._entries.maxlen})"

@@ -67,13 +67,14 @@ class NodeUpstream:
 class Plan:
     """Where one request goes. ``upstream`` and ``attempt`` are the current try."""
 
-    __slots__ = ("_request", "_router", "attempt", "may_fail_over", "upstream")
+    __slots__ = ("_request", "_router", "attempt", "failed", "may_fail_over", "upstream")
 
     def __init__(self, upstream: Upstream, attempt: Attempt, *, router: Router | None = None,
                  request: RouteRequest | None = None, may_fail_over: bool = False) -> None:
         self.upstream = upstream
         self.attempt = attempt
         self.may_fail_over = may_fail_over
+        self.failed: NodeUpstream | None = None  # the node failed over from
         self._router = router
         self._request = request
 
@@ -98,6 +99,7 @@ class Plan:
         if not isinstance(route, Forward):
             return False
         self.attempt.finish(Outcome.FAILURE, now)
+        self.failed = self.upstream  # type: ignore[assignment]  # only nodes fail over
         self.upstream, self.attempt = router.start(route, now)
         router.failovers += 1
         return True

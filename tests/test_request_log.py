@@ -1,0 +1,274 @@
+"""The request log (SPEC §9.1): one entry per OpenAI-API request, fed by the hub, read by
+``GET /api/v1/requests``; the request id on every answer; one access-log line per request.
+
+The in-process tests run under the autojump clock (every hop a Unix socket), so times such
+as the time to first byte are exact virtual seconds."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from protocol.request_record import RequestRecord, token_counts, usage_from_event, usage_in_body
+from protocol.sse import SseObserver
+from proxy.observe.hub import Hub
+from proxy.observe.request_log import RequestLog
+from tests.client import Client, chat_body, read_events, request
+from tests.conftest import RunningGateway, StartGateway, inject_backend
+from tests.fakeupstream import (
+    FakeUpstream,
+    ReceivedRequest,
+    ResponseWriter,
+    json_completion,
+    sse_events,
+    sse_stream,
+    stall_before_head,
+    status,
+)
+from tests.test_forwarding import MODEL, pool
+
+CHAT = "/v1/chat/completions"
+USAGE_EVENT = (b'data: {"choices":[],"id":"chatcmpl-fake","object":"chat.completion.chunk",'
+               b'"usage":{"completion_tokens":3,"prompt_tokens":7,"total_tokens":10}}\n\n')
+
+
+# ------------------------------------------------------------------ the pure parts
+
+def test_the_observer_counts_data_lines_however_the_reads_fall() -> None:
+    stream = b"".join([*sse_events(4)[:-1], USAGE_EVENT, b"data: [DONE]\n\n"])
+    expected = stream.count(b"data:")
+    for size in (1, 2, 3, 5, 7, 64, len(stream)):
+        observer = SseObserver()
+        for i in range(0, len(stream), size):
+            observer.see(stream[i:i + size])
+        assert observer.events == expected, size
+        assert usage_from_event(observer.usage_line) == {
+            "completion_tokens": 3, "prompt_tokens": 7, "total_tokens": 10}, size
+
+
+def test_the_observer_sees_through_chunk_framing() -> None:
+    # A chunked body forwarded verbatim: each chunk's size line ends in LF.
+    observer = SseObserver()
+    for event in [*sse_events(3)[:-1], USAGE_EVENT]:
+        observer.see(b"%x\r\n" % len(event) + event + b"\r\n")
+    assert observer.events == 4
+    assert token_counts(usage_from_event(observer.usage_line)) == (7, 3)
+
+
+def test_usage_null_chunks_and_a_data_word_in_content_are_not_counted() -> None:
+    observer = SseObserver()
+    observer.see(b'data: {"choices":[{"delta":{"content":"data: x\\ndata:"}}],"usage":null}\n\n')
+    observer.see(b": keep-alive comment\n\n")
+    assert observer.events == 1
+    assert usage_from_event(observer.usage_line) is None
+
+
+def test_usage_of_a_whole_answer_is_found_by_key() -> None:
+    body = (b'{"choices":[{"message":{"content":"the \\"usage\\": {\\"x\\": 1} text"}}],'
+            b'"usage": {"prompt_tokens": 5, "completion_tokens": 1},"timings":{"n":1}}')
+    assert usage_in_body(body) == {"prompt_tokens": 5, "completion_tokens": 1}
+    assert usage_in_body(b'{"usage":null}') is None
+    assert usage_in_body(b'{"usage":{"prompt_tokens":') is None  # cut: not parsed
+    assert usage_in_body(b"not json at all") is None
+    responses_api = (b'data: {"type":"response.completed","response":{"usage":'
+                     b'{"input_tokens":4,"output_tokens":9}}}')
+    assert token_counts(usage_from_event(responses_api)) == (4, 9)
+
+
+def _record(n: int, model: str = "m", served_by: str | None = "local:a") -> RequestRecord:
+    return RequestRecord(
+        id=f"x-{n}", started_at=1_700_000_000.5, method="POST", path=CHAT, model=model,
+        stream=False, transport="unix", served_by=served_by, status=200, outcome="success",
+        failover=None, ttfb=0.01, duration=0.02, bytes_out=10, events=None, usage=None,
+        error=None)
+
+
+def test_the_ring_keeps_the_newest_and_filters() -> None:
+    hub = Hub()
+    log = RequestLog(3)
+    log.attach(hub)
+    for n in range(5):
+        hub.publish("request", _record(n, model="a" if n % 2 else "b"))
+    assert [e["id"] for e in log.query()] == ["x-4", "x-3", "x-2"]
+    assert [e["id"] for e in log.query(model="a")] == ["x-3"]
+    assert [e["id"] for e in log.query(limit=1)] == ["x-4"]
+    assert log.query(served_by="node:zz") == []
+    log.resize(1)
+    assert [e["id"] for e in log.query()] == ["x-4"]
+    log.resize(0)
+    hub.publish("request", _record(9))
+    assert log.query() == []
+    entry = _record(1).to_json()
+    assert entry["startedAt"] == "2023-11-14T22:13:20.500Z"
+    assert set(entry) == {"id", "startedAt", "method", "path", "model", "stream", "transport",
+                          "servedBy", "status", "outcome", "failover", "ttfbMs", "durationMs",
+                          "bytesOut", "events", "usage", "error"}
+
+
+# ------------------------------------------------------------------ a real gateway
+
+async def entries(gw: RunningGateway, query: str = "") -> list[dict[str, Any]]:
+    reply = await request(gw.unix, "GET", "/api/v1/requests" + query)
+    assert reply.status == 200, reply.body
+    found: list[dict[str, Any]] = reply.json()["requests"]
+    return found
+
+
+def slow_head(delay: float, then: Any) -> Any:
+    async def handler(req: ReceivedRequest, w: ResponseWriter) -> None:
+        await trio.sleep(delay)
+        await then(req, w)
+
+    return handler
+
+
+async def local_gateway(nursery: trio.Nursery, short_tmp: Any, start_gateway: StartGateway,
+                        **options: Any) -> tuple[RunningGateway, FakeUpstream]:
+    up = FakeUpstream(models=[MODEL], unix_path=str(short_tmp / "local.sock"))
+    await nursery.start(up.serve)
+    gw = await start_gateway([("mine", up.url)], **options)
+    return gw, up
+
+
+async def test_local_whole_and_streamed_answers(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
+        start_gateway: StartGateway, caplog: pytest.LogCaptureFixture) -> None:
+    gw, up = await local_gateway(nursery, short_tmp, start_gateway)
+    up.on("POST", CHAT, slow_head(1.5, json_completion("hello")))
+    caplog.set_level(logging.INFO, logger="sluice.access")
+    whole = await request(gw.unix, "POST", CHAT, chat_body(MODEL),
+                          headers=[("authorization", "Bearer client-secret-1")])
+    assert whole.status == 200
+    rid = whole.header("x-sluice-request-id")
+    assert rid
+    events = [*sse_events(4)[:-1], USAGE_EVENT, b"data: [DONE]\n\n"]
+    up.on("POST", CHAT, slow_head(2.0, sse_stream(events, gap=0.25)))
+    streamed = await request(gw.unix, "POST", CHAT, chat_body(MODEL, stream=True))
+    assert streamed.status == 200
+    assert streamed.header("x-sluice-request-id") not in (None, rid)
+
+    newest, oldest = await entries(gw)
+    assert oldest["id"] == rid
+    assert (oldest["method"], oldest["path"], oldest["model"], oldest["stream"]) == (
+        "POST", CHAT, MODEL, False)
+    assert (oldest["transport"], oldest["servedBy"], oldest["status"], oldest["outcome"]) == (
+        "unix", "local:mine", 200, "success")
+    assert oldest["failover"] is None and oldest["error"] is None and oldest["events"] is None
+    assert oldest["usage"] == {"completion_tokens": 1, "prompt_tokens": 5, "total_tokens": 6}
+    assert 1500 <= oldest["ttfbMs"] < 1510
+    assert oldest["durationMs"] >= oldest["ttfbMs"]
+    head_size = oldest["bytesOut"] - len(whole.body)  # the head is counted too
+    assert 100 < head_size < 1000
+
+    assert newest["stream"] is True and newest["outcome"] == "success"
+    assert newest["events"] == 6  # four chunks, the usage chunk, [DONE]
+    assert newest["usage"] == {"completion_tokens": 3, "prompt_tokens": 7, "total_tokens": 10}
+    assert 2000 <= newest["ttfbMs"] < 2010  # the head waits for the first chunk
+    assert 2000 + 5 * 250 <= newest["durationMs"] < 3260
+
+    lines = [r.getMessage() for r in caplog.records if r.name == "sluice.access"]
+    mine = [line for line in lines if line.startswith(rid)]
+    assert len(mine) == 1 and "POST /v1/chat/completions" in mine[0]
+    assert "status=200" in mine[0] and "served_by=local:mine" in mine[0]
+    assert not any("client-secret-1" in line for line in lines)
+
+
+async def test_refusals_errors_and_timeouts(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
+        start_gateway: StartGateway) -> None:
+    gw, up = await local_gateway(nursery, short_tmp, start_gateway, first_byte=5.0)
+    up.on("POST", CHAT, status(400))
+    assert (await request(gw.unix, "POST", CHAT, chat_body(MODEL))).status == 400
+    assert (await request(gw.unix, "POST", CHAT, chat_body("nobody-has-it"))).status == 503
+    assert (await request(gw.unix, "POST", CHAT, b'{"messages": []}')).status == 400
+    up.on("POST", CHAT, stall_before_head())
+    timed_out = await request(gw.unix, "POST", CHAT, chat_body(MODEL, stream=True))
+    assert timed_out.status == 504
+    up.on("POST", CHAT, status(500))
+    assert (await request(gw.unix, "POST", CHAT, chat_body(MODEL))).status == 500
+
+    five_hundred, timeout, no_model, unknown, upstream_4xx = await entries(gw)
+    assert (upstream_4xx["status"], upstream_4xx["outcome"], upstream_4xx["servedBy"]) == (
+        400, "refused", "local:mine")
+    assert (unknown["status"], unknown["outcome"], unknown["servedBy"], unknown["model"],
+            unknown["error"]) == (503, "refused", None, "nobody-has-it", "model_not_available")
+    assert (no_model["status"], no_model["outcome"], no_model["model"]) == (400, "refused", None)
+    assert (timeout["status"], timeout["outcome"], timeout["error"]) == (
+        504, "failure", "upstream_timeout")
+    assert 5000 <= timeout["durationMs"] < 5010
+    assert (five_hundred["status"], five_hundred["outcome"]) == (500, "failure")
+
+
+async def test_an_aborted_stream_and_the_tcp_transport(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
+        start_gateway: StartGateway) -> None:
+    gw, up = await local_gateway(nursery, short_tmp, start_gateway)
+    up.on("POST", CHAT, sse_stream(sse_events(50), gap=1.0))
+    client = await Client.open(gw.unix)
+    await client.send_request("POST", CHAT, chat_body(MODEL, stream=True))
+    await client.read_head()
+    await read_events(client, 3)
+    await client.aclose()
+    await trio.sleep(1)
+    up.on("POST", CHAT, json_completion())
+    assert (await request(gw.tcp, "POST", CHAT, chat_body(MODEL))).status == 200
+    over_tcp, aborted = await entries(gw)
+    assert (aborted["status"], aborted["outcome"], aborted["stream"]) == (200, "aborted", True)
+    assert aborted["events"] >= 3
+    assert over_tcp["transport"] == "tcp"
+
+
+async def test_failover_names_the_node_that_failed_first(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
+        start_gateway: StartGateway) -> None:
+    gw, _ = await pool(nursery, start_gateway, short_tmp, status(500), json_completion("b"))
+    reply = await request(gw.unix, "POST", CHAT, chat_body(MODEL))
+    assert reply.status == 200
+    (entry,) = await entries(gw)
+    assert (entry["servedBy"], entry["failover"], entry["outcome"]) == (
+        "node:node-b", "node-a", "success")
+
+
+async def test_filters_limits_and_the_live_size(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
+        start_gateway: StartGateway) -> None:
+    gw, up = await local_gateway(nursery, short_tmp, start_gateway)
+    up.on("POST", CHAT, json_completion())
+    inject_backend(gw, "other", up.url, ["second-model"])
+    for model in (MODEL, "second-model", MODEL):
+        assert (await request(gw.unix, "POST", CHAT, chat_body(model))).status == 200
+    assert len(await entries(gw)) == 3
+    assert [e["model"] for e in await entries(gw, f"?model={MODEL}")] == [MODEL, MODEL]
+    assert [e["servedBy"] for e in await entries(gw, "?servedBy=local:other")] == [
+        "local:other"]
+    assert len(await entries(gw, "?limit=2")) == 2
+    for bad in ("?limit=0", "?limit=x", "?limit=-1", "?served_by=local:mine"):
+        reply = await request(gw.unix, "GET", "/api/v1/requests" + bad)
+        assert reply.status == 400, bad
+        assert reply.json()["error"]["param"] in ("limit", "served_by")
+    # Own endpoints get an id but no entry.
+    health = await request(gw.unix, "GET", "/health")
+    assert health.header("x-sluice-request-id")
+    missing = await request(gw.unix, "GET", "/nowhere")
+    assert missing.status == 404 and missing.header("x-sluice-request-id")
+    first, second = (int(r.header("x-sluice-request-id").rsplit("-", 1)[1])  # type: ignore[union-attr]
+                     for r in (health, missing))
+    assert second == first + 1  # one id per request, none for an idle wait
+    assert len(await entries(gw)) == 3
+    settings = gw.gateway.settings
+    await settings.edit(lambda cfg: _with_log_size(cfg, 1))
+    assert len(await entries(gw)) == 1
+    await settings.edit(lambda cfg: _with_log_size(cfg, 0))
+    assert (await request(gw.unix, "POST", CHAT, chat_body(MODEL))).status == 200
+    assert await entries(gw) == []
+
+
+def _with_log_size(cfg: Any, size: int) -> Any:
+    import attrs
+
+    return attrs.evolve(cfg, observability=attrs.evolve(cfg.observability,
+                                                        request_log_size=size))
