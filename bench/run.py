@@ -34,7 +34,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: bench/ is not a package on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import watch  # noqa: E402
+from bench import watch
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"

@@ -12,8 +12,8 @@ one, and it is parsed here, once, when the request ends.
 
 from __future__ import annotations
 
+import datetime
 import json
-import time
 from typing import Any
 
 import attrs
@@ -29,9 +29,8 @@ _DECODER = json.JSONDecoder()
 
 def iso_utc(epoch: float) -> str:
     """``2026-12-01T12:00:00.123Z`` (UTC, milliseconds)."""
-    whole = int(epoch)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + ".%03dZ" % (
-        int((epoch - whole) * 1000))
+    moment = datetime.datetime.fromtimestamp(epoch, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def _usage_at(data: bytes, key: int) -> dict[str, Any] | None:

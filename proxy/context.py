@@ -8,8 +8,9 @@ passed explicitly (no module-level singletons). Each part has its own owner:
 - ``router`` — the routing decision, breakers and counters (:mod:`proxy.routing.router`);
 - ``clients`` — the client connections: how many, draining or not (:class:`Clients`);
 - ``listening`` — where the gateway listens (:class:`Listening`, fixed at start);
-- ``hub`` — the one feed of what happens (:mod:`proxy.observe.hub`, SPEC §9), and
-  ``request_log``, the finished requests it reports (:mod:`proxy.observe.request_log`);
+- ``hub`` — the one feed of what happens (:mod:`proxy.observe.hub`, SPEC §9),
+  ``request_log``, the finished requests it reports (:mod:`proxy.observe.request_log`), and
+  ``metrics``, what ``/metrics`` shows (:mod:`proxy.observe.metrics`);
 - ``notifications``, ``supervisor`` (managed model servers, when there are any).
 """
 
@@ -23,6 +24,7 @@ import trio
 from protocol.config import Config
 from proxy.notifications import Notifications
 from proxy.observe.hub import Hub
+from proxy.observe.metrics import Metrics
 from proxy.observe.request_log import RequestLog
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
@@ -45,14 +47,15 @@ class Listening:
 
 
 class Clients:
-    """The client connections of the gateway: the count (for ``api.max_connections``) and
-    the drain. Owned by the server; a connection registers its idle wait here so that a drain
-    ends it at once."""
+    """The client connections of the gateway: the count (for ``api.max_connections``), the
+    count per transport (``unix``, ``tcp``: the metrics' gauge) and the drain. Owned by the
+    server; a connection registers its idle wait here so that a drain ends it at once."""
 
-    __slots__ = ("count", "draining", "idle_scopes")
+    __slots__ = ("by_transport", "count", "draining", "idle_scopes")
 
     def __init__(self) -> None:
         self.count = 0
+        self.by_transport = {"unix": 0, "tcp": 0}
         self.draining = False
         self.idle_scopes: set[trio.CancelScope] = set()
 
@@ -78,6 +81,7 @@ class GatewayContext:
     listening: Listening
     hub: Hub
     request_log: RequestLog
+    metrics: Metrics
     supervisor: Supervisor | None = None
 
     def __repr__(self) -> str:

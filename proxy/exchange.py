@@ -20,10 +20,9 @@ leaves); the exchange hands it to the relay. A new phase hook goes here, between
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
-
 import logging
 import time
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import h11

@@ -29,8 +29,8 @@ from protocol.headers import (
 )
 from protocol.http1 import ResponseHead
 from protocol.request_info import RequestInfo, total_timeout
-from protocol.response import State
 from protocol.request_record import usage_in_body
+from protocol.response import State
 from protocol.sse import TAIL, SseObserver, ends_event
 from proxy.deadline import Deadline, RequestScope
 from proxy.errors import ClientGone

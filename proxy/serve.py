@@ -29,7 +29,7 @@ def serve_main(args: argparse.Namespace) -> int:
     )
     # The format names no source line, thread or process: skip what finding them costs on
     # every record (one access-log line per request; the logging HOWTO's "Optimization").
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False

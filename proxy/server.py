@@ -16,6 +16,7 @@ import trio
 from protocol.config import ModelConfig
 from protocol.errors import overloaded
 from protocol.response import Response
+from proxy.api.nodes import version
 from proxy.connection import ClientConnection
 from proxy.context import Clients, GatewayContext, Listening
 from proxy.datadir import STATE_FILE, GatewayState, read_state, write_state
@@ -36,6 +37,7 @@ from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.models.supervisor import Supervisor
 from proxy.notifications import Notifications
 from proxy.observe.hub import Hub
+from proxy.observe.metrics import Metrics
 from proxy.observe.request_log import RequestLog
 from proxy.pool.backends import BackendRegistry, run_health_checks
 from proxy.pool.node_checks import run_node_checks
@@ -76,6 +78,8 @@ class Gateway:
         settings.subscribe(self.request_log.follow)
         self.notifications = Notifications()
         self.clients = Clients()
+        self.metrics = Metrics(self.router, self.clients.by_transport, version())
+        self.metrics.attach(self.hub)
         configured = {m.name for m in settings.config.models}
         self.models = [*settings.config.models,
                        *(m for m in extra_models if m.name not in configured)]
@@ -112,7 +116,7 @@ class Gateway:
                 settings=self.settings, connections=self.connections, backends=self.backends,
                 nodes=self.nodes, router=self.router, notifications=self.notifications,
                 clients=self.clients, listening=listening, hub=self.hub,
-                request_log=self.request_log, supervisor=supervisor)
+                request_log=self.request_log, metrics=self.metrics, supervisor=supervisor)
             async with trio.open_nursery() as background:
                 if handle_signals:
                     background.start_soon(self._watch_signals, background.cancel_scope)
@@ -294,10 +298,13 @@ class Gateway:
                 nursery.start_soon(self._handle, stream, transport)
 
     async def _handle(self, stream: trio.SocketStream, transport: str) -> None:
+        kind = "unix" if transport == "unix" else "tcp"  # local-tcp is TCP too
+        self.clients.by_transport[kind] += 1
         try:
             await ClientConnection(stream, self.ctx, transport=transport).run()
         finally:
             self.clients.count -= 1
+            self.clients.by_transport[kind] -= 1
             if self.clients.draining and not self.clients.count:
                 self._drained.set()
 

@@ -95,7 +95,8 @@ async def test_chat_with_the_openai_sdk(llama_gateway: RunningGateway, transport
     assert streamed["events"] == len(chunks) + 1  # and data: [DONE]
     for entry in (answered, streamed):
         assert entry["servedBy"] == f"local:{DEMO_MODEL}"
-        assert entry["outcome"] == "success" and entry["status"] == 200
+        assert entry["outcome"] == "success"
+        assert entry["status"] == 200
         assert entry["transport"] == transport
         assert 0 < entry["ttfbMs"] <= entry["durationMs"]
 

@@ -24,6 +24,7 @@ from proxy.errors import ClientGone
 from proxy.exchange import Exchange, Peer
 from proxy.notifications import Notifications
 from proxy.observe.hub import Hub
+from proxy.observe.metrics import Metrics
 from proxy.observe.request_log import RequestLog
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
@@ -113,11 +114,15 @@ def context(data_dir: Path, backends: tuple[BackendConfig, ...] = ()) -> Gateway
     hub = Hub()
     log = RequestLog(settings.config.observability.request_log_size)
     log.attach(hub)
+    router = Router(settings, registry, nodes)
+    clients = Clients()
+    metrics = Metrics(router, clients.by_transport, "test")
+    metrics.attach(hub)
     return GatewayContext(
         settings=settings, connections=ConnectionPool(), backends=registry, nodes=nodes,
-        router=Router(settings, registry, nodes), notifications=Notifications(),
-        clients=Clients(), listening=Listening(socket_path="/nowhere.sock"), hub=hub,
-        request_log=log)
+        router=router, notifications=Notifications(),
+        clients=clients, listening=Listening(socket_path="/nowhere.sock"), hub=hub,
+        request_log=log, metrics=metrics)
 
 
 async def run(ctx: GatewayContext, source: FakeSource, *, peer: Peer | None = None,

@@ -157,14 +157,17 @@ async def test_local_whole_and_streamed_answers(
         "POST", CHAT, MODEL, False)
     assert (oldest["transport"], oldest["servedBy"], oldest["status"], oldest["outcome"]) == (
         "unix", "local:mine", 200, "success")
-    assert oldest["failover"] is None and oldest["error"] is None and oldest["events"] is None
+    assert oldest["failover"] is None
+    assert oldest["error"] is None
+    assert oldest["events"] is None
     assert oldest["usage"] == {"completion_tokens": 1, "prompt_tokens": 5, "total_tokens": 6}
     assert 1500 <= oldest["ttfbMs"] < 1510
     assert oldest["durationMs"] >= oldest["ttfbMs"]
     head_size = oldest["bytesOut"] - len(whole.body)  # the head is counted too
     assert 100 < head_size < 1000
 
-    assert newest["stream"] is True and newest["outcome"] == "success"
+    assert newest["stream"] is True
+    assert newest["outcome"] == "success"
     assert newest["events"] == 6  # four chunks, the usage chunk, [DONE]
     assert newest["usage"] == {"completion_tokens": 3, "prompt_tokens": 7, "total_tokens": 10}
     assert 2000 <= newest["ttfbMs"] < 2010  # the head waits for the first chunk
@@ -172,8 +175,10 @@ async def test_local_whole_and_streamed_answers(
 
     lines = [r.getMessage() for r in caplog.records if r.name == "sluice.access"]
     mine = [line for line in lines if line.startswith(rid)]
-    assert len(mine) == 1 and "POST /v1/chat/completions" in mine[0]
-    assert "status=200" in mine[0] and "served_by=local:mine" in mine[0]
+    assert len(mine) == 1
+    assert "POST /v1/chat/completions" in mine[0]
+    assert "status=200" in mine[0]
+    assert "served_by=local:mine" in mine[0]
     assert not any("client-secret-1" in line for line in lines)
 
 
@@ -254,7 +259,8 @@ async def test_filters_limits_and_the_live_size(
     health = await request(gw.unix, "GET", "/health")
     assert health.header("x-sluice-request-id")
     missing = await request(gw.unix, "GET", "/nowhere")
-    assert missing.status == 404 and missing.header("x-sluice-request-id")
+    assert missing.status == 404
+    assert missing.header("x-sluice-request-id")
     first, second = (int(r.header("x-sluice-request-id").rsplit("-", 1)[1])  # type: ignore[union-attr]
                      for r in (health, missing))
     assert second == first + 1  # one id per request, none for an idle wait

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from urllib.parse import parse_qsl
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 import attrs
 

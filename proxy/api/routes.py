@@ -16,7 +16,15 @@ from protocol.errors import (
     not_found,
 )
 from protocol.openai import merge_model_lists
-from proxy.api import access_keys, nodes, pool_status, requests_api, settings_api, settings_lb
+from proxy.api import (
+    access_keys,
+    metrics_api,
+    nodes,
+    pool_status,
+    requests_api,
+    settings_api,
+    settings_lb,
+)
 from proxy.api.call import Call, Handler
 from proxy.routing.stats import routing_stats as stats_of
 
@@ -108,6 +116,7 @@ def routing_stats(call: Call) -> tuple[int, Any]:
 
 ROUTES: dict[str, dict[bytes, AnyHandler]] = {
     "/health": {b"GET": health},
+    "/metrics": {b"GET": metrics_api.scrape},
     "/v1/models": {b"GET": list_models},
     "/api/v1/inference/models": {b"GET": list_models},
     "/api/v1/inference/status": {b"GET": inference_status},

@@ -1,8 +1,9 @@
 """What one try of a request on one upstream counts (SPEC §7.4, §8).
 
 An :class:`Attempt` is in flight from its creation until :meth:`Attempt.finish` records its
-:class:`Outcome`, exactly once, on the upstream's :class:`Counters` and — for a node — on its
-circuit breaker:
+:class:`Outcome`, exactly once, on the upstream's :class:`Counters` (a local attempt also on
+its backend's own, for the metrics' per-upstream gauge) and — for a node — on its circuit
+breaker:
 
 - *success*: the upstream answered below 400 and the answer was relayed whole;
 - *client error*: a 4xx relayed whole — the node did its job, so a success in the stats, but
@@ -28,7 +29,8 @@ class Outcome(enum.Enum):
 
 
 class Counters:
-    """Attempts on one upstream (a node, or all local backends together)."""
+    """Attempts on one upstream (a node, one local backend, or all local backends
+    together)."""
 
     __slots__ = ("aborted", "active", "failure", "latency_count", "latency_sum", "success",
                  "total")
@@ -60,14 +62,16 @@ class Attempt:
     __slots__ = ("_counters", "_speed", "finished", "started", "target")
 
     def __init__(self, counters: Counters, now: float, target: Target | None = None,
-                 speed: LatencyAverage | None = None) -> None:
-        self._counters = counters
+                 speed: LatencyAverage | None = None, *,
+                 backend: Counters | None = None) -> None:
+        self._counters = (counters,) if backend is None else (counters, backend)
         self._speed = speed
         self.target = target
         self.started = now
         self.finished = False
-        counters.total += 1
-        counters.active += 1
+        for each in self._counters:
+            each.total += 1
+            each.active += 1
 
     def __repr__(self) -> str:
         where = self.target.fingerprint if self.target is not None else "local"
@@ -76,8 +80,9 @@ class Attempt:
     def answered(self, now: float) -> None:
         """The response head arrived: time to first byte, for the stats and ``fastest``."""
         ms = max(now - self.started, 0.0) * 1000
-        self._counters.latency_sum += ms
-        self._counters.latency_count += 1
+        for each in self._counters:
+            each.latency_sum += ms
+            each.latency_count += 1
         if self._speed is not None:
             self._speed.add(ms)
 
@@ -86,16 +91,19 @@ class Attempt:
         if self.finished:
             return
         self.finished = True
-        counters = self._counters
-        counters.active -= 1
+        for each in self._counters:
+            each.active -= 1
+            if outcome is Outcome.FAILURE:
+                each.failure += 1
+            elif outcome is Outcome.ABORTED:
+                each.aborted += 1
+            else:
+                each.success += 1
         if outcome is Outcome.FAILURE:
-            counters.failure += 1
             report = Target.failed
         elif outcome is Outcome.ABORTED:
-            counters.aborted += 1
             report = Target.neutral
         else:  # answered; a 4xx is the client's doing and moves no breaker
-            counters.success += 1
             report = Target.succeeded if outcome is Outcome.SUCCESS else Target.neutral
         if self.target is not None:
             report(self.target, now)

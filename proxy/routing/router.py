@@ -112,7 +112,8 @@ class Router:
         self.settings = settings
         self.backends = backends
         self.nodes = nodes
-        self.local = Counters()
+        self.local = Counters()  # all local backends together (the stats' ``local``)
+        self.backend_counters: dict[str, Counters] = {}  # each local backend's own
         self.cursor = RoundRobinCursor()
         self.failovers = 0
         self.breakers: dict[str, CircuitBreaker] = {}
@@ -142,7 +143,8 @@ class Router:
                 backend = await self.backends.wait_for_holder(info.model)
             if backend is None:
                 return await self._forward(request)
-        return Plan(backend, Attempt(self.local, trio.current_time()))
+        return Plan(backend, Attempt(self.local, trio.current_time(),
+                                     backend=self._backend_counters(backend.name)))
 
     async def _forward(self, request: RouteRequest) -> Plan:
         if request.load_balancing and not request.forwarded:
@@ -201,6 +203,19 @@ class Router:
             breaker.failure_threshold = config.failure_threshold
             breaker.reset_timeout = config.reset_timeout
         return breaker
+
+    def active_requests(self) -> dict[str, int]:
+        """Attempts in flight now per upstream (``local:<backend>``, ``node:<fingerprint>``)
+        of every upstream tried since start."""
+        out = {f"local:{name}": c.active for name, c in self.backend_counters.items()}
+        out.update((f"node:{fp}", c.active) for fp, c in self.counters.items())
+        return out
+
+    def _backend_counters(self, name: str) -> Counters:
+        counters = self.backend_counters.get(name)
+        if counters is None:
+            counters = self.backend_counters[name] = Counters()
+        return counters
 
     def _node_counters(self, fingerprint: str) -> Counters:
         counters = self.counters.get(fingerprint)
