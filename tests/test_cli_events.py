@@ -62,7 +62,8 @@ def test_request_line() -> None:
         "ttfb 120ms 2.3s 45 events 66 tok (30 tok/s) [req-0001]")
     whole = entry(stream=False, events=None, ttfbMs=800.5, durationMs=812.0,
                   usage={"input_tokens": 3, "output_tokens": 4})
-    assert line("request", whole).endswith("ttfb 800ms 812ms 4 tok (348 tok/s) [req-0001]")
+    # A whole answer's first byte comes when it is all made: the rate is over all of it.
+    assert line("request", whole).endswith("ttfb 800ms 812ms 4 tok (4.9 tok/s) [req-0001]")
     failed = entry(servedBy="node:node-77aa", status=502, outcome="failure",
                    failover="node-3f9a", error="upstream_error", ttfbMs=None,
                    durationMs=61_400.0, events=None, usage=None, id=None)
@@ -127,14 +128,15 @@ def test_notification_stats_model_and_feed_lines() -> None:
     assert line("stats", body) == (
         "12:00:01 stats        requests 169, successes 161, failures 6, aborted 1, "
         f"failovers 2, in flight 1, circuit not closed: {SPARE}")
-    backend = {"name": "llama", "kind": "llm", "online": False, "models": [],
-               "lastError": "connection refused"}
+    backend = {"source": "backend", "name": "llama", "kind": "llm", "online": False,
+               "models": [], "lastError": "connection refused"}
     assert line("model", backend) == \
-        "12:00:01 model        llama: offline, 0 models: connection refused"
-    server = {"name": "smollm2-135m", "state": "running", "pid": 4242,
+        "12:00:01 model        backend llama: offline, 0 models: connection refused"
+    server = {"source": "managed", "name": "smollm2-135m", "state": "running", "pid": 4242,
               "address": "127.0.0.1:41000", "restarts": 1, "lastError": None}
     assert line("model", server).endswith(
-        "smollm2-135m: running, pid 4242, 127.0.0.1:41000, 1 restart")
+        "model server smollm2-135m: running, pid 4242, 127.0.0.1:41000, 1 restart")
+    assert line("model", {"name": "x", "online": True}).endswith("model        x: online")
     hello = {"fingerprint": "node-aa11", "version": "0.4.0",
              "status": {"models": ["a", "b"], "distributed": SUMMARY},
              "notifications": [note], "pool": {}, "stats": {}, "settings": {}}
@@ -517,3 +519,4 @@ async def test_status_watch_json_fetches_again_on_resync(feed: FakeFeed) -> None
     assert second["models"] == ["m", "after-resync"]
     assert second["pool"]["nodes"][0]["name"] == "gpu-box"
     assert "gateway stopped" in err
+

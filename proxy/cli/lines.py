@@ -106,9 +106,10 @@ def _request(data: Mapping[str, Any]) -> str:
     counts = token_counts(usage) if isinstance(usage, dict) else None
     if counts is not None:
         completion = counts[1]
-        # Generation speed: from the first byte on when it is known (a stream's prefill is
-        # before it), else over the whole answer.
-        span = duration - ttfb if duration is not None and ttfb is not None else duration
+        # Generation speed: a stream's tokens come after its first byte (the prompt is read
+        # before it); a whole answer's first byte comes when all of it is made.
+        streamed = data.get("stream") is True and ttfb is not None
+        span = duration - ttfb if streamed and duration is not None and ttfb else duration
         rate = f" ({_rate(completion, span / 1000)})" if span and span > 0 and completion else ""
         parts.append(f"{completion} tok{rate}")
     if data.get("id"):
@@ -208,8 +209,14 @@ def _stats(data: Mapping[str, Any]) -> str:
     return ", ".join(said) or MISSING
 
 
+_SOURCES = {"backend": "backend ", "managed": "model server "}  # as ``sluice status`` says
+
+
 def _model(data: Mapping[str, Any]) -> str:
-    name = _text(data.get("name") or data.get("id") or data.get("backend"))
+    """A local backend (``source`` backend) or a managed model server (``managed``)."""
+    source = data.get("source")
+    name = _SOURCES.get(source if isinstance(source, str) else "", "") + _text(
+        data.get("name") or data.get("id"))
     state = data.get("state")
     if state is None and isinstance(data.get("online"), bool):
         state = "online" if data["online"] else "offline"
