@@ -427,6 +427,13 @@ async def test_no_gateway_and_no_feed(nursery: trio.Nursery, short_tmp: Path) ->
     code, _, err = await cli.finish()
     assert code == 1
     assert "this gateway has no live events (GET /api/v1/events: 404)" in err
+    (short_tmp / "f").mkdir()
+    foreign = FakeFeed(short_tmp / "f", reject=403)
+    await nursery.start(foreign.serve)
+    cli = await Cli.start("events", "--data-dir", str(foreign.data_dir))
+    code, _, err = await cli.finish()
+    assert code == 1
+    assert "sluice: GET /api/v1/events: 403 no events here" in err
     old.socket_path = str(short_tmp / "gone.sock")  # state.json names a socket nobody has
     from proxy.datadir import GatewayState, write_state
 

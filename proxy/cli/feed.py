@@ -77,7 +77,7 @@ def _rejection(exc: ConnectionRejected) -> CliError:
     if exc.status_code == 404:
         return CliError(f"this gateway has no live events (GET {EVENTS_PATH}: 404); "
                         f"it is older than this sluice")
-    return CliError(f"GET {EVENTS_PATH}: {exc.status_code} {message or 'refused'}")
+    return CliError(f"GET {EVENTS_PATH}: {exc.status_code} {clean(message or 'refused')}")
 
 
 async def _connect(nursery: trio.Nursery, state: GatewayState, where: Path,
