@@ -416,6 +416,26 @@ async def test_ctrl_c_closes_the_feed_and_is_exit_0(feed: FakeFeed) -> None:
     assert feed.closed_by_client == 1000  # it said goodbye with a close frame
 
 
+async def test_a_reader_that_goes_away_ends_it_quietly(feed: FakeFeed) -> None:
+    cli = await Cli.start("events", "--json", "--data-dir", str(feed.data_dir))
+    try:
+        await feed.connected.wait()
+        await feed.send("hello", hello_data())
+        await cli.until("\n")
+        assert cli.proc.stdout is not None
+        await cli.proc.stdout.aclose()  # as `| head -1` does
+        for _ in range(64):  # until a write fails (the pipe may hold a few)
+            await feed.send("stats", routing_stats())
+        with trio.fail_after(15):
+            code = await cli.proc.wait()
+        assert cli.proc.stderr is not None
+        err = await cli.proc.stderr.receive_some(1 << 16)
+    finally:
+        cli.kill()
+    assert code == 0
+    assert err == b""  # no traceback, no "Exception ignored"
+
+
 async def test_no_gateway_and_no_feed(nursery: trio.Nursery, short_tmp: Path) -> None:
     cli = await Cli.start("events", "--data-dir", str(short_tmp / "nothing"))
     code, _, err = await cli.finish()
