@@ -29,6 +29,7 @@ class Watcher(threading.Thread):
         self._get = get  # GET path -> status
         self.done = threading.Event()
         self.frames_bytes = 0
+        self.frames = 0
         self.scrapes = 0
         self.errors: list[str] = []
         self._sock = self._subscribe()
@@ -51,12 +52,37 @@ class Watcher(threading.Thread):
         if not head.startswith(b"HTTP/1.1 101"):
             first = head.split(b"\r\n", 1)[0]
             raise RuntimeError(f"events handshake refused: {first!r}")
-        self.frames_bytes = len(head.split(b"\r\n\r\n", 1)[1])
+        self._early = head.split(b"\r\n\r\n", 1)[1]
+        self.frames_bytes = len(self._early)
         sock.settimeout(0.5)
         return sock
 
+    def _frames(self, buffer: bytearray) -> None:
+        """Drop the whole frames at the start of ``buffer``; answer a ping with its pong
+        (the gateway drops a subscriber that leaves a ping unanswered)."""
+        while len(buffer) >= 2:
+            opcode, size, at = buffer[0] & 0x0F, buffer[1] & 0x7F, 2
+            if size == 126:
+                if len(buffer) < 4:
+                    return
+                size, at = int.from_bytes(buffer[2:4], "big"), 4
+            elif size == 127:
+                if len(buffer) < 10:
+                    return
+                size, at = int.from_bytes(buffer[2:10], "big"), 10
+            if len(buffer) < at + size:
+                return
+            payload = bytes(buffer[at:at + size])
+            del buffer[:at + size]
+            if opcode == 0x9:  # ping -> pong, masked as a client must
+                mask = os.urandom(4)
+                masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+                self._sock.sendall(bytes([0x8A, 0x80 | len(payload)]) + mask + masked)
+            self.frames += 1
+
     def run(self) -> None:
         self._scraper.start()
+        buffer = bytearray(self._early)
         while not self.done.is_set():
             try:
                 data = self._sock.recv(65536)
@@ -69,6 +95,8 @@ class Watcher(threading.Thread):
                 self.errors.append("events: the gateway closed the feed")
                 return
             self.frames_bytes += len(data)
+            buffer += data
+            self._frames(buffer)
 
     def _scrape(self) -> None:
         while not self.done.wait(SCRAPE_EVERY):
@@ -86,7 +114,8 @@ class Watcher(threading.Thread):
         self.join(timeout=5)
         self._scraper.join(timeout=5)
         self._sock.close()
-        return {"events_bytes": self.frames_bytes, "scrapes": self.scrapes,
+        return {"events_bytes": self.frames_bytes, "frames": self.frames,
+                "scrapes": self.scrapes,
                 "errors": self.errors[:5]}
 
 

@@ -98,6 +98,16 @@ def method_not_implemented(method: str) -> SluiceError:
                        source=Source.CLIENT)
 
 
+def upgrade_required(message: str, *, version: bytes | None = None) -> SluiceError:
+    """426: this path speaks only WebSocket (RFC 9110 §15.5.22); ``version``: the
+    WebSocket version understood, when the client asked for another (RFC 6455 §4.4)."""
+    headers = [(b"upgrade", b"websocket"), (b"connection", b"upgrade")]
+    if version is not None:
+        headers.append((b"sec-websocket-version", version))
+    return SluiceError(426, message, type="invalid_request_error", code="upgrade_required",
+                       source=Source.CLIENT, headers=tuple(headers))
+
+
 def request_timeout(message: str) -> SluiceError:
     return SluiceError(408, message, type="invalid_request_error", code="request_timeout",
                        source=Source.CLIENT)

@@ -4,6 +4,11 @@ the watch for a client that goes away while its request is answered (SPEC ยง6, ย
 The connection reads; each request is answered by an :class:`~proxy.exchange.Exchange`
 that writes to the connection's :class:`~proxy.downstream.Downstream`. The connection owns
 the request's :class:`~proxy.deadline.RequestScope` and cancels it when the client closes.
+
+An endpoint may take the connection over (the events WebSocket): the exchange raises
+:class:`~proxy.exchange.SwitchProtocols`, the reader stops, and the endpoint gets the socket
+as a stream that first replays the request head and what was read after it
+(:mod:`proxy.replay_stream`).
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ from protocol.errors import (
     request_timeout,
     version_not_supported,
 )
-from protocol.headers import Header, header_value
+from protocol.headers import REQUEST_ID, Header, header_value
 from proxy import auth, sockio
 from proxy.context import GatewayContext
 from proxy.deadline import RequestScope
 from proxy.downstream import Downstream
 from proxy.errors import ClientGone, CloseQuietly
-from proxy.exchange import Exchange, Peer
+from proxy.exchange import Exchange, Peer, SwitchProtocols
+from proxy.replay_stream import ReplayStream, request_head
 
 log = logging.getLogger("sluice.connection")
 
@@ -73,6 +79,8 @@ class ClientConnection:
         self._unread = 0  # bytes the reader fed since the exchange last asked for more
         self._waiter: trio.Event | None = None  # set by the reader when it fed h11
         self._resume: trio.Event | None = None  # set when a paused reader may read again
+        self._reading = trio.CancelScope()  # the reader's; cancelled for a protocol switch
+        self._reader_done = trio.Event()
         # The current request's headers as a plain list (h11's Headers is a Sequence whose
         # every iteration step is a method call; the hot path reads them about ten times).
         self.headers: list[Header] = []
@@ -87,12 +95,15 @@ class ClientConnection:
         try:
             if not self._peer_allowed():
                 return
+            switch = None
             async with trio.open_nursery() as nursery:  # one nursery per connection
                 nursery.start_soon(self._reader)
                 try:
-                    await self._serve()
+                    switch = await self._serve()
                 finally:
                     nursery.cancel_scope.cancel()
+            if switch is not None:
+                await self._switch_protocols(switch)
         finally:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
                 await self.stream.aclose()
@@ -110,12 +121,19 @@ class ClientConnection:
             return False
         return True
 
-    async def _serve(self) -> None:
+    async def _serve(self) -> SwitchProtocols | None:
+        """Answer requests until the connection must end; a protocol switch is returned
+        (with the reader stopped) for :meth:`_switch_protocols`."""
         try:
             while True:
-                await Exchange(self.ctx, self, self.out, self.scope, self.peer).run()
+                try:
+                    await Exchange(self.ctx, self, self.out, self.scope, self.peer).run()
+                except SwitchProtocols as switch:
+                    self._reading.cancel()
+                    await self._reader_done.wait()
+                    return None if self.gone else switch
                 if not self._reusable():
-                    return
+                    return None
                 self._next_cycle()
         except (CloseQuietly, ClientGone):
             pass
@@ -127,6 +145,20 @@ class ClientConnection:
                         await self.out.send_error(internal("internal gateway error"))
                     except ClientGone:
                         pass
+        return None
+
+    async def _switch_protocols(self, switch: SwitchProtocols) -> None:
+        """Hand the socket to the endpoint that took the connection over: a stream that
+        replays the request head and the bytes read after it, then reads the socket."""
+        data, closed = self.h11.trailing_data
+        head = request_head(switch.method, switch.target, self.headers)
+        stream = ReplayStream(self.stream, head + data, eof=closed)
+        request_id = self.out.response.request_id
+        headers = [] if request_id is None else [(REQUEST_ID, request_id)]
+        try:
+            await switch.takeover.run(stream, headers)
+        except Exception:
+            log.exception("%r failed", switch.takeover)
 
     def _reusable(self) -> bool:
         return (self.out.response.reusable and not self.gone and not self.out.gone
@@ -149,7 +181,15 @@ class ClientConnection:
     async def _reader(self) -> None:
         """The connection's only reader: feeds h11 as bytes arrive, so a client that closes
         is noticed at once whatever the request is waiting for (its scope is cancelled), and
-        pipelined requests are buffered (up to READ_AHEAD_CAP) while one is answered."""
+        pipelined requests are buffered (up to READ_AHEAD_CAP) while one is answered.
+        Stopped (``_reading``) when the connection switches protocols."""
+        try:
+            with self._reading:
+                await self._read()
+        finally:
+            self._reader_done.set()
+
+    async def _read(self) -> None:
         while True:
             if self._unread > READ_AHEAD_CAP:
                 self._resume = trio.Event()

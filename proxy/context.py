@@ -9,8 +9,9 @@ passed explicitly (no module-level singletons). Each part has its own owner:
 - ``clients`` — the client connections: how many, draining or not (:class:`Clients`);
 - ``listening`` — where the gateway listens (:class:`Listening`, fixed at start);
 - ``hub`` — the one feed of what happens (:mod:`proxy.observe.hub`, SPEC §9),
-  ``request_log``, the finished requests it reports (:mod:`proxy.observe.request_log`), and
-  ``metrics``, what ``/metrics`` shows (:mod:`proxy.observe.metrics`);
+  ``request_log``, the finished requests it reports (:mod:`proxy.observe.request_log`),
+  ``metrics``, what ``/metrics`` shows (:mod:`proxy.observe.metrics`), and ``events``, the
+  live events subscribers (:mod:`proxy.observe.feed`);
 - ``notifications``, ``supervisor`` (managed model servers, when there are any).
 """
 
@@ -23,6 +24,7 @@ import trio
 
 from protocol.config import Config
 from proxy.notifications import Notifications
+from proxy.observe.feed import EventFeed
 from proxy.observe.hub import Hub
 from proxy.observe.metrics import Metrics
 from proxy.observe.request_log import RequestLog
@@ -83,6 +85,8 @@ class GatewayContext:
     request_log: RequestLog
     metrics: Metrics
     supervisor: Supervisor | None = None
+    events: EventFeed = attrs.field(
+        default=attrs.Factory(lambda ctx: EventFeed(ctx.hub), takes_self=True))
 
     def __repr__(self) -> str:
         return f"GatewayContext({self.listening!r}, {self.clients!r}, {self.connections!r})"

@@ -35,7 +35,7 @@ from protocol.request_info import RequestInfo, parse_request_body, request_path
 from protocol.request_record import RequestRecord, usage_from_event
 from protocol.response import Response
 from proxy import auth
-from proxy.api.call import Body
+from proxy.api.call import Body, Takeover
 from proxy.api.routes import NEEDS_MODELS, AnyHandler, Call, route
 from proxy.errors import ClientGone
 from proxy.relay import Relay
@@ -68,6 +68,18 @@ class Peer:
 
     transport: str  # "unix", "tcp" (the API listener) or "local-tcp" (the fallback)
     loopback: bool = True
+
+
+class SwitchProtocols(Exception):
+    """An endpoint takes the connection over (:class:`~proxy.api.call.Takeover`): raised by
+    :meth:`Exchange.call` instead of an answer, for the connection to hand its stream over.
+    ``method`` and ``target`` are the request's, to replay its head."""
+
+    def __init__(self, takeover: Takeover, method: bytes, target: bytes) -> None:
+        super().__init__(takeover.name)
+        self.takeover = takeover
+        self.method = method
+        self.target = target
 
 
 def _small_body(headers: list[Header]) -> bool:
@@ -183,15 +195,19 @@ class Exchange:
 
     async def call(self, handler: AnyHandler, method: bytes, path: str, body: bytes,
                    target: bytes) -> None:
-        """One of the gateway's own endpoints (``proxy.api``)."""
+        """One of the gateway's own endpoints (``proxy.api``). Raises SwitchProtocols when
+        the endpoint takes the connection over."""
         backends = self.ctx.backends
         if handler in NEEDS_MODELS and not backends.ready.is_set():
             await backends.ready.wait()
         query = target.partition(b"?")[2].decode("latin-1")
-        reply = handler(Call(self.ctx, method, path, body, query))
+        reply = handler(Call(self.ctx, method, path, body, query, self.source.headers))
         if not isinstance(reply, tuple):  # an async handler
             reply = await reply
         status, payload = reply
+        if isinstance(payload, Takeover):
+            self.out.response.status = status  # the head the takeover sends (for the log)
+            raise SwitchProtocols(payload, method, target)
         if isinstance(payload, Body):
             await self.out.send_whole(status, [(b"content-type", payload.content_type)],
                                       payload.data)

@@ -140,6 +140,7 @@ class Gateway:
                     self._remove_socket()
                     log.info("stopping: %d connection(s) to drain", self.clients.count)
                     self.clients.begin_drain()
+                    self.ctx.events.close_all()  # live events subscribers: close code 1001
                     if self.clients.count:
                         with trio.move_on_after(self.drain_timeout):
                             await self._drained.wait()

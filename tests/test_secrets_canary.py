@@ -1,7 +1,8 @@
 """Secrets hygiene (SPEC §2, §5): with canary secrets in secrets.yaml and every logger at
 DEBUG, a scenario touching every access path must leave no 8-character piece of any secret
-in the logs, the CLI's output, any GET endpoint's body or headers, any ``repr()``, or
-config.yaml."""
+in the logs, the CLI's output, any GET endpoint's body or headers, any frame of the live
+events feed (watched all along, with the admin token, an access key and none), any
+``repr()``, or config.yaml."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio_websocket
 import yaml
 
 from protocol.access import KEY_PREFIX, hash_key
 from proxy.server import Gateway
-from tests.client import chat_body, raw, request
+from tests.client import chat_body, connect, raw, request
 from tests.conftest import RunningGateway, gateway_config, open_settings, remote_request
 from tests.fakeupstream import FakeUpstream, json_completion
 from tests.figures import Figures
@@ -60,6 +62,39 @@ async def test_no_secret_escapes(nursery: trio.Nursery, short_tmp: Path,
 
     def note(*parts: object) -> None:
         seen.extend(str(p) for p in parts)
+
+    frames: list[str] = []  # every frame of the events feed, from three subscribers
+    watching: list[trio.Event] = []
+
+    async def watch(stream: trio.SocketStream, headers: list[tuple[bytes, bytes]], *,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        done = trio.Event()
+        watching.append(done)
+        try:
+            async with trio.open_nursery() as inner:
+                ws = await trio_websocket.wrap_client_stream(inner, stream, "localhost",
+                                                             "/api/v1/events",
+                                                             extra_headers=headers)
+                frames.append(str(await ws.get_message()))  # hello: subscribed
+                task_status.started()
+                try:
+                    while True:
+                        frames.append(str(await ws.get_message()))
+                except trio_websocket.ConnectionClosed:
+                    pass
+                inner.cancel_scope.cancel()
+        finally:
+            await stream.aclose()
+            done.set()
+
+    sock = trio.socket.socket()  # a remote subscriber, with the access key
+    await sock.bind(("127.0.0.2", 0))
+    await sock.connect(("127.0.0.1", gateway.ctx.tcp_port))
+    await nursery.start(watch, trio.SocketStream(sock),
+                        [(b"authorization", f"Bearer {ACCESS_KEY}".encode())])
+    await nursery.start(watch, await connect(gw.tcp),
+                        [(b"authorization", f"Bearer {ADMIN}".encode())])
+    await nursery.start(watch, await connect(gw.unix), [])
 
     # The backend key goes upstream (that is its purpose) and nowhere else.
     bearer = [("authorization", f"Bearer {ACCESS_KEY}")]
@@ -112,6 +147,11 @@ async def test_no_secret_escapes(nursery: trio.Nursery, short_tmp: Path,
     with trio.fail_after(5):
         while (data / "state.json").exists():
             await trio.sleep(0.01)
+        for done in watching:  # each subscriber got its close frame
+            await done.wait()
+    assert len(frames) > 3
+    assert any('"type":"request"' in f for f in frames)
+    note(*frames)
     logs = caplog.text + "\n".join(r.getMessage() for r in caplog.records)
     assert caplog.records  # DEBUG capture was on and the gateway logged
     hits = leaks(logs) + leaks("\n".join(seen))

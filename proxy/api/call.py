@@ -1,9 +1,11 @@
-"""What a gateway endpoint handler gets: the context and the request (method, path, body)."""
+"""What a gateway endpoint handler gets: the context and the request (method, path, body,
+query, headers); and what it may give back besides JSON: raw bytes (:class:`Body`) or a
+protocol switch (:class:`Takeover`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
@@ -13,6 +15,8 @@ import attrs
 from protocol.errors import bad_request, not_saved
 
 if TYPE_CHECKING:
+    import trio
+
     from proxy.context import GatewayContext
 
 
@@ -23,6 +27,7 @@ class Call:
     path: str
     body: bytes = b""
     query: str = ""  # the target's query string, without the "?"
+    headers: Sequence[tuple[bytes, bytes]] = ()  # names lowercased; values may hold keys
 
     def params(self) -> dict[str, str]:
         """The query string's parameters (the last value of a repeated one)."""
@@ -56,9 +61,25 @@ class Body:
         return f"Body({self.content_type!r}, {len(self.data)} bytes)"
 
 
+@attrs.frozen(repr=False)
+class Takeover:
+    """A reply that takes the connection over (a protocol switch: the events WebSocket).
+    The exchange ends and the connection stops reading; ``run(stream, headers)`` then gets
+    the client's byte stream, starting with the request head again, and the headers the
+    switch's answer must carry (``x-sluice-request-id``); the connection ends when it
+    returns. The handler returns it as ``(101, Takeover(...))``, having checked that the
+    request asks for exactly this switch."""
+
+    run: Callable[[trio.abc.Stream, list[tuple[bytes, bytes]]], Awaitable[None]]
+    name: str = "takeover"
+
+    def __repr__(self) -> str:
+        return f"Takeover({self.name})"
+
+
 Handler = Callable[[Call], tuple[int, Any]]
 """``handler(call) -> (status, payload)``: the payload is sent as JSON, or as it is when it
-is a :class:`Body`."""
+is a :class:`Body`; a :class:`Takeover` hands the connection over."""
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from proxy.api import (
     settings_lb,
 )
 from proxy.api.call import Call, Handler
+from proxy.observe import events
 from proxy.routing.stats import routing_stats as stats_of
 
 if TYPE_CHECKING:
@@ -114,6 +115,12 @@ def routing_stats(call: Call) -> tuple[int, Any]:
     return 200, stats_of(call.ctx.router, call.ctx.config)
 
 
+def live_events(call: Call) -> tuple[int, Any]:
+    """SPEC §9.3: the events WebSocket (proxy.observe.events); its hello frame holds the
+    bodies of GET endpoints of this table."""
+    return events.upgrade(call, route)
+
+
 ROUTES: dict[str, dict[bytes, AnyHandler]] = {
     "/health": {b"GET": health},
     "/metrics": {b"GET": metrics_api.scrape},
@@ -126,6 +133,7 @@ ROUTES: dict[str, dict[bytes, AnyHandler]] = {
     "/admin/stats": {b"GET": routing_stats},
     "/api/v1/notifications": {b"GET": notifications},
     "/api/v1/requests": {b"GET": requests_api.list_requests},
+    "/api/v1/events": {b"GET": live_events},
     "/api/v1/access-keys": {b"GET": access_keys.list_keys, b"POST": access_keys.create_key},
     "/api/v1/settings/api": {b"GET": settings_api.get_api, b"PUT": settings_api.put_api},
     "/api/v1/settings/load-balancing": {b"GET": settings_lb.get_load_balancing,

@@ -1,0 +1,214 @@
+"""``GET /api/v1/events``: the live events WebSocket (SPEC §9.3), on every listener.
+
+The request passes the usual phases first (the §5 guard refuses a foreign ``Origin`` with
+403, the access rule of GETs applies); :func:`upgrade` then checks that it is a WebSocket
+handshake (426 or 400 otherwise, OpenAI-shaped) and takes the connection over
+(:class:`~proxy.api.call.Takeover`). :func:`serve` runs the subscriber on trio-websocket:
+
+- the first frame is ``hello``: the bodies of the GET endpoints named in :data:`HELLO`
+  (called through the route table, so they are exactly what those endpoints answer), made
+  in the same step as the subscription, so no event falls between the two;
+- then every hub event, from the subscriber's bounded queue (:mod:`proxy.observe.feed`),
+  sent by its own task: a client that does not read blocks nobody but that task;
+- a ping every :data:`PING_INTERVAL`; a client that has not answered one by the next is
+  taken for gone and its connection closed;
+- a stopping gateway sends close code 1001 (:meth:`EventFeed.close_all`); a client that
+  closes is unsubscribed at once. What a client sends is read and ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+import trio_websocket
+
+from protocol.errors import bad_request, upgrade_required
+from protocol.headers import Header, connection_tokens
+from protocol.request_record import iso_utc
+from proxy.api.call import Call, Handler, Takeover
+from proxy.observe.feed import EventFeed, Subscriber
+
+if TYPE_CHECKING:
+    from proxy.context import GatewayContext
+
+log = logging.getLogger("sluice.events")
+
+PING_INTERVAL = 30.0  # seconds between two pings of a subscriber
+HANDSHAKE_TIMEOUT = 10.0  # the WebSocket handshake (our 101) must be done within this
+MAX_CLIENT_MESSAGE = 64 * 1024  # a longer message from the client closes it (1009)
+WEBSOCKET_VERSION = b"13"  # RFC 6455
+GOING_AWAY = 1001  # the close code of a stopping gateway
+
+Router = Callable[[bytes, str], Any]
+"""``route(method, path) -> handler`` (:func:`proxy.api.routes.route`)."""
+
+# hello's fields: the GET endpoints whose bodies they are. "identity" gives
+# fingerprint and version at the top level; "notifications" is the list itself.
+HELLO: tuple[tuple[str, str], ...] = (
+    ("identity", "/api/v1/node/identity"),
+    ("status", "/api/v1/inference/status"),
+    ("pool", "/api/v1/pool/distributed-status"),
+    ("stats", "/api/v1/pool/routing-stats"),
+    ("loadBalancing", "/api/v1/settings/load-balancing"),
+    ("timeouts", "/api/v1/settings/timeouts"),
+    ("api", "/api/v1/settings/api"),
+    ("notifications", "/api/v1/notifications"),
+)
+_SETTINGS = ("loadBalancing", "timeouts", "api")
+
+
+def _only(headers: Sequence[Header], name: bytes) -> bytes | None:
+    """The value of a header that must appear once; None when absent or repeated."""
+    values = [value for key, value in headers if key == name]
+    return values[0] if len(values) == 1 else None
+
+
+def check_handshake(headers: Sequence[Header]) -> None:
+    """An RFC 6455 §4.2.1 opening handshake, or the reason it is not: 426 for a request
+    that asks for no WebSocket (or another version), 400 for a broken one. (The method is
+    GET: the route table allows no other.)"""
+    upgrade = _only(headers, b"upgrade")
+    if (upgrade is None or upgrade.strip().lower() != b"websocket"
+            or b"upgrade" not in connection_tokens(headers)):
+        raise upgrade_required("/api/v1/events is a WebSocket: send a WebSocket handshake "
+                               "(Connection: Upgrade, Upgrade: websocket)")
+    if _only(headers, b"sec-websocket-version") != WEBSOCKET_VERSION:
+        raise upgrade_required("only WebSocket version 13 is spoken here",
+                               version=WEBSOCKET_VERSION)
+    key = _only(headers, b"sec-websocket-key")
+    try:
+        valid_key = key is not None and len(base64.b64decode(key, validate=True)) == 16
+    except (binascii.Error, ValueError):
+        valid_key = False
+    if not valid_key:
+        raise bad_request("the WebSocket handshake needs one Sec-WebSocket-Key: 16 bytes "
+                          "in base64", code="bad_websocket_handshake")
+    host = _only(headers, b"host")
+    try:
+        host_ok = host is not None and bool(host.decode("idna"))
+    except UnicodeError:
+        host_ok = False
+    if not host_ok:
+        raise bad_request("the WebSocket handshake needs one valid Host header",
+                          code="bad_websocket_handshake")
+
+
+def upgrade(call: Call, route: Router) -> tuple[int, Any]:
+    """The endpoint: check the handshake, then take the connection over."""
+    check_handshake(call.headers)
+    ctx = call.ctx
+    hello = functools.partial(hello_frame, ctx, route)
+    return 101, Takeover(functools.partial(serve, ctx.events, hello), "events")
+
+
+def hello_frame(ctx: GatewayContext, route: Router) -> str:
+    """The ``hello`` frame: the bodies of the :data:`HELLO` endpoints, now."""
+    bodies: dict[str, Any] = {}
+    for field, path in HELLO:
+        handler: Handler = route(b"GET", path)
+        status, body = handler(Call(ctx, b"GET", path))
+        if status != 200:  # pragma: no cover - these GETs always answer 200
+            raise RuntimeError(f"GET {path} answered {status}")
+        bodies[field] = body
+    identity = bodies.pop("identity")
+    data = {"fingerprint": identity["fingerprint"], "version": identity["version"],
+            "status": bodies["status"], "pool": bodies["pool"], "stats": bodies["stats"],
+            "settings": {name: bodies[name] for name in _SETTINGS},
+            "notifications": bodies["notifications"]["notifications"]}
+    frame = {"type": "hello", "at": iso_utc(time.time()), "data": data}
+    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+
+
+async def serve(feed: EventFeed, hello: Callable[[], str], stream: trio.abc.Stream,
+                headers: list[Header]) -> None:
+    """One subscriber, from the handshake (replayed by ``stream``; ``headers`` go with our
+    101) to the end of its connection."""
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:  # trio-websocket's reader lives here
+            ws = await _handshake(nursery, stream, headers)
+            if ws is None:
+                nursery.cancel_scope.cancel()
+                return
+            subscriber = Subscriber(scope)
+            subscriber.push(hello())  # the snapshot and the subscription in one step
+            unsubscribe = feed.add(subscriber)
+            log.debug("events subscriber joined (%d now)", len(feed))
+            try:
+                async with trio.open_nursery() as tasks:
+                    tasks.start_soon(_read_client, ws, subscriber, tasks.cancel_scope)
+                    tasks.start_soon(_ping, ws, tasks.cancel_scope)
+                    await _send_frames(ws, subscriber)
+                    tasks.cancel_scope.cancel()
+            finally:
+                unsubscribe()
+                log.debug("events subscriber left (%d now)", len(feed))
+            nursery.cancel_scope.cancel()
+
+
+async def _handshake(nursery: trio.Nursery, stream: trio.abc.Stream,
+                     headers: list[Header]) -> trio_websocket.WebSocketConnection | None:
+    """Our 101; None when the client went away (or the handshake did not finish in time)."""
+    with trio.move_on_after(HANDSHAKE_TIMEOUT):
+        try:
+            request = await trio_websocket.wrap_server_stream(
+                nursery, stream, max_message_size=MAX_CLIENT_MESSAGE)
+            return await request.accept(extra_headers=headers)
+        except (trio_websocket.ConnectionClosed, trio_websocket.HandshakeError):
+            return None
+    log.info("an events WebSocket handshake did not finish within %gs", HANDSHAKE_TIMEOUT)
+    return None
+
+
+async def _send_frames(ws: trio_websocket.WebSocketConnection, subscriber: Subscriber) -> None:
+    """Drain the subscriber's queue to the socket; on a stopping gateway, close with 1001."""
+    try:
+        while (text := await subscriber.next_frame()) is not None:
+            await ws.send_message(text)
+        await ws.aclose(GOING_AWAY, "the gateway is shutting down")
+    except trio_websocket.ConnectionClosed:
+        pass
+
+
+async def _read_client(ws: trio_websocket.WebSocketConnection, subscriber: Subscriber,
+                       everything: trio.CancelScope) -> None:
+    """Read (and ignore) what the client sends, so its pongs and its close are seen; when
+    it closes, end the subscriber at once (unless we are closing it ourselves)."""
+    try:
+        while True:
+            await ws.get_message()
+    except trio_websocket.ConnectionClosed:
+        if not subscriber.closing:
+            everything.cancel()
+
+
+async def _ping(ws: trio_websocket.WebSocketConnection, everything: trio.CancelScope) -> None:
+    """A ping every PING_INTERVAL; no pong by the next one ends the subscriber."""
+    interval = PING_INTERVAL
+    answered = True
+
+    async def ping() -> None:
+        nonlocal answered
+        try:
+            await ws.ping()
+        except trio_websocket.ConnectionClosed:
+            return
+        answered = True
+
+    async with trio.open_nursery() as pings:
+        while True:
+            await trio.sleep(interval)
+            if not answered:
+                log.info("an events subscriber answered no ping for %gs: closing it",
+                         interval)
+                everything.cancel()
+                return
+            answered = False
+            pings.start_soon(ping)
