@@ -6,6 +6,7 @@ side of the feed: their lines, their redraws and how they end (exit codes)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,9 +22,12 @@ from proxy.cli.feed import Ending, follow
 from proxy.cli.lines import EVENT_TYPES, frame_line, wall_clock
 from proxy.cli.render import show
 from proxy.cli.view import CLEAR, Change, WatchView, screen
-from proxy.datadir import read_state
+from proxy.datadir import GatewayState, read_state, write_state
 from proxy.observe.hub import TYPES
+from tests.client import chat_body, request
+from tests.conftest import StartGateway
 from tests.fakefeed import FakeFeed
+from tests.fakeupstream import FakeUpstream, json_completion
 from tests.test_status_pool import GPU, SPARE, SUMMARY, health, routing_stats, stats
 
 AT = "2026-12-01T12:00:01.250Z"
@@ -455,8 +459,6 @@ async def test_no_gateway_and_no_feed(nursery: trio.Nursery, short_tmp: Path) ->
     assert code == 1
     assert "sluice: GET /api/v1/events: 403 no events here" in err
     old.socket_path = str(short_tmp / "gone.sock")  # state.json names a socket nobody has
-    from proxy.datadir import GatewayState, write_state
-
     write_state(old.data_dir, GatewayState(pid=1, socket_path=old.socket_path))
     cli = await Cli.start("events", "--data-dir", str(old.data_dir))
     code, _, err = await cli.finish()
@@ -547,3 +549,54 @@ async def test_status_watch_json_fetches_again_on_resync(feed: FakeFeed) -> None
     assert second["pool"]["nodes"][0]["name"] == "gpu-box"
     assert "gateway stopped" in err
 
+
+# ------------------------------------------------------------------------- a real gateway
+
+
+async def test_both_commands_follow_a_real_gateway(start_gateway: StartGateway,
+                                                   upstream: FakeUpstream,
+                                                   short_tmp: Path) -> None:
+    upstream.on("POST", "/v1/chat/completions", json_completion())
+    gw = await start_gateway([("fake", upstream.url)])
+    folder = str(gw.gateway.settings.data_dir)
+    # A state.json that names only the TCP port (as when no socket folder works).
+    tcp_only = short_tmp / "tcp-only"
+    tcp_only.mkdir()
+    write_state(tcp_only, GatewayState(pid=os.getpid(), tcp_port=gw.gateway.ctx.tcp_port))
+    events = await Cli.start("events", "--data-dir", folder)
+    watch = await Cli.start("status", "--watch", "--data-dir", folder)
+    over_tcp = await Cli.start("events", "--types", "request", "--data-dir", str(tcp_only))
+    try:
+        await events.until(" hello ")
+        await watch.until("load balancing: off")
+        await over_tcp.until(" hello ")
+        reply = await request(gw.unix, "POST", "/v1/chat/completions", chat_body())
+        assert reply.status == 200
+        await events.until(" request ")
+        gw.gateway.shutdown()  # the gateway stops: close code 1001
+        code, out, err = await events.finish()
+        assert code == 0, err
+        watched, drawn, watch_err = await watch.finish()
+        assert watched == 0, watch_err
+        tcp_code, tcp_out, tcp_err = await over_tcp.finish()
+        assert tcp_code == 0, tcp_err
+    finally:
+        for cli in (events, watch, over_tcp):
+            cli.kill()
+    lines = out.splitlines()
+    fingerprint = gw.gateway.settings.node_id
+    assert f" hello        connected to {fingerprint} (sluice " in lines[0]
+    request_id = reply.header("x-sluice-request-id")
+    served = next(t for t in lines if " request " in t)
+    assert " request      POST /v1/chat/completions fake-model 200 local:fake ttfb " in served
+    assert " 1 tok (" in served  # the upstream's usage: 1 completion token
+    assert served.endswith(f" tok/s) [{request_id}]")
+    assert lines[-1] == "gateway stopped"
+    assert drawn.startswith(f"gateway: running; local socket {gw.gateway.ctx.socket_path}")
+    assert "models: fake-model" in drawn
+    assert drawn.endswith("gateway stopped\n")
+    tcp_lines = tcp_out.splitlines()
+    assert [t.split()[1] for t in tcp_lines[:-1]] == ["hello", "request"]
+    assert tcp_lines[-1] == "gateway stopped"
+    token = gw.gateway.settings.secrets.admin_token
+    assert token not in out + err + drawn + watch_err
