@@ -8,6 +8,22 @@ from typing import Any
 
 __all__ = ["parse_args", "parser"]
 
+# The event types of SPEC §9.3 (as proxy.cli.lines has them, kept here so that parsing the
+# arguments loads nothing else).
+EVENT_TYPES = ("node", "circuit", "settings", "notification", "request", "stats", "model")
+FEED_TYPES = ("hello", "resync")
+
+
+def _event_types(text: str) -> frozenset[str]:
+    """``--types request,node``: the names, each one a type of the feed."""
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(names - frozenset(EVENT_TYPES + FEED_TYPES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"not an event type: {', '.join(unknown) or '(none given)'} "
+            f"(the types: {', '.join(EVENT_TYPES + FEED_TYPES)})")
+    return names
+
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
@@ -27,6 +43,16 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show the running gateway's state")
     status.add_argument("--data-dir", help="data folder of the gateway")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.add_argument("--watch", action="store_true",
+                        help="keep the status on screen, redrawn as the gateway's live events "
+                             "change it (Ctrl-C to stop)")
+    events = sub.add_parser("events", help="print the gateway's live events, one line each "
+                                           "(Ctrl-C to stop)")
+    events.add_argument("--data-dir", help="data folder of the gateway")
+    events.add_argument("--json", action="store_true",
+                        help="print each frame as the gateway sends it (JSON, one per line)")
+    events.add_argument("--types", type=_event_types, metavar="TYPE,...",
+                        help=f"only these event types ({', '.join(EVENT_TYPES + FEED_TYPES)})")
     _keys_parser(sub)
     _nodes_parser(sub)
     return top

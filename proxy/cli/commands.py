@@ -1,6 +1,7 @@
 """The CLI's commands: ``status``, ``keys``, ``nodes`` (through the running gateway's admin
-API) and ``check-config`` (the file alone). Each returns the process exit code: 0, 1 when
-the gateway cannot be used (the reason on stderr), 2 for an invalid config."""
+API), ``check-config`` (the file alone), and ``events`` and ``status --watch`` (the live
+feed: :mod:`proxy.cli.live`, loaded only for them). Each returns the process exit code: 0,
+1 when the gateway cannot be used (the reason on stderr), 2 for an invalid config."""
 
 from __future__ import annotations
 
@@ -26,8 +27,16 @@ def run(args: argparse.Namespace) -> int:
     data_dir = resolve_data_dir(getattr(args, "data_dir", None))
     if args.command == "check-config":
         return check_config(Path(args.config) if args.config else data_dir / CONFIG_FILE)
+    if args.command == "status" and args.watch:
+        from proxy.cli.live import watch_main  # trio and trio-websocket: only when watching
+
+        return watch_main(data_dir, as_json=args.json)
     if args.command == "status":
         return status_main(data_dir, args.json)
+    if args.command == "events":
+        from proxy.cli.live import events_main
+
+        return events_main(data_dir, as_json=args.json, types=args.types)
     if args.command == "keys":
         return keys_main(data_dir, args.action, name=getattr(args, "name", None),
                          key_id=getattr(args, "id", None), as_json=args.json)

@@ -7,7 +7,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["POOL_WIDTH", "pool_rows", "show", "show_keys", "show_nodes", "show_pool"]
+__all__ = ["POOL_WIDTH", "clean", "pool_rows", "show", "show_keys", "show_nodes", "show_pool"]
 
 
 def show(status: dict[str, Any]) -> str:
@@ -24,11 +24,12 @@ def show(status: dict[str, Any]) -> str:
         lines.append(f"  model server {model['name']}: {model['state']}, pid {model['pid']}, "
                      f"{model['address'] or 'no address'}, restarts {model['restarts']}"
                      + (f", last error: {model['lastError']}" if model["lastError"] else ""))
+    lines = [clean(line) for line in lines]  # names and errors from the API: one line each
     if "pool" in status:
         lines.append(show_pool(status.get("distributed"), status["pool"],
                                local_models=status.get("loadedModels")))
     for note in status.get("notifications", []):
-        lines.append(f"{note.get('level', 'warning')}: {note.get('message')}")
+        lines.append(clean(f"{note.get('level', 'warning')}: {note.get('message')}"))
     return "\n".join(lines)
 
 
@@ -68,7 +69,7 @@ def _pad(text: str, width: int, left: bool) -> str:
     return text + fill if left else fill + text
 
 
-def _clean(value: object) -> str:
+def clean(value: object) -> str:
     """Text from the API as one printable line (no terminal control characters)."""
     return "".join(ch if ch.isprintable() else "?" for ch in str(value))
 
@@ -110,7 +111,7 @@ def _circuit(stats: Mapping[str, Any] | None) -> str:
     if not isinstance(state, str):
         opened = stats.get("circuitOpen")
         state = MISSING if not isinstance(opened, bool) else "open" if opened else "closed"
-    state = _clean(state).replace("_", "-")
+    state = clean(state).replace("_", "-")
     failures = stats.get("consecutiveFailures")
     if isinstance(failures, int) and not isinstance(failures, bool) and failures > 0:
         state += f" ({failures})"
@@ -166,7 +167,7 @@ def _priority(parts: Mapping[str, Mapping[str, Any]]) -> int | None:
 def _node_status(parts: Mapping[str, Mapping[str, Any]]) -> str:
     health = parts.get("health")
     if health is not None and isinstance(health.get("status"), str):
-        return _clean(health["status"])
+        return clean(health["status"])
     for source in ("nodes", "stats"):  # distributed-status lists enabled nodes only
         if parts.get(source, {}).get("enabled") is False:
             return "disabled"
@@ -209,7 +210,7 @@ def show_pool(summary: Mapping[str, Any] | None, pool: Mapping[str, Any], *,
             f" ({_plural(count, 'node') if count else 'no nodes'} registered)"
         return f"load balancing: off{known}"
     online, total = summary.get("onlineNodes"), summary.get("totalNodes")
-    head = [f"load balancing: on, strategy {_clean(summary.get('strategy', MISSING))}",
+    head = [f"load balancing: on, strategy {clean(summary.get('strategy', MISSING))}",
             f"{_count(online)} of {_count(total)} nodes online"]
     remote = summary.get("remoteModels")
     if isinstance(remote, int) and not isinstance(remote, bool):
@@ -228,7 +229,7 @@ def show_pool(summary: Mapping[str, Any] | None, pool: Mapping[str, Any], *,
             _ms(health.get("latencyMs"), 0), _count(health.get("loadedModelCount"))]
         rows.append([_count(_priority(parts)), "", _node_status(parts), *health_cells,
                      _circuit(parts.get("stats")), *_counters(parts.get("stats"))])
-        names.append((_clean(name), _clean(fingerprint)))
+        names.append((clean(name), clean(fingerprint)))
     widths = [max(_cols(h), *(_cols(r[i]) for r in rows)) for i, h in enumerate(_HEADERS)]
     natural = max(_cols(_node_cell(n, fp, 10**6)) for n, fp in names)
     room = width - (sum(widths) - widths[_NODE]) - (len(_HEADERS) - 1)
@@ -245,7 +246,7 @@ def show_pool(summary: Mapping[str, Any] | None, pool: Mapping[str, Any], *,
         health = parts.get("health")
         error = health.get("lastError") if health is not None else None
         if isinstance(error, str) and error:
-            lines.append(f"{_clean(fingerprint)}: {_clean(error)}")
+            lines.append(f"{clean(fingerprint)}: {clean(error)}")
     return "\n".join(lines)
 
 
