@@ -21,34 +21,9 @@ import wsproto.events
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
 
 from proxy.datadir import GatewayState, write_state
+from proxy.replay_stream import ReplayStream
 
 MAX_HEAD = 16 << 10  # bytes of one request head
-
-
-class Replay(trio.abc.Stream):
-    """A stream that gives back bytes already read (the request head) before the rest."""
-
-    def __init__(self, stream: trio.SocketStream, prefix: bytes) -> None:
-        self._stream, self._prefix = stream, prefix
-
-    def __repr__(self) -> str:
-        return f"Replay({len(self._prefix)} bytes left)"
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        if self._prefix:
-            size = max_bytes or len(self._prefix)
-            data, self._prefix = self._prefix[:size], self._prefix[size:]
-            return data
-        return await self._stream.receive_some(max_bytes)
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self._stream.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self._stream.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
 
 
 class FakeFeed:
@@ -140,7 +115,7 @@ class FakeFeed:
 
     async def _feed(self, stream: trio.SocketStream, head: bytes) -> None:
         async with trio.open_nursery() as nursery:
-            request = await wrap_server_stream(nursery, Replay(stream, head))
+            request = await wrap_server_stream(nursery, ReplayStream(stream, head))
             if self.reject is not None:
                 await request.reject(self.reject, body=json.dumps(
                     {"error": {"message": "no events here"}}).encode())

@@ -33,6 +33,7 @@ from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import OFFLINE, ONLINE, NodeIndex
 from proxy.routing.attempts import Outcome
 from proxy.routing.router import Router
+from tests.test_plan import FakeSettings
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -93,19 +94,6 @@ def histogram(samples: Samples, name: str, bounds: tuple[float, ...],
 def expected_buckets(bounds: tuple[float, ...], values: list[float]) -> list[float]:
     """What a histogram's cumulative buckets must be: how many values are <= each bound."""
     return [float(sum(v <= b for v in values)) for b in (*bounds, float("inf"))]
-
-
-class FakeSecrets:
-    node_keys: dict[str, str] = {}
-
-
-class FakeSettings:
-    """What the router and the metrics read of proxy.settings.Settings."""
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self.secrets = FakeSecrets()
-        self.node_id = "us"
 
 
 NODES = (NodeConfig("node-a", "node-a", "http://127.0.0.2:9", 3),

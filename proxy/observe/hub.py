@@ -68,3 +68,26 @@ class Hub:
                 callback(kind, at, data)
             except Exception:
                 log.exception("an observer of %r events failed", kind)
+
+
+class RequestReader:
+    """A reader of the hub's ``request`` events (the request log, the metrics): it gets
+    each :class:`~protocol.request_record.RequestRecord` in :meth:`_on_request` between
+    :meth:`attach` and :meth:`detach`."""
+
+    __slots__ = ("_unsubscribe",)
+
+    def __init__(self) -> None:
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def attach(self, hub: Hub) -> None:
+        """Read the hub's ``request`` events from now on."""
+        self._unsubscribe = hub.subscribe(self._on_request, ("request",))
+
+    def detach(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def _on_request(self, kind: str, at: float, record: Any) -> None:
+        raise NotImplementedError

@@ -27,7 +27,7 @@ request); ``model`` is the id of a model the gateway routed (else ``none``), at 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import trio
@@ -36,10 +36,10 @@ from prometheus_client.metrics_core import Metric
 
 from protocol.request_record import RequestRecord, token_counts
 from proxy.observe.exposition import Exposition, bucket_labels, label_set
+from proxy.observe.hub import RequestReader
 from proxy.routing.breaker import BreakerState
 
 if TYPE_CHECKING:
-    from proxy.observe.hub import Hub
     from proxy.routing.router import Router
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
@@ -102,11 +102,12 @@ class _Process:
         return (m for m in self._inner.collect() if m.name in PROCESS_NAMES)
 
 
-class Metrics:
+class Metrics(RequestReader):
     """The counted figures (fed by :meth:`attach`) and the scrape (:meth:`render`) that
     writes them with the read ones (see the module docstring)."""
 
     def __init__(self, router: Router, connections: dict[str, int], version: str) -> None:
+        super().__init__()
         self._router = router
         self._connections = connections  # client connections open per transport (Clients)
         self._version = version
@@ -114,22 +115,12 @@ class Metrics:
         self._models: set[str] = set()
         self._attempts: dict[tuple[str, str], int] = {}
         self.failovers = 0
-        self._unsubscribe: Callable[[], None] | None = None
         self._process = CollectorRegistry(auto_describe=False)
         self._process.register(_Process())
 
     def __repr__(self) -> str:
         return (f"Metrics({len(self._series)} series, {len(self._models)} models, "
                 f"failovers={self.failovers})")
-
-    def attach(self, hub: Hub) -> None:
-        """Count the hub's ``request`` events from now on."""
-        self._unsubscribe = hub.subscribe(self._on_request, ("request",))
-
-    def detach(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
 
     # -- the hot path: once per finished request ------------------------------------------
 

@@ -8,27 +8,26 @@ from __future__ import annotations
 import itertools
 import os
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from protocol.request_record import RequestRecord
+from proxy.observe.hub import RequestReader
 
 if TYPE_CHECKING:
     from protocol.config import Config
-    from proxy.observe.hub import Hub
 
 MAX_LIMIT = 10_000  # entries one GET may ask for
 
 
-class RequestLog:
+class RequestLog(RequestReader):
     """The ring of finished requests, and the maker of request ids: ``<6 hex>-<n>``, the
     prefix random per gateway run so that ids in logs of different runs do not collide."""
 
-    __slots__ = ("_count", "_entries", "_prefix", "_unsubscribe")
+    __slots__ = ("_count", "_entries", "_prefix")
 
     def __init__(self, size: int) -> None:
+        super().__init__()
         self._entries: deque[RequestRecord] = deque(maxlen=size)
-        self._unsubscribe: Callable[[], None] | None = None
         self._prefix = os.urandom(3).hex() + "-"
         self._count = itertools.count(1)
 
@@ -41,15 +40,6 @@ class RequestLog:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def attach(self, hub: Hub) -> None:
-        """Read the hub's ``request`` events from now on."""
-        self._unsubscribe = hub.subscribe(self._on_request, ("request",))
-
-    def detach(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
 
     def _on_request(self, kind: str, at: float, record: RequestRecord) -> None:
         if self._entries.maxlen:
