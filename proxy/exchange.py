@@ -20,7 +20,6 @@ leaves); the exchange hands it to the relay. A new phase hook goes here, between
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import TYPE_CHECKING, Protocol
 
@@ -45,8 +44,6 @@ if TYPE_CHECKING:
     from proxy.context import GatewayContext
     from proxy.deadline import RequestScope
     from proxy.downstream import Downstream
-
-access_log = logging.getLogger("sluice.access")
 
 DENIED_BODY_CAP = 64 * 1024  # a denied request's body is read (to keep the connection) up to
 
@@ -255,12 +252,9 @@ class Exchange:
         method = request.method.decode("latin-1")
         info = self.info
         model = None if info is None else info.model
-        if access_log.isEnabledFor(logging.INFO):
-            access_log.info(
-                "%s %s %s model=%s status=%d served_by=%s ttfb=%s duration=%.1fms outcome=%s",
-                out.response.request_id.decode(), method, path, model or "-", status,  # type: ignore[union-attr]
-                served_by or "-", "-" if ttfb is None else f"{ttfb * 1000:.1f}ms",
-                duration * 1000, outcome)
+        request_id = out.response.request_id.decode()  # type: ignore[union-attr]
+        self.ctx.access_log.write(request_id, method, path, model, status, served_by, ttfb,
+                                  duration, outcome)
         if not path.startswith("/v1/"):
             return
         attempts: tuple[tuple[str, str], ...] = ()
@@ -280,8 +274,7 @@ class Exchange:
             else:
                 usage = relay.usage
         self.ctx.hub.publish("request", RequestRecord(
-            id=out.response.request_id.decode(),  # type: ignore[union-attr]
-            started_at=self.wall, method=method, path=path, model=model,
+            id=request_id, started_at=self.wall, method=method, path=path, model=model,
             stream=bool(info is not None and info.stream),
             transport="unix" if self.peer.transport == "unix" else "tcp",
             served_by=served_by, status=status, outcome=outcome, failover=failover,

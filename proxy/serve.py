@@ -4,12 +4,12 @@ run the gateway (:func:`proxy.server.serve`) until a stop signal."""
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
 from protocol.config import ModelConfig
 from protocol.errors import ConfigError
+from proxy import logsetup
 from proxy.datadir import resolve_data_dir
 from proxy.demo import DemoError, demo_model_config, ensure_demo_model
 from proxy.models.launcher import INSTALL_HINT, llama_available
@@ -23,16 +23,7 @@ def serve_main(args: argparse.Namespace) -> int:
     """Run the gateway; the process exit code (2: it cannot start, the reason on stderr)."""
     data_dir = resolve_data_dir(getattr(args, "data_dir", None))
     config = getattr(args, "config", None)
-    logging.basicConfig(
-        level=getattr(args, "log_level", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # The format names no source line, thread or process: skip what finding them costs on
-    # every record (one access-log line per request; the logging HOWTO's "Optimization").
-    logging._srcfile = None
-    logging.logThreads = False
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
+    logsetup.configure(getattr(args, "log_level", "INFO"))
     try:
         settings = Settings.open(data_dir, Path(config) if config else None)
     except ConfigError as exc:

@@ -16,6 +16,7 @@ import trio
 from protocol.config import ModelConfig
 from protocol.errors import overloaded
 from protocol.response import Response
+from proxy import logsetup
 from proxy.api.nodes import version
 from proxy.connection import ClientConnection
 from proxy.context import Clients, GatewayContext, Listening
@@ -36,6 +37,7 @@ from proxy.listeners import (
 from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.models.supervisor import Supervisor
 from proxy.notifications import Notifications
+from proxy.observe.access_log import AccessLog
 from proxy.observe.hub import Hub
 from proxy.observe.metrics import Metrics
 from proxy.observe.request_log import RequestLog
@@ -119,10 +121,12 @@ class Gateway:
                 settings=self.settings, connections=self.connections, backends=self.backends,
                 nodes=self.nodes, router=self.router, notifications=self.notifications,
                 clients=self.clients, listening=listening, hub=self.hub,
-                request_log=self.request_log, metrics=self.metrics, supervisor=supervisor)
+                request_log=self.request_log, metrics=self.metrics, supervisor=supervisor,
+                access_log=AccessLog(logsetup.line_sink()))
             async with trio.open_nursery() as background:
-                if handle_signals:
+                if handle_signals:  # the real process: sluice serve
                     background.start_soon(self._watch_signals, background.cancel_scope)
+                    background.start_soon(logsetup.flush_periodically)
                 if supervisor is not None:
                     background.start_soon(supervisor.run)
                 # Requests that come before a backend's first check wait for it
