@@ -113,12 +113,23 @@ class RequestRecord:
     error: str | None
     attempts: tuple[tuple[str, str], ...] = ()
     routed: bool = False
+    usage_in: bytes | None = None  # where ``usage`` is still to be found (see find_usage)
 
     def __repr__(self) -> str:
         return (f"RequestRecord({self.id} {self.method} {self.path} {self.status} "
                 f"{self.outcome} served_by={self.served_by})")
 
+    def find_usage(self) -> dict[str, Any] | None:
+        """``usage``, found (once) in ``usage_in``: the whole answer or the SSE line that
+        carries it. Done by the first reader, in the hub's batch, not on the hot path; the
+        bytes are let go then."""
+        if self.usage_in is not None:
+            self.usage = usage_in_body(self.usage_in)
+            self.usage_in = None
+        return self.usage
+
     def to_json(self) -> dict[str, Any]:
+        self.find_usage()
         return {
             "id": self.id,
             "startedAt": iso_utc(self.started_at),

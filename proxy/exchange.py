@@ -31,7 +31,7 @@ from protocol.access import PREFLIGHT_METHODS, preflight_headers
 from protocol.errors import SluiceError
 from protocol.headers import Header, connection_tokens, header_value
 from protocol.request_info import RequestInfo, parse_request_body, request_path
-from protocol.request_record import RequestRecord, usage_from_event
+from protocol.request_record import RequestRecord
 from protocol.response import Response
 from proxy import auth
 from proxy.api.call import Body, Takeover
@@ -259,7 +259,8 @@ class Exchange:
             return
         attempts: tuple[tuple[str, str], ...] = ()
         failover = None
-        events = usage = None
+        events = None
+        usage_in: bytes | None = None
         if relay is not None:
             failed = relay.plan.failed
             if failed is not None:
@@ -270,16 +271,17 @@ class Exchange:
             observer = relay.observer
             if observer is not None:
                 events = observer.events
-                usage = usage_from_event(observer.usage_line)
+                usage_in = observer.usage_line
             else:
-                usage = relay.usage
-        self.ctx.hub.publish("request", RequestRecord(
+                usage_in = relay.usage_in
+        self.ctx.hub.defer("request", RequestRecord(
             id=request_id, started_at=self.wall, method=method, path=path, model=model,
             stream=bool(info is not None and info.stream),
             transport="unix" if self.peer.transport == "unix" else "tcp",
             served_by=served_by, status=status, outcome=outcome, failover=failover,
-            ttfb=ttfb, duration=duration, bytes_out=out.bytes_sent, events=events, usage=usage,
-            error=out.error_code, attempts=attempts, routed=relay is not None))
+            ttfb=ttfb, duration=duration, bytes_out=out.bytes_sent, events=events, usage=None,
+            error=out.error_code, attempts=attempts, routed=relay is not None,
+            usage_in=usage_in))
 
 
 # The request log's words (SPEC §9.1): a 4xx answer, the upstream's or ours, is "refused".

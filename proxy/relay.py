@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -29,7 +29,6 @@ from protocol.headers import (
 )
 from protocol.http1 import ResponseHead
 from protocol.request_info import RequestInfo, total_timeout
-from protocol.request_record import usage_in_body
 from protocol.response import State
 from protocol.sse import TAIL, SseObserver, ends_event
 from proxy.deadline import Deadline, RequestScope
@@ -69,7 +68,7 @@ class Relay:
         self.status = 0  # the status relayed to the client
         self.interrupted = False  # cancelled from outside (shutdown)
         self.observer: SseObserver | None = None  # an SSE answer's events and usage
-        self.usage: dict[str, Any] | None = None  # a whole answer's own usage object
+        self.usage_in: bytes | None = None  # a whole answer's body, for its usage object
         self._tail = b""  # last payload bytes sent, when not passing chunked framing through
         self._conn: UpstreamConnection | None = None
 
@@ -209,7 +208,7 @@ class Relay:
         self.status = head.status_code
         await self.out.send_whole(head.status_code, headers, body, reason=head.reason)
         if head.status_code < 300:
-            self.usage = usage_in_body(body)
+            self.usage_in = body
 
     async def _relay_stream(self, conn: UpstreamConnection, head: ResponseHead,
                             deadline: Deadline) -> None:

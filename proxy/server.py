@@ -122,7 +122,7 @@ class Gateway:
                 nodes=self.nodes, router=self.router, notifications=self.notifications,
                 clients=self.clients, listening=listening, hub=self.hub,
                 request_log=self.request_log, metrics=self.metrics, supervisor=supervisor,
-                access_log=AccessLog(logsetup.line_sink()))
+                access_log=AccessLog(logsetup.line_sink(), self.hub))
             async with trio.open_nursery() as background:
                 if handle_signals:  # the real process: sluice serve
                     background.start_soon(self._watch_signals, background.cancel_scope)
@@ -133,6 +133,7 @@ class Gateway:
                 # (BackendRegistry.wait_for_holder), so the first request finds its model.
                 await background.start(run_health_checks, self.backends, self.connections,
                                        lambda: self.settings.config)
+                background.start_soon(self.hub.run)
                 background.start_soon(run_node_checks, self.nodes, self.connections,
                                       self.settings)
                 background.start_soon(self.state_events.run)

@@ -209,6 +209,7 @@ async def test_hello_comes_first_with_every_field(start_gateway: StartGateway,
                                     "api": gets["/api/v1/settings/api"]}
         assert data["notifications"] == gets["/api/v1/notifications"]["notifications"]
         assert any(name == b"x-sluice-request-id" for name, _ in ws.handshake_headers)
+        gw.gateway.hub.drain()  # access lines are written in the hub's batches
         assert any("GET /api/v1/events" in line and "status=101" in line
                    for line in caplog.messages)
         # The WebSocket is a client connection like any other.

@@ -7,7 +7,8 @@ handler calls, a formatter), more than the rest of a small request's bookkeeping
 ``sluice serve`` set up its log (:mod:`proxy.logsetup`), the line is made here, in the
 log's own format, and handed straight to its buffered stderr (``sink``); otherwise (the
 gateway run in-process, e.g. by tests) it goes through ``logging`` as any other record.
-Either way the ``sluice.access`` logger's level decides whether it is written.
+Either way the ``sluice.access`` logger's level decides whether it is written. With a hub,
+lines are made in the hub's batches (its flusher), not between two requests.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proxy.observe.hub import Hub
 
 log = logging.getLogger("sluice.access")
 
@@ -22,12 +27,17 @@ _MESSAGE = "%s %s %s model=%s status=%d served_by=%s ttfb=%s duration=%.1fms out
 
 
 class AccessLog:
-    __slots__ = ("_second", "_sink", "_stamp")
+    __slots__ = ("_hub", "_pending", "_second", "_sink", "_stamp")
 
-    def __init__(self, sink: Callable[[str], None] | None = None) -> None:
+    def __init__(self, sink: Callable[[str], None] | None = None,
+                 hub: Hub | None = None) -> None:
         self._sink = sink
         self._second = -1
         self._stamp = ""
+        self._pending: list[tuple[float, tuple[Any, ...]]] = []
+        self._hub = hub
+        if hub is not None:
+            hub.add_flusher(self.flush)
 
     def __repr__(self) -> str:
         return f"AccessLog({'direct' if self._sink else 'logging'})"
@@ -38,16 +48,41 @@ class AccessLog:
         """One request's line (``ttfb`` and ``duration`` in seconds)."""
         if not log.isEnabledFor(logging.INFO):
             return
-        args = (request_id, method, path, model or "-", status, served_by or "-",
-                "-" if ttfb is None else f"{ttfb * 1000:.1f}ms", duration * 1000, outcome)
-        sink = self._sink
-        if sink is None:
-            log.info(_MESSAGE, *args)
+        args = (request_id, method, path, model or "-", status, served_by or "-", ttfb,
+                duration, outcome)
+        if self._hub is None:
+            self._emit(time.time(), args)
             return
-        now = time.time()
-        second = int(now)
+        self._pending.append((time.time(), args))
+        if len(self._pending) == 1:
+            self._hub.wake()
+
+    def flush(self) -> None:
+        """Write the lines waiting for the hub's batch."""
+        pending, self._pending = self._pending, []
+        if self._sink is not None and pending:
+            self._sink("".join([self._line(at, args) for at, args in pending]))
+            return
+        for at, args in pending:
+            self._emit(at, args)
+
+    def _emit(self, at: float, args: tuple[Any, ...]) -> None:
+        if self._sink is None:
+            log.info(_MESSAGE, *_values(args))
+        else:
+            self._sink(self._line(at, args))
+
+    def _line(self, at: float, args: tuple[Any, ...]) -> str:
+        """The line as the log's formatter (proxy.logsetup) would make it."""
+        second = int(at)
         if second != self._second:
             self._second = second
             self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        sink(f"{self._stamp},{int((now - second) * 1000):03d} INFO sluice.access: "
-             + _MESSAGE % args + "\n")
+        return (f"{self._stamp},{int((at - second) * 1000):03d} INFO sluice.access: "
+                + _MESSAGE % _values(args) + "\n")
+
+
+def _values(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    rid, method, path, model, status, served_by, ttfb, duration, outcome = args
+    return (rid, method, path, model, status, served_by,
+            "-" if ttfb is None else f"{ttfb * 1000:.1f}ms", duration * 1000, outcome)

@@ -149,8 +149,9 @@ class Metrics(RequestReader):
             series.ttfb_sum += ttfb
         if record.events:
             series.events += record.events
-        if record.usage:
-            tokens = token_counts(record.usage)
+        usage = record.find_usage()
+        if usage:
+            tokens = token_counts(usage)
             if tokens is not None:
                 series.prompt += tokens[0]
                 series.completion += tokens[1]
@@ -164,6 +165,7 @@ class Metrics(RequestReader):
 
     def render(self) -> bytes:
         """The whole exposition (:data:`CONTENT_TYPE`)."""
+        self.catch_up()
         out = Exposition()
         self._counted(out)
         self._read(out)

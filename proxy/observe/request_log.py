@@ -43,6 +43,7 @@ class RequestLog(RequestReader):
 
     def _on_request(self, kind: str, at: float, record: RequestRecord) -> None:
         if self._entries.maxlen:
+            record.find_usage()  # kept for long: not with the answer's bytes
             self._entries.append(record)
 
     def resize(self, size: int) -> None:
@@ -57,6 +58,7 @@ class RequestLog(RequestReader):
     def query(self, *, limit: int | None = None, model: str | None = None,
               served_by: str | None = None) -> list[dict[str, Any]]:
         """Newest first; ``model`` and ``served_by`` match exactly."""
+        self.catch_up()
         out: list[dict[str, Any]] = []
         cap = MAX_LIMIT if limit is None else min(limit, MAX_LIMIT)
         if cap <= 0:
