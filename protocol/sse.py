@@ -57,13 +57,14 @@ class SseObserver:
     it costs a few searches in C; the unfinished last line of a read is kept (up to
     :data:`USAGE_LINE_CAP`) so a line split across reads is still seen whole."""
 
-    __slots__ = ("_before", "_last", "_partial", "_prev", "events", "usage_line")
+    __slots__ = ("_before", "_clean", "_last", "_partial", "_tail", "events", "usage_line")
 
     def __init__(self) -> None:
         self.events = 0
         self.usage_line: bytes | None = None
-        self._last = self._before = b""  # the last two reads (references, not copies)
-        self._prev = b"\n"  # the last bytes seen (a stream starts on a line of its own)
+        self._last = self._before = b""  # the stream's end: the last reads (not copies)
+        self._clean = True  # the bytes so far end a line (or there are none)
+        self._tail = b""  # the last 5 bytes so far, while they do not end a line
         self._partial: bytearray | None = bytearray()  # an unfinished line (None: too long)
 
     def __repr__(self) -> str:
@@ -78,11 +79,30 @@ class SseObserver:
     def see(self, data: bytes) -> None:
         if not data:
             return
-        self._before, self._last = self._last, data
-        self.events += data.count(_DATA_LINE)
-        if _DATA_LINE in self._prev + data[:5]:  # a "\ndata:" across two reads
-            self.events += 1
-        self._prev = data[-5:] if len(data) >= 5 else (self._prev + data)[-5:]
+        if len(data) >= _DONE_TAIL:
+            self._before, self._last = self._last, data
+        else:  # short reads are joined, so the two hold the stream's true end
+            self._last = (self._last + data)[-2 * _DONE_TAIL:]
+        events = data.count(_DATA_LINE)
+        if self._clean:  # only the line end just before can begin a "\ndata:" with data
+            tail = b"\n"
+            if data.startswith(b"data:"):
+                events += 1
+        else:
+            tail = self._tail
+            if _DATA_LINE in tail + data[:5]:  # a "\ndata:" across reads
+                events += 1
+        self.events += events
+        clean = data.endswith(b"\n")
+        if clean and self._clean and _USAGE_KEY not in data:
+            return  # the usual read: whole lines, none of them about usage
+        if not clean:
+            self._tail = (tail + data)[-5:]
+        self._clean = clean
+        self._lines(data)
+
+    def _lines(self, data: bytes) -> None:
+        """The usage line, when it is in ``data`` or finished by it; the unfinished rest."""
         start = 0
         partial = self._partial
         if partial is None or partial:  # the rest of a line begun in an earlier read

@@ -51,6 +51,22 @@ def test_the_observer_counts_data_lines_however_the_reads_fall() -> None:
             "completion_tokens": 3, "prompt_tokens": 7, "total_tokens": 10}, size
 
 
+def test_the_observer_at_random_read_boundaries() -> None:
+    import random
+
+    stream = b"".join([b": comment\n\n", *sse_events(6)[:-1], USAGE_EVENT,
+                       b"data: [DONE]\n\n"])
+    rng = random.Random(12)
+    for _ in range(300):
+        cuts = sorted(rng.sample(range(1, len(stream)), rng.randint(1, 40)))
+        observer = SseObserver()
+        for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+            observer.see(stream[a:b])
+        assert observer.events == 8, cuts
+        assert token_counts(usage_from_event(observer.usage_line)) == (7, 3), cuts
+        assert observer.ended
+
+
 def test_the_observer_sees_through_chunk_framing() -> None:
     # A chunked body forwarded verbatim: each chunk's size line ends in LF.
     observer = SseObserver()
