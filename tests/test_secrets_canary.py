@@ -30,7 +30,7 @@ SECRETS = (ADMIN, BACKEND_KEY, ACCESS_RANDOM)
 
 GET_PATHS = ("/health", "/v1/models", "/v1/models/fake-model", "/api/v1/inference/models",
              "/api/v1/inference/status", "/api/v1/notifications", "/api/v1/access-keys",
-             "/api/v1/settings/api", "/metrics")
+             "/api/v1/settings/api", "/metrics", "/api/v1/requests")
 
 
 def leaks(text: str) -> list[str]:
