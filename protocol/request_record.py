@@ -44,7 +44,7 @@ def _usage_at(data: bytes, key: int) -> dict[str, Any] | None:
         return None
     try:
         if data.find(b"{", start + 1, end) < 0:  # a flat object: the usual case
-            value = json.loads(data[start:end + 1])
+            value = _DECODER.decode(data[start:end + 1].decode("utf-8", "replace"))
         else:  # nested details (prompt_tokens_details...): decode the window
             text = data[start:start + USAGE_WINDOW].decode("utf-8", "ignore")
             value, _ = _DECODER.raw_decode(text)
