@@ -304,21 +304,31 @@ async def test_a_client_that_leaves_at_done_got_the_whole_answer(
     that is a success (for the log and the routing stats), not an abort."""
     gw, up = await local_gateway(nursery, short_tmp, start_gateway)
 
-    async def slow_terminator(req: ReceivedRequest, w: ResponseWriter) -> None:
-        await w.head(200, LLAMA_SSE_HEADERS)
-        for event in sse_events(3):
-            await w.chunk(event)
-        await trio.sleep(5)  # the terminating chunk comes late
-        await w.end()
+    def answer(pause_before: int) -> Any:
+        """The SSE events and [DONE], with a 5 s pause before event ``pause_before`` (the
+        terminating chunk is the last "event" here)."""
+        async def handler(req: ReceivedRequest, w: ResponseWriter) -> None:
+            await w.head(200, LLAMA_SSE_HEADERS)
+            for i, event in enumerate(sse_events(3)):
+                if i == pause_before:
+                    await trio.sleep(5)
+                await w.chunk(event)
+            if pause_before >= 4:
+                await trio.sleep(5)  # the terminating chunk comes late
+            await w.end()
 
-    up.on("POST", CHAT, slow_terminator)
-    for leave_at in (4, 2):  # after [DONE]; before it
+        return handler
+
+    # After [DONE] (the last chunk comes 5 s later), then before it (the client leaves
+    # while the upstream pauses before its third event).
+    for pause_before, leave_at in ((4, 4), (2, 2)):
+        up.on("POST", CHAT, answer(pause_before))
         client = await Client.open(gw.unix)
         await client.send_request("POST", CHAT, chat_body(MODEL, stream=True))
         await client.read_head()
         await read_events(client, leave_at)
         await client.aclose()
-        await trio.sleep(1)
+        await trio.sleep(10)
     early, at_done = await entries(gw)
     assert (at_done["outcome"], at_done["events"]) == ("success", 4)
     assert early["outcome"] == "aborted"
