@@ -237,9 +237,8 @@ class Exchange:
         now = trio.current_time()
         path = request_path(request.target)
         relay = self.relay
-        served_by: str | None = None
+        served_by = None if relay is None else relay.plan.upstream.served_by.decode()
         if relay is not None:
-            served_by = relay.plan.upstream.served_by.decode()
             outcome = _OUTCOMES[self.outcome] if self.outcome else "aborted"
         elif not out.response.started and (out.gone or self.scope.cancelled):
             outcome = "aborted"
@@ -261,13 +260,12 @@ class Exchange:
         failover = None
         events = None
         usage_in: bytes | None = None
-        if relay is not None:
+        if relay is not None and served_by is not None:
+            attempts = ((served_by, outcome),)
             failed = relay.plan.failed
-            if failed is not None:
+            if failed is not None:  # the first node tried failed (SPEC §7.4)
                 failover = failed.fingerprint
-                attempts = ((failed.served_by.decode(), "failure"), (served_by, outcome))  # type: ignore[assignment]
-            else:
-                attempts = ((served_by, outcome),)  # type: ignore[assignment]
+                attempts = ((failed.served_by.decode(), "failure"), *attempts)
             observer = relay.observer
             if observer is not None:
                 events = observer.events

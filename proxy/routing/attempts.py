@@ -1,9 +1,8 @@
 """What one try of a request on one upstream counts (SPEC §7.4, §8).
 
 An :class:`Attempt` is in flight from its creation until :meth:`Attempt.finish` records its
-:class:`Outcome`, exactly once, on the upstream's :class:`Counters` (a local attempt also on
-its backend's own, for the metrics' per-upstream gauge) and — for a node — on its circuit
-breaker:
+:class:`Outcome`, exactly once, on the upstream's :class:`Counters` and — for a node — on its
+circuit breaker:
 
 - *success*: the upstream answered below 400 and the answer was relayed whole;
 - *client error*: a 4xx relayed whole — the node did its job, so a success in the stats, but
@@ -15,7 +14,7 @@ breaker:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from proxy.routing.resolve import Target
@@ -30,8 +29,7 @@ class Outcome(enum.Enum):
 
 
 class Counters:
-    """Attempts on one upstream (a node, one local backend, or all local backends
-    together)."""
+    """Attempts on one upstream (a node or a local backend; :meth:`added` sums several)."""
 
     __slots__ = ("aborted", "active", "failure", "latency_count", "latency_sum", "success",
                  "total")
@@ -48,6 +46,15 @@ class Counters:
     def __repr__(self) -> str:
         return (f"Counters(total={self.total}, ok={self.success}, failed={self.failure}, "
                 f"aborted={self.aborted}, active={self.active})")
+
+    @classmethod
+    def added(cls, parts: Iterable[Counters]) -> Counters:
+        """The sum of several upstreams' counters (all local backends together)."""
+        total = cls()
+        for part in parts:
+            for name in cls.__slots__:
+                setattr(total, name, getattr(total, name) + getattr(part, name))
+        return total
 
     def to_json(self) -> dict[str, Any]:
         avg = (round(self.latency_sum / self.latency_count, 1) if self.latency_count
@@ -66,17 +73,15 @@ class Attempt:
 
     def __init__(self, counters: Counters, now: float, target: Target | None = None,
                  speed: LatencyAverage | None = None, *,
-                 backend: Counters | None = None,
                  reported: Callable[[float], None] | None = None) -> None:
-        self._counters = (counters,) if backend is None else (counters, backend)
+        self._counters = counters
         self._speed = speed
         self._reported = reported
         self.target = target
         self.started = now
         self.finished = False
-        for each in self._counters:
-            each.total += 1
-            each.active += 1
+        counters.total += 1
+        counters.active += 1
 
     def __repr__(self) -> str:
         where = self.target.fingerprint if self.target is not None else "local"
@@ -85,9 +90,8 @@ class Attempt:
     def answered(self, now: float) -> None:
         """The response head arrived: time to first byte, for the stats and ``fastest``."""
         ms = max(now - self.started, 0.0) * 1000
-        for each in self._counters:
-            each.latency_sum += ms
-            each.latency_count += 1
+        self._counters.latency_sum += ms
+        self._counters.latency_count += 1
         if self._speed is not None:
             self._speed.add(ms)
 
@@ -96,19 +100,16 @@ class Attempt:
         if self.finished:
             return
         self.finished = True
-        for each in self._counters:
-            each.active -= 1
-            if outcome is Outcome.FAILURE:
-                each.failure += 1
-            elif outcome is Outcome.ABORTED:
-                each.aborted += 1
-            else:
-                each.success += 1
+        counters = self._counters
+        counters.active -= 1
         if outcome is Outcome.FAILURE:
+            counters.failure += 1
             report = Target.failed
         elif outcome is Outcome.ABORTED:
+            counters.aborted += 1
             report = Target.neutral
-        else:  # answered; a 4xx is the client's doing and moves no breaker
+        else:
+            counters.success += 1  # answered; a 4xx is the client's doing and moves no breaker
             report = Target.succeeded if outcome is Outcome.SUCCESS else Target.neutral
         if self.target is not None:
             report(self.target, now)

@@ -117,8 +117,7 @@ class Router:
         self.backends = backends
         self.nodes = nodes
         self.hub = hub
-        self.local = Counters()  # all local backends together (the stats' ``local``)
-        self.backend_counters: dict[str, Counters] = {}  # each local backend's own
+        self.backend_counters: dict[str, Counters] = {}  # each local backend's
         self.cursor = RoundRobinCursor()
         self.failovers = 0
         self.breakers: dict[str, CircuitBreaker] = {}
@@ -149,8 +148,8 @@ class Router:
                 backend = await self.backends.wait_for_holder(info.model)
             if backend is None:
                 return await self._forward(request)
-        return Plan(backend, Attempt(self.local, trio.current_time(),
-                                     backend=self._backend_counters(backend.name)))
+        return Plan(backend, Attempt(self._backend_counters(backend.name),
+                                     trio.current_time()))
 
     async def _forward(self, request: RouteRequest) -> Plan:
         if request.load_balancing and not request.forwarded:
@@ -235,6 +234,11 @@ class Router:
             breaker.failure_threshold = config.failure_threshold
             breaker.reset_timeout = config.reset_timeout
         return breaker
+
+    @property
+    def local(self) -> Counters:
+        """All local backends' attempts together (the routing stats' ``local``)."""
+        return Counters.added(self.backend_counters.values())
 
     def active_requests(self) -> dict[str, int]:
         """Attempts in flight now per upstream (``local:<backend>``, ``node:<fingerprint>``)
