@@ -74,9 +74,11 @@ def main(argv: list[str] | None = None) -> int:
             bench.measure(env, name, "unix", {"stream": False, "concurrency": 8, "count": 400})
         cpu: dict[tuple[str, str, str], list[float]] = {}
         for sc in scenarios:
-            for _ in range(max(1, opts.rounds)):
+            for turn in range(max(1, opts.rounds)):
+                names = [name for name, *_ in opts.gateways]
+                names = names[turn % len(names):] + names[:turn % len(names)]  # who goes first
                 for tr in ("tcp", "unix"):
-                    for name, *_ in opts.gateways:
+                    for name in names:
                         r = bench.measure(env, name, tr, bench.SCENARIOS[sc])
                         done = max(r["load"]["completed"], 1)
                         cpu.setdefault((sc, tr, name), []).append(1000 * r["proxy_cpu_s"] / done)

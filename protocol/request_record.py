@@ -12,8 +12,9 @@ one, and it is parsed here, once, when the request ends.
 
 from __future__ import annotations
 
-import datetime
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -24,13 +25,28 @@ OUTCOMES = ("success", "failure", "aborted", "refused")
 USAGE_WINDOW = 4096  # bytes after the "usage" key read to find its object
 USAGE_TRIES = 8  # "usage" keys looked at, from the last one back
 _USAGE_KEY = b'"usage"'
-_DECODER = json.JSONDecoder()
+# The decoder's C scanner: (text, index) -> (value, end), StopIteration when there is none.
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+class _Seconds:
+    """The text of the last whole second turned into ISO 8601 (a feed writes many stamps a
+    second; formatting a date is most of the cost of one)."""
+
+    second = -1
+    text = ""
 
 
 def iso_utc(epoch: float) -> str:
-    """``2026-12-01T12:00:00.123Z`` (UTC, milliseconds)."""
-    moment = datetime.datetime.fromtimestamp(epoch, datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    """``2026-12-01T12:00:00.123Z`` (UTC, milliseconds, cut as datetime cuts them)."""
+    second = int(epoch // 1)
+    micros = round((epoch - second) * 1_000_000)
+    if micros >= 1_000_000:
+        second, micros = second + 1, micros - 1_000_000
+    if second != _Seconds.second:
+        _Seconds.text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _Seconds.second = second
+    return f"{_Seconds.text}.{micros // 1000:03d}Z"
 
 
 def _usage_at(data: bytes, key: int) -> dict[str, Any] | None:
@@ -42,13 +58,13 @@ def _usage_at(data: bytes, key: int) -> dict[str, Any] | None:
     end = data.find(b"}", start, start + USAGE_WINDOW)
     if end < 0:
         return None
-    try:
-        if data.find(b"{", start + 1, end) < 0:  # a flat object: the usual case
-            value = _DECODER.decode(data[start:end + 1].decode("utf-8", "replace"))
-        else:  # nested details (prompt_tokens_details...): decode the window
-            text = data[start:start + USAGE_WINDOW].decode("utf-8", "ignore")
-            value, _ = _DECODER.raw_decode(text)
-    except ValueError:
+    if data.find(b"{", start + 1, end) < 0:  # a flat object: the usual case
+        text = data[start:end + 1].decode("utf-8", "replace")
+    else:  # nested details (prompt_tokens_details...): decode the window
+        text = data[start:start + USAGE_WINDOW].decode("utf-8", "ignore")
+    try:  # the C scanner itself: json.loads' Python layers cost more than the object
+        value, _ = _SCAN(text, 0)
+    except (StopIteration, ValueError):
         return None
     return value if isinstance(value, dict) else None
 

@@ -11,8 +11,8 @@ passed explicitly (no module-level singletons). Each part has its own owner:
 - ``hub`` — the one feed of what happens (:mod:`proxy.observe.hub`, SPEC §9),
   ``request_log``, the finished requests it reports (:mod:`proxy.observe.request_log`),
   ``metrics``, what ``/metrics`` shows (:mod:`proxy.observe.metrics`), and ``events``, the
-  live events subscribers (:mod:`proxy.observe.feed`), and ``access_log``, its line per
-  request (:mod:`proxy.observe.access_log`);
+  live events subscribers (:mod:`proxy.observe.feed`), and ``reports``, the report phase
+  of each request: its access-log line and its record (:mod:`proxy.observe.reports`);
 - ``notifications``, ``supervisor`` (managed model servers, when there are any).
 """
 
@@ -29,6 +29,7 @@ from proxy.observe.access_log import AccessLog
 from proxy.observe.feed import EventFeed
 from proxy.observe.hub import Hub
 from proxy.observe.metrics import Metrics
+from proxy.observe.reports import Reports
 from proxy.observe.request_log import RequestLog
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
@@ -89,7 +90,7 @@ class GatewayContext:
     supervisor: Supervisor | None = None
     events: EventFeed = attrs.field(
         default=attrs.Factory(lambda ctx: EventFeed(ctx.hub), takes_self=True))
-    access_log: AccessLog = attrs.field(factory=AccessLog)
+    reports: Reports = attrs.field(factory=lambda: Reports(AccessLog()))
 
     def __repr__(self) -> str:
         return f"GatewayContext({self.listening!r}, {self.clients!r}, {self.connections!r})"

@@ -31,7 +31,6 @@ from protocol.access import PREFLIGHT_METHODS, preflight_headers
 from protocol.errors import SluiceError
 from protocol.headers import Header, connection_tokens, header_value
 from protocol.request_info import RequestInfo, parse_request_body, request_path
-from protocol.request_record import RequestRecord
 from protocol.response import Response
 from proxy import auth
 from proxy.api.call import Body, Takeover
@@ -228,60 +227,10 @@ class Exchange:
         attempt.finish(outcome, trio.current_time())
 
     def report(self) -> None:
-        """The request is over: its access-log line and, for the OpenAI API, its record on
-        the hub (the request log, the metrics and the live events read it there)."""
-        request = self.request
-        if request is None:
+        """The request is over: its facts go to the report phase's batch
+        (:mod:`proxy.observe.reports`: the access-log line, the record on the hub)."""
+        if self.request is None:
             return
         out = self.out
-        now = trio.current_time()
-        path = request_path(request.target)
-        relay = self.relay
-        served_by = None if relay is None else relay.plan.upstream.served_by.decode()
-        if relay is not None:
-            outcome = _OUTCOMES[self.outcome] if self.outcome else "aborted"
-        elif not out.response.started and (out.gone or self.scope.cancelled):
-            outcome = "aborted"
-        else:
-            outcome = "refused" if out.response.status >= 400 else "success"
-        started = self.started
-        ttfb = None if out.first_at is None else max(out.first_at - started, 0.0)
-        duration = max(now - started, 0.0)
-        status = out.response.status
-        method = request.method.decode("latin-1")
-        info = self.info
-        model = None if info is None else info.model
-        request_id = out.response.request_id.decode()  # type: ignore[union-attr]
-        self.ctx.access_log.write(request_id, method, path, model, status, served_by, ttfb,
-                                  duration, outcome)
-        if not path.startswith("/v1/"):
-            return
-        attempts: tuple[tuple[str, str], ...] = ()
-        failover = None
-        events = None
-        usage_in: bytes | None = None
-        if relay is not None and served_by is not None:
-            attempts = ((served_by, outcome),)
-            failed = relay.plan.failed
-            if failed is not None:  # the first node tried failed (SPEC §7.4)
-                failover = failed.fingerprint
-                attempts = ((failed.served_by.decode(), "failure"), *attempts)
-            observer = relay.observer
-            if observer is not None:
-                events = observer.events
-                usage_in = observer.usage_line
-            else:
-                usage_in = relay.usage_in
-        self.ctx.hub.defer("request", RequestRecord(
-            id=request_id, started_at=self.wall, method=method, path=path, model=model,
-            stream=bool(info is not None and info.stream),
-            transport="unix" if self.peer.transport == "unix" else "tcp",
-            served_by=served_by, status=status, outcome=outcome, failover=failover,
-            ttfb=ttfb, duration=duration, bytes_out=out.bytes_sent, events=events, usage=None,
-            error=out.error_code, attempts=attempts, routed=relay is not None,
-            usage_in=usage_in))
-
-
-# The request log's words (SPEC §9.1): a 4xx answer, the upstream's or ours, is "refused".
-_OUTCOMES = {Outcome.SUCCESS: "success", Outcome.CLIENT_ERROR: "refused",
-             Outcome.FAILURE: "failure", Outcome.ABORTED: "aborted"}
+        self.ctx.reports.add(self, out.response, out.first_at, out.bytes_sent, out.error_code,
+                             out.gone or self.scope.cancelled)

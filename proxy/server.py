@@ -40,6 +40,7 @@ from proxy.notifications import Notifications
 from proxy.observe.access_log import AccessLog
 from proxy.observe.hub import Hub
 from proxy.observe.metrics import Metrics
+from proxy.observe.reports import Reports
 from proxy.observe.request_log import RequestLog
 from proxy.observe.state_events import StateEvents
 from proxy.pool.backends import BackendRegistry, run_health_checks
@@ -122,7 +123,7 @@ class Gateway:
                 nodes=self.nodes, router=self.router, notifications=self.notifications,
                 clients=self.clients, listening=listening, hub=self.hub,
                 request_log=self.request_log, metrics=self.metrics, supervisor=supervisor,
-                access_log=AccessLog(logsetup.line_sink(), self.hub))
+                reports=Reports(AccessLog(logsetup.line_sink()), self.hub))
             async with trio.open_nursery() as background:
                 if handle_signals:  # the real process: sluice serve
                     background.start_soon(self._watch_signals, background.cancel_scope)

@@ -237,6 +237,25 @@ async def test_published_events_arrive(start_gateway: StartGateway, transport: s
             assert (await frame_of(ws, kind))["data"] == {"kind": kind}
 
 
+async def test_a_burst_of_events_goes_out_in_order_as_separate_messages(
+        start_gateway: StartGateway, transport: str) -> None:
+    """Events published together are written together (one socket write for the batch),
+    each still its own WebSocket message, in order."""
+    gw = await start_gateway([])
+    hub = gw.gateway.ctx.hub
+    async with subscribe(gw, transport) as ws:
+        await frame_of(ws, "hello")
+        (subscriber,) = gw.gateway.ctx.events.subscribers
+        sent_before = subscriber.sent
+        for n in range(50):  # in one step: the sender takes them all at once
+            hub.publish("notification", {"code": f"burst_{n}"})
+        got = [await frame_of(ws, "notification") for _ in range(50)]
+        assert [g["data"]["code"] for g in got] == [f"burst_{n}" for n in range(50)]
+        assert subscriber.sent - sent_before == 50
+        hub.publish("notification", {"code": "after"})  # and the one after it, alone
+        assert (await frame_of(ws, "notification"))["data"] == {"code": "after"}
+
+
 async def test_a_finished_request_arrives(start_gateway: StartGateway,
                                           transport: str) -> None:
     up = FakeUpstream()

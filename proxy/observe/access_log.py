@@ -7,8 +7,9 @@ handler calls, a formatter), more than the rest of a small request's bookkeeping
 ``sluice serve`` set up its log (:mod:`proxy.logsetup`), the line is made here, in the
 log's own format, and handed straight to its buffered stderr (``sink``); otherwise (the
 gateway run in-process, e.g. by tests) it goes through ``logging`` as any other record.
-Either way the ``sluice.access`` logger's level decides whether it is written. With a hub,
-lines are made in the hub's batches (its flusher), not between two requests.
+Either way the ``sluice.access`` logger's level decides whether it is written. A gateway
+writes its lines in the hub's batches (:mod:`proxy.observe.reports`), not between two
+requests.
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from proxy.observe.hub import Hub
+from typing import Any
 
 log = logging.getLogger("sluice.access")
 
@@ -27,43 +25,29 @@ _MESSAGE = "%s %s %s model=%s status=%d served_by=%s ttfb=%s duration=%.1fms out
 
 
 class AccessLog:
-    __slots__ = ("_hub", "_pending", "_second", "_sink", "_stamp")
+    __slots__ = ("_second", "_sink", "_stamp")
 
-    def __init__(self, sink: Callable[[str], None] | None = None,
-                 hub: Hub | None = None) -> None:
+    def __init__(self, sink: Callable[[str], None] | None = None) -> None:
         self._sink = sink
         self._second = -1
         self._stamp = ""
-        self._pending: list[tuple[float, tuple[Any, ...]]] = []
-        self._hub = hub
-        if hub is not None:
-            hub.add_flusher(self.flush)
 
     def __repr__(self) -> str:
         return f"AccessLog({'direct' if self._sink else 'logging'})"
 
-    def write(self, request_id: str, method: str, path: str, model: str | None, status: int,
-              served_by: str | None, ttfb: float | None, duration: float,
-              outcome: str) -> None:
-        """One request's line (``ttfb`` and ``duration`` in seconds)."""
-        if not log.isEnabledFor(logging.INFO):
-            return
-        args = (request_id, method, path, model or "-", status, served_by or "-", ttfb,
-                duration, outcome)
-        if self._hub is None:
-            self._emit(time.time(), args)
-            return
-        self._pending.append((time.time(), args))
-        if len(self._pending) == 1:
-            self._hub.wake()
+    @staticmethod
+    def enabled() -> bool:
+        """The lines are written (the ``sluice.access`` logger's level)."""
+        return log.isEnabledFor(logging.INFO)
 
-    def flush(self) -> None:
-        """Write the lines waiting for the hub's batch."""
-        pending, self._pending = self._pending, []
-        if self._sink is not None and pending:
-            self._sink("".join([self._line(at, args) for at, args in pending]))
+    def write_batch(self, lines: list[tuple[float, tuple[Any, ...]]]) -> None:
+        """Lines, in one write: each ``(at, (request_id, method, path, model, status,
+        served_by, ttfb, duration, outcome))``, ``at`` wall-clock, ``ttfb`` and
+        ``duration`` in seconds."""
+        if self._sink is not None:
+            self._sink("".join([self._line(at, args) for at, args in lines]))
             return
-        for at, args in pending:
+        for at, args in lines:
             self._emit(at, args)
 
     def _emit(self, at: float, args: tuple[Any, ...]) -> None:
@@ -84,5 +68,5 @@ class AccessLog:
 
 def _values(args: tuple[Any, ...]) -> tuple[Any, ...]:
     rid, method, path, model, status, served_by, ttfb, duration, outcome = args
-    return (rid, method, path, model, status, served_by,
+    return (rid, method, path, model or "-", status, served_by or "-",
             "-" if ttfb is None else f"{ttfb * 1000:.1f}ms", duration * 1000, outcome)

@@ -28,6 +28,8 @@ from protocol.request_record import RequestRecord, iso_utc
 if TYPE_CHECKING:
     from proxy.observe.hub import Hub
 
+# One encoder for every frame (json.dumps with options makes a new one each call).
+FRAME_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 QUEUE_FRAMES = 256  # frames one subscriber may have waiting; beyond, the oldest are dropped
 CLOSE_TIMEOUT = 2.0  # seconds a subscriber gets to take its close frame when the gateway stops
 
@@ -36,8 +38,7 @@ def encode_frame(kind: str, at: float, data: Any) -> str:
     """One frame's text: ``{"type", "at", "data"}`` (a request record as its log entry)."""
     if isinstance(data, RequestRecord):
         data = data.to_json()
-    frame = {"type": kind, "at": iso_utc(at), "data": data}
-    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+    return FRAME_JSON.encode({"type": kind, "at": iso_utc(at), "data": data})
 
 
 class Subscriber:
@@ -78,17 +79,18 @@ class Subscriber:
         if wake is not None:
             wake.set()
 
-    async def next_frame(self) -> str | None:
-        """The next frame to send (``resync`` first when frames were lost); None once the
-        gateway stops."""
+    async def next_frames(self) -> list[str] | None:
+        """Every frame waiting now, oldest first (``resync`` first when frames were lost),
+        once there is at least one; None once the gateway stops."""
         while not self.closing:
-            if self.lost:
+            frames = self.frames
+            if self.lost or frames:
+                taken = [encode_frame("resync", time.time(), {})] if self.lost else []
                 self.lost = False
-                self.sent += 1
-                return encode_frame("resync", time.time(), {})
-            if self.frames:
-                self.sent += 1
-                return self.frames.popleft()
+                taken += frames
+                frames.clear()
+                self.sent += len(taken)
+                return taken
             self._wake = wake = trio.Event()
             await wake.wait()
         return None

@@ -10,11 +10,13 @@ a subscriber that needs one keeps its own, bounded). With nobody subscribed to a
 publication is one dict lookup; :meth:`Hub.wants` lets a publisher skip building a payload
 nobody will read.
 
-The hot path defers instead (:meth:`Hub.defer`: one append): finished requests are handed
-to their readers in batches by :meth:`Hub.run`, at most :data:`BATCH_DELAY` later, where a
-tight loop over many records costs a fraction of what the same work costs done between two
-requests (cold caches). Everything deferred is delivered before any later publication and
-before any reader answers (:meth:`Hub.drain`), so order and answers stay exact.
+The hot path hands its work over instead: a reader with batched work (the report phase of
+requests, :mod:`proxy.observe.reports`) registers a flusher (:meth:`Hub.add_flusher`) and
+wakes the hub (:meth:`Hub.wake`); :meth:`Hub.run` runs the flushers at most
+:data:`BATCH_DELAY` later, where a tight loop over many requests costs a fraction of what
+the same work costs done between two requests (cold caches). Every drain runs the flushers
+first, before any later publication and before any reader answers (:meth:`Hub.drain`), so
+order and answers stay exact.
 """
 
 from __future__ import annotations
@@ -35,16 +37,14 @@ Callback = Callable[[str, float, Any], None]
 TYPES = ("node", "circuit", "settings", "notification", "request", "stats", "model")
 
 
-BATCH_DELAY = 0.05  # seconds a deferred publication may wait for its batch
-BATCH_MAX = 512  # publications that make a batch go out at once
+BATCH_DELAY = 0.05  # seconds batched work (a flusher's) may wait
 
 
 class Hub:
-    __slots__ = ("_by_type", "_flushers", "_pending", "_wake")
+    __slots__ = ("_by_type", "_flushers", "_wake")
 
     def __init__(self) -> None:
         self._by_type: dict[str, list[Callback]] = {}
-        self._pending: list[tuple[str, float, Any]] = []
         self._flushers: list[Callable[[], None]] = []  # run first by every drain
         self._wake: trio.Event | None = None
 
@@ -72,45 +72,35 @@ class Hub:
         return bool(self._by_type.get(kind))
 
     def publish(self, kind: str, data: Any) -> None:
-        """Hand ``data`` to every subscriber of ``kind`` now (after what was deferred). A
+        """Hand ``data`` to every subscriber of ``kind`` now (after the batched work). A
         subscriber that raises is logged and does not stop the others (nor the publisher:
         the gateway goes on serving)."""
-        if self._pending:
-            self.drain()
+        self.drain()
         if self._by_type.get(kind):
             self._deliver(kind, time.time(), data)
 
-    def defer(self, kind: str, data: Any) -> None:
-        """Like :meth:`publish`, in the next batch (see the module docstring)."""
-        if not self._by_type.get(kind):
-            return
-        pending = self._pending
-        pending.append((kind, time.time(), data))
-        if len(pending) == 1:
-            self.wake()
-        elif len(pending) >= BATCH_MAX:
-            self.drain()
+    def deliver(self, kind: str, at: float, data: Any) -> None:
+        """Like :meth:`publish`, for a flusher: without draining first, with its own
+        ``at`` (when it happened)."""
+        if self._by_type.get(kind):
+            self._deliver(kind, at, data)
 
     def wake(self) -> None:
-        """Something waits for the next batch (a deferred publication, a flusher's work)."""
+        """A flusher has work waiting for the next batch."""
         if self._wake is not None:
             self._wake.set()
 
     def add_flusher(self, flush: Callable[[], None]) -> None:
-        """Run ``flush`` first in every drain (a reader's own batched work)."""
+        """Run ``flush`` in every drain (a reader's own batched work)."""
         self._flushers.append(flush)
 
     def drain(self) -> None:
-        """Deliver everything deferred, in order, now."""
+        """Do all the batched work, in order, now."""
         for flush in self._flushers:
             try:
                 flush()
             except Exception:
                 log.exception("an observer's flush failed")
-        pending, self._pending = self._pending, []
-        for kind, at, data in pending:
-            if self._by_type.get(kind):
-                self._deliver(kind, at, data)
 
     def _deliver(self, kind: str, at: float, data: Any) -> None:
         for callback in tuple(self._by_type[kind]):
