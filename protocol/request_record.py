@@ -12,8 +12,8 @@ one, and it is parsed here, once, when the request ends.
 
 from __future__ import annotations
 
+import datetime
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +44,8 @@ def iso_utc(epoch: float) -> str:
     if micros >= 1_000_000:
         second, micros = second + 1, micros - 1_000_000
     if second != _Seconds.second:
-        _Seconds.text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        moment = datetime.datetime.fromtimestamp(second, datetime.UTC)
+        _Seconds.text = moment.strftime("%Y-%m-%dT%H:%M:%S")
         _Seconds.second = second
     return f"{_Seconds.text}.{micros // 1000:03d}Z"
 
