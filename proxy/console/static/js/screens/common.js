@@ -1,0 +1,91 @@
+// Small helpers shared by the screen modules: building elements, formatting figures, the
+// read-only note. No state lives here.
+
+/**
+ * Make an element. `props`: attributes (strings; `true` for a bare attribute, `false` or
+ * null to leave it out), `class`, `text` (textContent) and `on` ({event: handler}).
+ * Children are nodes or strings; null and false are skipped.
+ */
+export function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === 'text') node.textContent = String(value);
+    else if (key === 'on') {
+      for (const [type, handler] of Object.entries(value)) node.addEventListener(type, handler);
+    } else if (key === 'class') node.className = value;
+    else node.setAttribute(key, value === true ? '' : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+/** Replace every child of `node` with `children`. */
+export function fill(node, ...children) {
+  node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+  return node;
+}
+
+/** A duration in milliseconds for people: "850 ms", "2.31 s", "3 min 5 s". */
+export function ms(value) {
+  if (value === null || value === undefined || Number.isNaN(value)) return '—';
+  if (value < 1) return `${value.toFixed(2)} ms`;
+  if (value < 1000) return `${Math.round(value)} ms`;
+  if (value < 60000) return `${(value / 1000).toFixed(2)} s`;
+  const minutes = Math.floor(value / 60000);
+  return `${minutes} min ${Math.round((value % 60000) / 1000)} s`;
+}
+
+/** Tokens per second, or "—". */
+export function rate(tokens, seconds) {
+  if (!Number.isFinite(tokens) || !Number.isFinite(seconds) || seconds <= 0 || tokens <= 0) {
+    return '—';
+  }
+  const r = tokens / seconds;
+  return `${r >= 100 ? Math.round(r) : r.toFixed(1)} tok/s`;
+}
+
+/** An ISO timestamp as local date and time, or "never". */
+export function when(iso, never = 'never') {
+  if (!iso) return never;
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return String(iso);
+  return d.toLocaleString(undefined, {
+    year: 'numeric', month: 'short', day: 'numeric',
+    hour: '2-digit', minute: '2-digit', second: '2-digit',
+  });
+}
+
+/** An ISO timestamp as local time of day with milliseconds ("14:03:07.120"). */
+export function clock(iso) {
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return String(iso ?? '');
+  const pad = (n, w = 2) => String(n).padStart(w, '0');
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+}
+
+/** The paragraph a screen shows above controls it disabled for lack of the admin token. */
+export function readOnlyNote(app, what) {
+  if (!app.readOnly) return null;
+  return el('p', { class: 'note', role: 'note' },
+    `Read-only: ${what} needs the admin token. Open the console with the link `
+    + 'that "sluice console" prints.');
+}
+
+/** The error text of anything thrown by the API client (never more than its message). */
+export function errorText(err) {
+  if (err && typeof err.message === 'string' && err.message) return err.message;
+  return 'the request failed';
+}
+
+/** Disable a control (and say why in its description) when the console is read-only. */
+export function guard(app, control) {
+  if (app.readOnly && control) {
+    const input = control.input ?? control;
+    input.disabled = true;
+  }
+  return control;
+}

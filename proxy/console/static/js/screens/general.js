@@ -1,0 +1,133 @@
+// API > General: where the gateway listens (the local socket, or the loopback TCP port it
+// fell back to and why), the API port, the API server on or off, external access and
+// require auth. Each is saved when changed (PUT /api/v1/settings/api); a field that only
+// applies at the next start says so, and so does the screen once such a change is saved.
+
+import { field } from '../components/field.js';
+import { toggle } from '../components/switch.js';
+import { el, errorText, fill, guard, readOnlyNote } from './common.js';
+
+const SETTINGS = '/api/v1/settings/api';
+const FALLBACK = 'local_socket_unavailable';
+const AT_RESTART = 'Applies at the next start of sluice.';
+
+/** What a port field holds, as the API takes it (a text that is no number goes as it is,
+ * so the server's own message names the problem). */
+export function portValue(text) {
+  const trimmed = String(text).trim();
+  return /^\d+$/.test(trimmed) ? Number(trimmed) : trimmed;
+}
+
+export function mount(root, app) {
+  let alive = true;
+  let notifications = [];
+  let status = null;
+
+  async function put(change) {
+    const saved = await app.api.put(SETTINGS, change);
+    if (alive && saved) show(saved);
+  }
+
+  const enabled = guard(app, toggle({
+    label: 'API server', checked: false, hint: AT_RESTART,
+    save: (on) => put({ enabled: on }),
+  }));
+  const port = guard(app, field({
+    label: 'API port', name: 'port', type: 'text', value: '',
+    hint: AT_RESTART, save: (v) => put({ port: portValue(v) }),
+  }));
+  port.input.setAttribute('inputmode', 'numeric');
+  const external = guard(app, toggle({
+    label: 'External access', checked: false,
+    hint: 'Listen on every network interface; clients on other machines must send an '
+      + `access key. ${AT_RESTART}`,
+    save: (on) => put({ allowExternalAccess: on }),
+  }));
+  const requireAuth = guard(app, toggle({
+    label: 'Require auth', checked: false,
+    hint: 'Loopback TCP clients need an access key too (the Unix socket never does). '
+      + 'Applies at once.',
+    save: (on) => put({ requireAuth: on }),
+  }));
+  const socketDir = guard(app, field({
+    label: 'Socket folder', name: 'socketDir', type: 'text', value: '',
+    hint: `A private folder for the local socket, at most 62 bytes; empty for the default. ${AT_RESTART}`,
+    save: (v) => put({ socketDir: v.trim() === '' ? null : v.trim() }),
+  }));
+
+  const listening = el('dl', { class: 'facts' });
+  const restartBanner = el('p', { class: 'banner info', role: 'status' });
+
+  fill(root,
+    el('h1', { text: 'General' }),
+    readOnlyNote(app, 'changing these settings'),
+    restartBanner,
+    el('section', { class: 'card', 'aria-labelledby': 'general-local' },
+      el('h2', { id: 'general-local', text: 'Local socket' }),
+      listening, socketDir),
+    el('section', { class: 'card', 'aria-labelledby': 'general-api' },
+      el('h2', { id: 'general-api', text: 'API server' }),
+      enabled, port, external, requireAuth));
+
+  function drawListening() {
+    const facts = [];
+    if (status?.socketPath) {
+      facts.push(el('dt', { text: 'Socket path' }), el('dd', {}, el('code', { text: status.socketPath })));
+    } else if (status?.localTcp) {
+      const why = notifications.find((n) => n.code === FALLBACK);
+      facts.push(el('dt', { text: 'Fallback TCP port' }), el('dd', {}, el('code', { text: status.localTcp })),
+        el('dt', { text: 'Why' }), el('dd', { text: why?.message ?? 'no folder works for the local socket' }));
+    }
+    if (status) {
+      facts.push(el('dt', { text: 'API listening on' }),
+        el('dd', { text: status.routerPort ? `TCP port ${status.routerPort}` : 'off (Unix socket only)' }));
+    }
+    fill(listening, facts);
+  }
+
+  function show(settings) {
+    enabled.set(Boolean(settings.enabled));
+    port.set(String(settings.port ?? ''));
+    external.set(Boolean(settings.allowExternalAccess));
+    requireAuth.set(Boolean(settings.requireAuth));
+    socketDir.set(settings.socketDir ?? '');
+    restartBanner.textContent = settings.restartRequired
+      ? 'Saved changes apply at the next start: restart sluice to apply them.' : '';
+    restartBanner.hidden = !settings.restartRequired;
+  }
+
+  async function reload(hello) {
+    try {
+      const [settings, state, notes] = hello
+        ? [hello.settings?.api, hello.status, hello.notifications]
+        : await Promise.all([app.api.get(SETTINGS), app.api.get('/api/v1/inference/status'),
+          app.api.get('/api/v1/notifications').then((n) => n?.notifications)]);
+      if (!alive) return;
+      status = state ?? status;
+      notifications = Array.isArray(notes) ? notes : notifications;
+      if (settings) show(settings);
+      drawListening();
+    } catch (err) {
+      if (alive) app.notify(`Could not read the API settings: ${errorText(err)}`, 'error');
+    }
+  }
+
+  const off = [
+    app.feed.on('settings', (data) => {
+      if (data?.section === 'api' && data.value) show(data.value);
+    }),
+    app.feed.on('notification', (data) => {
+      if (!data?.code) return;
+      notifications = notifications.filter((n) => n.code !== data.code);
+      if (!data.cleared) notifications.push(data);
+      drawListening();
+    }),
+    app.feed.on('refresh', (hello) => { reload(hello); }),
+  ];
+  restartBanner.hidden = true;
+  reload(null);
+  return () => {
+    alive = false;
+    for (const unsubscribe of off) unsubscribe();
+  };
+}
