@@ -23,6 +23,14 @@ export function el(tag, props = {}, ...children) {
   return node;
 }
 
+let counter = 0;
+
+/** A fresh element id ("help-3"). */
+export function uid(prefix = 'id') {
+  counter += 1;
+  return `${prefix}-s${counter}`;
+}
+
 /** Replace every child of `node` with `children`. */
 export function fill(node, ...children) {
   node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));

@@ -5,11 +5,11 @@
 
 import { field } from '../components/field.js';
 import { toggle } from '../components/switch.js';
-import { el, errorText, fill, guard, readOnlyNote } from './common.js';
+import { el, errorText, fill, readOnlyNote, uid } from './common.js';
 
 const SETTINGS = '/api/v1/settings/api';
 const FALLBACK = 'local_socket_unavailable';
-const AT_RESTART = 'Applies at the next start of sluice.';
+const AT_RESTART = 'needs a restart';
 
 /** What a port field holds, as the API takes it (a text that is no number goes as it is,
  * so the server's own message names the problem). */
@@ -18,42 +18,51 @@ export function portValue(text) {
   return /^\d+$/.test(trimmed) ? Number(trimmed) : trimmed;
 }
 
+/** A switch with its visible name, a badge (e.g. "needs a restart") and a description. */
+function switchRow(app, label, badge, help, save) {
+  const button = toggle({ label, text: label, checked: false, save, disabled: app.readOnly });
+  const note = el('p', { class: 'help muted', id: uid('help'), text: help });
+  button.setAttribute('aria-describedby', note.id);
+  const row = el('div', { class: 'field switch-field' },
+    button, badge ? el('span', { class: 'hint badge', text: badge }) : null, note);
+  row.set = (on) => button.set(on);
+  row.input = button;
+  return row;
+}
+
 export function mount(root, app) {
   let alive = true;
   let notifications = [];
   let status = null;
 
-  async function put(change) {
+  /** Save one change; the answer shows everywhere, and `key`'s value as the server keeps
+   * it goes back to its field. */
+  async function put(change, key = null) {
     const saved = await app.api.put(SETTINGS, change);
     if (alive && saved) show(saved);
+    return key === null ? undefined : String(saved?.[key] ?? '');
   }
 
-  const enabled = guard(app, toggle({
-    label: 'API server', checked: false, hint: AT_RESTART,
-    save: (on) => put({ enabled: on }),
-  }));
-  const port = guard(app, field({
-    label: 'API port', name: 'port', type: 'text', value: '',
-    hint: AT_RESTART, save: (v) => put({ port: portValue(v) }),
-  }));
+  const enabled = switchRow(app, 'API server', AT_RESTART, 'The OpenAI API on TCP; off: the '
+    + 'Unix socket only.', (on) => put({ enabled: on }));
+  const port = field({
+    label: 'API port', name: 'port', type: 'text', value: '', hint: AT_RESTART,
+    help: 'The TCP port of the API (OpenAI base URL http://localhost:<port>/v1).',
+    save: (v) => put({ port: portValue(v) }, 'port'), disabled: app.readOnly,
+  });
   port.input.setAttribute('inputmode', 'numeric');
-  const external = guard(app, toggle({
-    label: 'External access', checked: false,
-    hint: 'Listen on every network interface; clients on other machines must send an '
-      + `access key. ${AT_RESTART}`,
-    save: (on) => put({ allowExternalAccess: on }),
-  }));
-  const requireAuth = guard(app, toggle({
-    label: 'Require auth', checked: false,
-    hint: 'Loopback TCP clients need an access key too (the Unix socket never does). '
-      + 'Applies at once.',
-    save: (on) => put({ requireAuth: on }),
-  }));
-  const socketDir = guard(app, field({
-    label: 'Socket folder', name: 'socketDir', type: 'text', value: '',
-    hint: `A private folder for the local socket, at most 62 bytes; empty for the default. ${AT_RESTART}`,
-    save: (v) => put({ socketDir: v.trim() === '' ? null : v.trim() }),
-  }));
+  const external = switchRow(app, 'External access', AT_RESTART, 'Listen on every network '
+    + 'interface; clients on other machines must send an access key.',
+  (on) => put({ allowExternalAccess: on }));
+  const requireAuth = switchRow(app, 'Require auth', null, 'Loopback TCP clients need an '
+    + 'access key too (the Unix socket never does). Applies at once.',
+  (on) => put({ requireAuth: on }));
+  const socketDir = field({
+    label: 'Socket folder', name: 'socketDir', type: 'text', value: '', hint: AT_RESTART,
+    help: 'A private folder for the local socket, at most 62 bytes; empty: the default places.',
+    save: (v) => put({ socketDir: v.trim() === '' ? null : v.trim() }, 'socketDir'),
+    disabled: app.readOnly,
+  });
 
   const listening = el('dl', { class: 'facts' });
   const restartBanner = el('p', { class: 'banner info', role: 'status' });

@@ -4,7 +4,7 @@
 // do nothing (whole answers use only their total, SPEC §3.2) are marked as such.
 
 import { field, showError } from '../components/field.js';
-import { el, errorText, fill, guard, readOnlyNote } from './common.js';
+import { el, errorText, fill, readOnlyNote } from './common.js';
 
 const SETTINGS = '/api/v1/settings/timeouts';
 const IDLE = 'Kept in the file; does nothing: whole answers use only their total.';
@@ -57,6 +57,7 @@ export function mount(root, app) {
     try {
       const saved = await app.api.put(SETTINGS, nest(path, durationValue(text)));
       if (alive && saved) show(saved, path);
+      return String(at(saved, path) ?? text); // the value as the server keeps it
     } catch (err) {
       // The server names the field it refused; that is where its message belongs.
       const named = fields.get(err?.param);
@@ -69,14 +70,11 @@ export function mount(root, app) {
   const sections = GROUPS.map(([title, entries], i) => {
     const id = `health-group-${i}`;
     const items = entries.map(([label, path, hint]) => {
-      const f = guard(app, field({
-        label, name: path, type: 'text', value: '', hint,
-        save: (value) => save(path, value),
-      }));
-      if (hint === IDLE) {
-        f.classList.add('inert-setting');
-        f.prepend(el('span', { class: 'badge muted', text: 'does nothing' }));
-      }
+      const f = field({
+        label, name: path, type: 'text', value: '', help: hint,
+        hint: hint === IDLE ? 'does nothing' : undefined,
+        save: (value) => save(path, value), disabled: app.readOnly,
+      });
       fields.set(`timeouts.${path}`, f);
       return f;
     });
@@ -91,14 +89,12 @@ export function mount(root, app) {
       + 'the field loses focus or on Enter and applies to the next request.'),
     sections);
 
-  /** Show the server's values; `except` is the field just saved (it shows its own). */
+  /** Show the server's values; `except` is the field being saved (it takes its own). */
   function show(tree, except = null) {
     for (const [dotted, f] of fields) {
       const path = dotted.slice('timeouts.'.length);
       const value = at(tree, path);
-      if (value === undefined) continue;
-      if (path === except) { f.set(String(value)); continue; }
-      if (document.activeElement !== f.input) f.set(String(value));
+      if (value !== undefined && path !== except) f.set(String(value));
     }
   }
 

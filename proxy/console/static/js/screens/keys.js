@@ -29,12 +29,12 @@ export function mount(root, app) {
   const fresh = el('div', { class: 'card new-key', role: 'region', 'aria-label': 'New access key', tabindex: '-1' });
   const body = el('tbody');
   const table = el('table', { class: 'table' },
-    el('caption', { class: 'visually-hidden', text: 'Access keys' }),
+    el('caption', { class: 'sr-only', text: 'Access keys' }),
     el('thead', {}, el('tr', {}, ['Name', 'Created', 'Last used', 'Actions']
       .map((h) => el('th', { scope: 'col', text: h })))),
     body);
   const empty = el('p', { class: 'muted', text: 'No access key yet.' });
-  const live = el('p', { class: 'visually-hidden', role: 'status' });
+  const live = el('p', { class: 'sr-only', role: 'status' });
 
   const confirmText = el('p', { id: 'keys-confirm-text' });
   const confirmYes = el('button', { type: 'button', class: 'danger', text: 'Revoke' });

@@ -22,7 +22,7 @@ function lastError(text) {
 function table(caption, headings, rows) {
   return el('div', { class: 'table-wrap', role: 'region', 'aria-label': caption, tabindex: '0' },
     el('table', { class: 'table' },
-      el('caption', { class: 'visually-hidden', text: caption }),
+      el('caption', { class: 'sr-only', text: caption }),
       el('thead', {}, el('tr', {}, headings.map((h) => el('th', { scope: 'col', text: h })))),
       el('tbody', {}, rows)));
 }

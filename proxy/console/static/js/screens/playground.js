@@ -133,7 +133,9 @@ export function mount(root, app) {
     let usage = null;
     let failed = null;
     let answer = '';
-    const onEvent = (event) => {
+    let headers = null;
+    const onEvent = (event, responseHeaders) => {
+      if (headers === null && responseHeaders) { headers = responseHeaders; showServer(headers); }
       const got = readEvent(event);
       if (got.text) {
         const now = performance.now();
@@ -149,7 +151,6 @@ export function mount(root, app) {
       if (got.usage) usage = got.usage;
       if (got.error) failed = got.error;
     };
-    let headers = null;
     try {
       headers = await app.api.stream('/v1/chat/completions', {
         model, stream: true, stream_options: { include_usage: true }, messages: [...history],
@@ -157,7 +158,6 @@ export function mount(root, app) {
     } catch (err) {
       if (controller.signal.aborted) failed = 'stopped';
       else failed = errorText(err);
-      headers = err?.headers ?? null;
     }
     if (!alive) return;
     running = null;

@@ -77,7 +77,7 @@ export function mount(root, app) {
   const summary = el('p', { class: 'muted' });
   const body = el('tbody');
   const table = el('table', { class: 'table' },
-    el('caption', { class: 'visually-hidden', text: 'Finished requests, newest first' }),
+    el('caption', { class: 'sr-only', text: 'Finished requests, newest first' }),
     el('thead', {}, el('tr', {},
       ['Time', 'Request', 'Model', 'Served by', 'Status', 'TTFB', 'Duration', 'Tokens/s']
         .map((h) => el('th', { scope: 'col', text: h })))),
