@@ -37,14 +37,35 @@ export function fill(node, ...children) {
   return node;
 }
 
+/** One term of a `dl.facts`: `<div><dt>term</dt><dd>…</dd></div>`. */
+export function fact(term, ...value) {
+  return el('div', {}, el('dt', { text: term }), el('dd', {}, ...value));
+}
+
+/** A fact that takes the whole line of its `dl.facts`. */
+export function wide(node) {
+  node.classList.add('wide');
+  return node;
+}
+
+/** Append `text` to `node`, each newline as a <br> (the console's CSS has no pre-wrap). */
+export function appendText(node, text) {
+  const lines = String(text).split('\n');
+  lines.forEach((line, i) => {
+    if (i > 0) node.append(el('br'));
+    if (line) node.append(line);
+  });
+}
+
 /** A duration in milliseconds for people: "850 ms", "2.31 s", "3 min 5 s". */
 export function ms(value) {
   if (value === null || value === undefined || Number.isNaN(value)) return '—';
-  if (value < 1) return `${value.toFixed(2)} ms`;
-  if (value < 1000) return `${Math.round(value)} ms`;
-  if (value < 60000) return `${(value / 1000).toFixed(2)} s`;
+  // No-break spaces: a figure never wraps away from its unit.
+  if (value < 1) return `${value.toFixed(2)}\u00a0ms`;
+  if (value < 1000) return `${Math.round(value)}\u00a0ms`;
+  if (value < 60000) return `${(value / 1000).toFixed(2)}\u00a0s`;
   const minutes = Math.floor(value / 60000);
-  return `${minutes} min ${Math.round((value % 60000) / 1000)} s`;
+  return `${minutes}\u00a0min ${Math.round((value % 60000) / 1000)}\u00a0s`;
 }
 
 /** Tokens per second, or "—". */
@@ -53,7 +74,7 @@ export function rate(tokens, seconds) {
     return '—';
   }
   const r = tokens / seconds;
-  return `${r >= 100 ? Math.round(r) : r.toFixed(1)} tok/s`;
+  return `${r >= 100 ? Math.round(r) : r.toFixed(1)}\u00a0tok/s`;
 }
 
 /** An ISO timestamp as local date and time, or "never". */
@@ -78,7 +99,7 @@ export function clock(iso) {
 /** The paragraph a screen shows above controls it disabled for lack of the admin token. */
 export function readOnlyNote(app, what) {
   if (!app.readOnly) return null;
-  return el('p', { class: 'note', role: 'note' },
+  return el('p', { class: 'notice info banner', role: 'note' },
     `Read-only: ${what} needs the admin token. Open the console with the link `
     + 'that "sluice console" prints.');
 }

@@ -5,7 +5,7 @@
 
 import { field } from '../components/field.js';
 import { toggle } from '../components/switch.js';
-import { el, errorText, fill, readOnlyNote, uid } from './common.js';
+import { el, errorText, fact, fill, readOnlyNote, uid, wide } from './common.js';
 
 const SETTINGS = '/api/v1/settings/api';
 const FALLBACK = 'local_socket_unavailable';
@@ -23,7 +23,7 @@ function switchRow(app, label, badge, help, save) {
   const button = toggle({ label, text: label, checked: false, save, disabled: app.readOnly });
   const note = el('p', { class: 'help muted', id: uid('help'), text: help });
   button.setAttribute('aria-describedby', note.id);
-  const row = el('div', { class: 'field switch-field' },
+  const row = el('div', { class: 'field' },
     button, badge ? el('span', { class: 'hint badge', text: badge }) : null, note);
   row.set = (on) => button.set(on);
   row.input = button;
@@ -65,31 +65,31 @@ export function mount(root, app) {
   });
 
   const listening = el('dl', { class: 'facts' });
-  const restartBanner = el('p', { class: 'banner info', role: 'status' });
+  const restartBanner = el('p', { class: 'notice info banner', role: 'status' });
 
   fill(root,
     el('h1', { text: 'General' }),
     readOnlyNote(app, 'changing these settings'),
     restartBanner,
-    el('section', { class: 'card', 'aria-labelledby': 'general-local' },
+    el('section', { class: 'card stack', 'aria-labelledby': 'general-local' },
       el('h2', { id: 'general-local', text: 'Local socket' }),
       listening, socketDir),
-    el('section', { class: 'card', 'aria-labelledby': 'general-api' },
+    el('section', { class: 'card stack', 'aria-labelledby': 'general-api' },
       el('h2', { id: 'general-api', text: 'API server' }),
       enabled, port, external, requireAuth));
 
   function drawListening() {
     const facts = [];
     if (status?.socketPath) {
-      facts.push(el('dt', { text: 'Socket path' }), el('dd', {}, el('code', { text: status.socketPath })));
+      facts.push(wide(fact('Socket path', el('code', { text: status.socketPath }))));
     } else if (status?.localTcp) {
       const why = notifications.find((n) => n.code === FALLBACK);
-      facts.push(el('dt', { text: 'Fallback TCP port' }), el('dd', {}, el('code', { text: status.localTcp })),
-        el('dt', { text: 'Why' }), el('dd', { text: why?.message ?? 'no folder works for the local socket' }));
+      facts.push(fact('Fallback TCP port', el('code', { text: status.localTcp })));
+      facts.push(wide(fact('Why', why?.message ?? 'no folder works for the local socket')));
     }
     if (status) {
-      facts.push(el('dt', { text: 'API listening on' }),
-        el('dd', { text: status.routerPort ? `TCP port ${status.routerPort}` : 'off (Unix socket only)' }));
+      facts.push(fact('API listening on',
+        status.routerPort ? `TCP port ${status.routerPort}` : 'off (Unix socket only)'));
     }
     fill(listening, facts);
   }

@@ -78,7 +78,7 @@ export function mount(root, app) {
       fields.set(`timeouts.${path}`, f);
       return f;
     });
-    return el('section', { class: 'card', 'aria-labelledby': id },
+    return el('section', { class: 'card stack', 'aria-labelledby': id },
       el('h2', { id, text: title }), items);
   });
 

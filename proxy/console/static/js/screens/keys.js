@@ -25,8 +25,8 @@ export function mount(root, app) {
     'aria-describedby': 'keys-name-hint keys-create-error',
   });
   const createButton = el('button', { type: 'submit', class: 'primary', text: 'Create key' });
-  const createError = el('p', { class: 'error', id: 'keys-create-error', role: 'alert' });
-  const fresh = el('div', { class: 'card new-key', role: 'region', 'aria-label': 'New access key', tabindex: '-1' });
+  const createError = el('p', { class: 'form-status bad', id: 'keys-create-error', role: 'alert' });
+  const fresh = el('div', { class: 'card stack', role: 'region', 'aria-label': 'New access key', tabindex: '-1' });
   const body = el('tbody');
   const table = el('table', { class: 'table' },
     el('caption', { class: 'sr-only', text: 'Access keys' }),
@@ -41,15 +41,15 @@ export function mount(root, app) {
   const confirmNo = el('button', { type: 'button', text: 'Cancel' });
   const dialog = el('dialog', { 'aria-labelledby': 'keys-confirm-title', 'aria-describedby': 'keys-confirm-text' },
     el('h2', { id: 'keys-confirm-title', text: 'Revoke this access key?' }), confirmText,
-    el('div', { class: 'actions' }, confirmYes, confirmNo));
+    el('div', { class: 'row wrap' }, confirmYes, confirmNo));
 
-  const form = el('form', { class: 'card', on: { submit: create } },
+  const form = el('form', { class: 'card stack', on: { submit: create } },
     el('h2', { text: 'Create a key' }),
     el('div', { class: 'field' },
       el('label', { for: 'keys-name', text: 'Key name' }), nameInput,
-      el('p', { class: 'hint', id: 'keys-name-hint', text: 'Optional: who or what will use it, e.g. laptop.' }),
+      el('p', { class: 'help muted', id: 'keys-name-hint', text: 'Optional: who or what will use it, e.g. laptop.' }),
       createError),
-    el('div', { class: 'actions' }, createButton));
+    el('div', { class: 'row wrap' }, createButton));
   guard(app, nameInput);
   guard(app, createButton);
 
@@ -59,7 +59,7 @@ export function mount(root, app) {
     el('p', {}, 'Clients on other machines, and loopback TCP clients when "Require auth" is '
       + 'on, send one as "Authorization: Bearer <key>". Only a hash of each key is kept.'),
     form, fresh,
-    el('section', { class: 'card', 'aria-labelledby': 'keys-list' },
+    el('section', { class: 'card stack', 'aria-labelledby': 'keys-list' },
       el('h2', { id: 'keys-list', text: 'Keys' }),
       el('div', { class: 'table-wrap', role: 'region', 'aria-label': 'Access key list', tabindex: '0' }, table),
       empty),
@@ -92,9 +92,9 @@ export function mount(root, app) {
   function showFresh(made) {
     const keyBox = el('input', {
       id: 'keys-new-value', type: 'text', readonly: true, value: made.key,
-      class: 'secret', spellcheck: 'false', autocomplete: 'off',
+      class: 'mono', spellcheck: 'false', autocomplete: 'off',
     });
-    const copied = el('span', { class: 'saved', role: 'status' });
+    const copied = el('span', { class: 'save-status ok', role: 'status' });
     const copyButton = el('button', {
       type: 'button', text: 'Copy key',
       on: {
@@ -114,9 +114,9 @@ export function mount(root, app) {
     });
     fill(fresh,
       el('h2', { text: `Key "${made.name || made.id}" created` }),
-      el('p', { class: 'warning', text: 'Copy it now: it is shown this once and cannot be read again.' }),
+      el('p', { class: 'notice warn', text: 'Copy it now: it is shown this once and cannot be read again.' }),
       el('div', { class: 'field' }, el('label', { for: 'keys-new-value', text: 'New key' }), keyBox),
-      el('div', { class: 'actions' }, copyButton, copied, done));
+      el('div', { class: 'row wrap' }, copyButton, copied, done));
     fresh.hidden = false;
     fresh.focus();
     keyBox.select();

@@ -16,7 +16,7 @@ function models(list) {
 }
 
 function lastError(text) {
-  return text ? el('span', { class: 'error-text', text }) : el('span', { class: 'muted', text: '—' });
+  return text ? el('span', { class: 'small', text }) : el('span', { class: 'muted', text: '—' });
 }
 
 function table(caption, headings, rows) {
@@ -40,8 +40,8 @@ export function mount(root, app) {
   let backends = [];
   let managed = [];
 
-  const managedSection = el('section', { class: 'card', 'aria-labelledby': 'local-managed' });
-  const backendSection = el('section', { class: 'card', 'aria-labelledby': 'local-backends' });
+  const managedSection = el('section', { class: 'card stack', 'aria-labelledby': 'local-managed' });
+  const backendSection = el('section', { class: 'card stack', 'aria-labelledby': 'local-backends' });
   fill(root,
     el('h1', { text: 'Local models' }),
     el('p', {}, 'The model servers on this machine. A request is served here first when a '
@@ -63,8 +63,8 @@ export function mount(root, app) {
             el('td', {}, m.address ? el('code', { text: m.address }) : el('span', { class: 'muted', text: 'none' }),
               m.transport ? el('span', { class: 'muted', text: ` (${m.transport})` }) : null),
             el('td', {}, models(byName.get(m.name)?.models)),
-            el('td', { class: 'num', text: String(m.restarts ?? 0) }),
-            el('td', { class: 'num', text: m.pid ? String(m.pid) : '—' }),
+            el('td', { text: String(m.restarts ?? 0) }),
+            el('td', { text: m.pid ? String(m.pid) : '—' }),
             el('td', {}, lastError(m.lastError))))));
     const own = backends.filter((b) => !managedNames.has(b.name));
     fill(backendSection,

@@ -3,7 +3,7 @@
 // first token and tokens per second. Stop aborts the stream (the gateway then cancels the
 // upstream request at once).
 
-import { el, errorText, fill, ms, rate } from './common.js';
+import { appendText, el, errorText, fact, fill, ms, rate } from './common.js';
 
 /** What one SSE event of a chat stream brings: text, usage, an error, or the end. */
 export function readEvent(event) {
@@ -39,12 +39,12 @@ export function mount(root, app) {
   const stop = el('button', { type: 'button', text: 'Stop', disabled: true });
   const clear = el('button', { type: 'button', text: 'New chat' });
   const log = el('div', {
-    class: 'chat', role: 'log', 'aria-live': 'polite', 'aria-label': 'Conversation',
+    class: 'stack', role: 'log', 'aria-live': 'polite', 'aria-label': 'Conversation',
   });
   const status = el('p', { role: 'status', class: 'muted' });
   const figure = (label) => {
-    const dd = el('dd', { text: '—' });
-    return { dd, nodes: [el('dt', { text: label }), dd] };
+    const node = fact(label, '—');
+    return { dd: node.querySelector('dd'), nodes: node };
   };
   const servedBy = figure('Served by');
   const ttft = figure('Time to first token');
@@ -52,21 +52,21 @@ export function mount(root, app) {
   const tokens = figure('Completion tokens');
   const requestId = figure('Request id');
 
-  const form = el('form', { class: 'card playground-form', on: { submit: onSubmit } },
+  const form = el('form', { class: 'card stack', on: { submit: onSubmit } },
     el('div', { class: 'field' },
       el('label', { for: 'playground-model', text: 'Model' }), modelSelect, modelNote),
     el('div', { class: 'field' },
       el('label', { for: 'playground-message', text: 'Message' }), message,
-      el('p', { class: 'hint', id: 'playground-message-hint', text: 'Ctrl+Enter sends.' })),
-    el('div', { class: 'actions' }, send, stop, clear));
+      el('p', { class: 'help muted', id: 'playground-message-hint', text: 'Ctrl+Enter sends.' })),
+    el('div', { class: 'row wrap' }, send, stop, clear));
 
   fill(root,
     el('h1', { text: 'Playground' }),
     el('p', {}, 'Chat with a model the gateway serves; the answer streams in as it is made.'),
     form,
-    el('section', { class: 'card', 'aria-labelledby': 'playground-reply' },
+    el('section', { class: 'card stack', 'aria-labelledby': 'playground-reply' },
       el('h2', { id: 'playground-reply', text: 'Conversation' }), log, status,
-      el('dl', { class: 'stats' },
+      el('dl', { class: 'facts' },
         servedBy.nodes, ttft.nodes, tps.nodes, tokens.nodes, requestId.nodes)));
 
   message.addEventListener('keydown', (e) => {
@@ -83,10 +83,10 @@ export function mount(root, app) {
   });
 
   function bubble(role, text) {
-    const body = el('div', { class: 'bubble-text' }, text);
-    const who = role === 'user' ? 'You' : 'Assistant';
-    const node = el('div', { class: `bubble ${role}` }, el('span', { class: 'who', text: who }), body);
-    log.append(node);
+    const body = el('p');
+    appendText(body, text);
+    log.append(el('div', { class: `message ${role}`, 'data-role': role },
+      el('h3', { class: 'small', text: role === 'user' ? 'You' : 'Assistant' }), body));
     return body;
   }
 
@@ -146,7 +146,7 @@ export function mount(root, app) {
         }
         chunks += 1;
         answer += got.text;
-        reply.append(got.text);
+        appendText(reply, got.text);
       }
       if (got.usage) usage = got.usage;
       if (got.error) failed = got.error;
@@ -179,7 +179,7 @@ export function mount(root, app) {
       reply.append(el('span', { class: 'muted', text: answer ? ' [stopped]' : '[stopped]' }));
     } else if (failed) {
       status.textContent = `Error: ${failed}`;
-      reply.append(el('span', { class: 'error', text: answer ? ` [${failed}]` : failed }));
+      reply.append(el('span', { class: 'form-status bad', text: answer ? ` [${failed}]` : failed }));
     } else {
       status.textContent = `Done in ${ms(performance.now() - started)}.`;
     }

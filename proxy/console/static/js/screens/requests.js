@@ -3,10 +3,11 @@
 // arrives as a `request` event of the feed; a `refresh` (a reconnect or a resync) reads it
 // again. Nothing polls.
 
-import { clock, el, errorText, fill, ms, rate } from './common.js';
+import { clock, el, errorText, fact, fill, ms, rate, wide } from './common.js';
 
 const KEEP = 500; // entries held by the screen (the server keeps its own number)
 const ALL = '';
+const NARROW = '(max-width: 600px)'; // below this, cards instead of a table
 
 /** Tokens per second of one entry, from the upstream's own usage, or null. */
 export function tokensPerSecond(entry) {
@@ -41,30 +42,54 @@ function outcomeBadge(entry) {
   return el('span', { class: `badge ${kind}`.trim(), text: entry.outcome });
 }
 
-function row(entry) {
-  const tps = tokensPerSecond(entry);
-  const served = el('td', {}, entry.servedBy ?? el('span', { class: 'muted', text: 'none' }));
+function servedCell(entry) {
+  const parts = [entry.servedBy ?? el('span', { class: 'muted', text: 'none' })];
   if (entry.failover) {
-    served.append(' ', el('span', {
-      class: 'badge warn', title: `failed over from ${entry.failover}`,
-      text: `failover from ${entry.failover}`,
-    }));
+    parts.push(' ', el('span', { class: 'badge warn', text: `failover from ${entry.failover}` }));
   }
-  const status = el('td', {}, String(entry.status), ' ', outcomeBadge(entry));
-  if (entry.error) status.append(' ', el('span', { class: 'muted', text: entry.error }));
-  const tokens = entry.usage?.completion_tokens;
+  return parts;
+}
+
+function statusCell(entry) {
+  return [String(entry.status), ' ', outcomeBadge(entry),
+    entry.error ? el('span', { class: 'muted', text: ` ${entry.error}` }) : null];
+}
+
+function requestCell(entry) {
+  // Nearly everything is a POST: the method shows only when it is not.
+  return [el('code', { text: entry.method === 'POST' ? entry.path : `${entry.method} ${entry.path}` }),
+    entry.stream ? el('span', { class: 'muted', text: ' stream' }) : null];
+}
+
+function tokensCell(entry) {
+  const tps = tokensPerSecond(entry);
+  return tps === null ? '—' : rate(tps, 1);
+}
+
+/** One entry as a table row (wide screens). */
+function row(entry) {
   return el('tr', { 'data-id': entry.id },
     el('td', { title: entry.startedAt }, clock(entry.startedAt)),
-    el('td', {}, el('code', { text: `${entry.method} ${entry.path}` }),
-      entry.stream ? el('span', { class: 'muted', text: ' stream' }) : null),
+    el('td', {}, requestCell(entry)),
     el('td', { text: entry.model ?? '—' }),
-    served,
-    status,
-    el('td', { class: 'num', text: ms(entry.ttfbMs) }),
-    el('td', { class: 'num', text: ms(entry.durationMs) }),
-    el('td', { class: 'num', title: Number.isFinite(tokens) ? `${tokens} completion tokens` : null },
-      tps === null ? '—' : rate(tps, 1)),
-  );
+    el('td', {}, servedCell(entry)),
+    el('td', {}, statusCell(entry)),
+    el('td', { text: ms(entry.ttfbMs) }),
+    el('td', { text: ms(entry.durationMs) }),
+    el('td', {}, tokensCell(entry)));
+}
+
+/** One entry as a small card (narrow screens: a table would need sideways scrolling). */
+function item(entry) {
+  return el('li', { class: 'card', 'data-id': entry.id },
+    el('p', {}, el('strong', { text: entry.model ?? '—' }), ' ', statusCell(entry)),
+    el('dl', { class: 'facts' },
+      wide(fact('Served by', servedCell(entry))),
+      fact('Time', clock(entry.startedAt)),
+      fact('TTFB', ms(entry.ttfbMs)),
+      fact('Duration', ms(entry.durationMs)),
+      fact('Tokens/s', tokensCell(entry)),
+      wide(fact('Request', requestCell(entry)))));
 }
 
 export function mount(root, app) {
@@ -82,15 +107,18 @@ export function mount(root, app) {
       ['Time', 'Request', 'Model', 'Served by', 'Status', 'TTFB', 'Duration', 'Tokens/s']
         .map((h) => el('th', { scope: 'col', text: h })))),
     body);
+  const list = el('ul', { class: 'plain', 'aria-label': 'Finished requests, newest first' });
+  const narrow = window.matchMedia(NARROW);
   const empty = el('p', { class: 'muted', text: 'No requests yet: each one shows here when it finishes.' });
 
   fill(root,
     el('h1', { text: 'Requests' }),
-    el('p', {}, 'Finished requests to the OpenAI API, newest first, as they happen.'),
-    el('div', { class: 'filters', role: 'group', 'aria-label': 'Filter requests' }, model.wrap, servedBy.wrap),
-    summary,
+    el('div', { class: 'stack' },
+      el('p', {}, 'Finished requests to the OpenAI API, newest first, as they happen.'),
+      el('div', { class: 'row wrap', role: 'group', 'aria-label': 'Filter requests' }, model.wrap, servedBy.wrap),
+      summary),
     el('div', { class: 'table-wrap', role: 'region', 'aria-label': 'Request log', tabindex: '0' }, table),
-    empty);
+    list, empty);
 
   function matches(entry) {
     return (model.select.value === ALL || entry.model === model.select.value)
@@ -100,16 +128,19 @@ export function mount(root, app) {
   function updateChrome() {
     syncOptions(model.select, new Set(entries.map((e) => e.model).filter(Boolean)));
     syncOptions(servedBy.select, new Set(entries.map((e) => e.servedBy).filter(Boolean)));
-    const shown = body.rows.length;
+    const shown = (narrow.matches ? list : body).children.length;
     summary.textContent = entries.length === shown
       ? `${shown} request${shown === 1 ? '' : 's'}`
       : `${shown} of ${entries.length} requests match the filters`;
     empty.hidden = entries.length > 0;
-    table.hidden = entries.length === 0;
+    table.parentElement.hidden = entries.length === 0 || narrow.matches;
+    list.hidden = entries.length === 0 || !narrow.matches;
   }
 
   function render() {
-    fill(body, entries.filter(matches).map(row));
+    const shown = entries.filter(matches);
+    fill(body, narrow.matches ? [] : shown.map(row));
+    fill(list, narrow.matches ? shown.map(item) : []);
     updateChrome();
   }
 
@@ -120,9 +151,11 @@ export function mount(root, app) {
     entries.unshift(entry);
     if (entries.length > KEEP) {
       const gone = entries.splice(KEEP);
-      for (const old of gone) body.querySelector(`tr[data-id="${CSS.escape(old.id)}"]`)?.remove();
+      for (const old of gone) root.querySelector(`[data-id="${CSS.escape(old.id)}"]`)?.remove();
     }
-    if (matches(entry)) body.prepend(row(entry));
+    if (matches(entry)) {
+      if (narrow.matches) list.prepend(item(entry)); else body.prepend(row(entry));
+    }
     updateChrome();
   }
 
@@ -148,10 +181,12 @@ export function mount(root, app) {
     app.feed.on('request', (data) => add(data)),
     app.feed.on('refresh', () => { reload(); }),
   ];
+  narrow.addEventListener('change', render);
   render();
   reload();
   return () => {
     alive = false;
+    narrow.removeEventListener('change', render);
     for (const unsubscribe of off) unsubscribe();
   };
 }
