@@ -135,5 +135,6 @@ def test_requests_narrow_and_dark(console_gateway: ConsoleGateway, console_page:
     expect(first).to_contain_text("local-m")
     if width < 600:  # cards, not a table that would scroll sideways
         expect(page.locator("table")).to_be_hidden()
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
     axe(page, f"requests {width}px {scheme}")
     screenshot(page, f"requests-{width}-{scheme}")

@@ -31,6 +31,11 @@ export function uid(prefix = 'id') {
   return `${prefix}-s${counter}`;
 }
 
+/** Draw a screen: its <h1>, then `children` spaced as a stack. */
+export function screen(root, title, ...children) {
+  return fill(root, el('h1', { text: title }), el('div', { class: 'stack' }, ...children));
+}
+
 /** Replace every child of `node` with `children`. */
 export function fill(node, ...children) {
   node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));

@@ -5,7 +5,7 @@
 
 import { field } from '../components/field.js';
 import { toggle } from '../components/switch.js';
-import { el, errorText, fact, fill, readOnlyNote, uid, wide } from './common.js';
+import { el, errorText, fact, fill, readOnlyNote, screen, uid, wide } from './common.js';
 
 const SETTINGS = '/api/v1/settings/api';
 const FALLBACK = 'local_socket_unavailable';
@@ -67,8 +67,7 @@ export function mount(root, app) {
   const listening = el('dl', { class: 'facts' });
   const restartBanner = el('p', { class: 'notice info banner', role: 'status' });
 
-  fill(root,
-    el('h1', { text: 'General' }),
+  screen(root, 'General',
     readOnlyNote(app, 'changing these settings'),
     restartBanner,
     el('section', { class: 'card stack', 'aria-labelledby': 'general-local' },

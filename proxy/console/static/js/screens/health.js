@@ -4,7 +4,7 @@
 // do nothing (whole answers use only their total, SPEC §3.2) are marked as such.
 
 import { field, showError } from '../components/field.js';
-import { el, errorText, fill, readOnlyNote } from './common.js';
+import { el, errorText, readOnlyNote, screen } from './common.js';
 
 const SETTINGS = '/api/v1/settings/timeouts';
 const IDLE = 'Kept in the file; does nothing: whole answers use only their total.';
@@ -82,8 +82,7 @@ export function mount(root, app) {
       el('h2', { id, text: title }), items);
   });
 
-  fill(root,
-    el('h1', { text: 'Health' }),
+  screen(root, 'Health',
     readOnlyNote(app, 'changing timeouts'),
     el('p', {}, 'Durations: 500ms, 30s, 5m, 1h, or a number of seconds. Each is saved when '
       + 'the field loses focus or on Enter and applies to the next request.'),

@@ -2,7 +2,7 @@
 // them (name, created, last used) and revoke one after an in-page confirmation (a modal
 // <dialog>: focus moves into it, Escape cancels, focus returns to the button after).
 
-import { el, errorText, fill, guard, readOnlyNote, when } from './common.js';
+import { el, errorText, fill, guard, readOnlyNote, screen, when } from './common.js';
 
 const KEYS = '/api/v1/access-keys';
 const QUIET_MS = 2000; // at most one re-read of "last used" per this, while requests finish
@@ -53,8 +53,7 @@ export function mount(root, app) {
   guard(app, nameInput);
   guard(app, createButton);
 
-  fill(root,
-    el('h1', { text: 'Access keys' }),
+  screen(root, 'Access keys',
     readOnlyNote(app, 'creating or revoking keys'),
     el('p', {}, 'Clients on other machines, and loopback TCP clients when "Require auth" is '
       + 'on, send one as "Authorization: Bearer <key>". Only a hash of each key is kept.'),

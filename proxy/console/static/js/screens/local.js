@@ -2,7 +2,7 @@
 // and the local backends (kind, online, models, last error), from /api/v1/inference/status
 // (or the feed's hello), kept current by the feed's `model` events.
 
-import { el, errorText, fill } from './common.js';
+import { el, errorText, fill, screen } from './common.js';
 
 const STATE_BADGE = { running: 'ok', starting: 'warn', backoff: 'bad', stopped: 'muted' };
 
@@ -42,8 +42,7 @@ export function mount(root, app) {
 
   const managedSection = el('section', { class: 'card stack', 'aria-labelledby': 'local-managed' });
   const backendSection = el('section', { class: 'card stack', 'aria-labelledby': 'local-backends' });
-  fill(root,
-    el('h1', { text: 'Local models' }),
+  screen(root, 'Local models',
     el('p', {}, 'The model servers on this machine. A request is served here first when a '
       + 'local one has its model. They are set in config.yaml (models: and backends:).'),
     managedSection, backendSection);

@@ -3,7 +3,7 @@
 // first token and tokens per second. Stop aborts the stream (the gateway then cancels the
 // upstream request at once).
 
-import { appendText, el, errorText, fact, fill, ms, rate } from './common.js';
+import { appendText, el, errorText, fact, fill, ms, rate, screen } from './common.js';
 
 /** What one SSE event of a chat stream brings: text, usage, an error, or the end. */
 export function readEvent(event) {
@@ -60,8 +60,7 @@ export function mount(root, app) {
       el('p', { class: 'help muted', id: 'playground-message-hint', text: 'Ctrl+Enter sends.' })),
     el('div', { class: 'row wrap' }, send, stop, clear));
 
-  fill(root,
-    el('h1', { text: 'Playground' }),
+  screen(root, 'Playground',
     el('p', {}, 'Chat with a model the gateway serves; the answer streams in as it is made.'),
     form,
     el('section', { class: 'card stack', 'aria-labelledby': 'playground-reply' },
@@ -129,6 +128,7 @@ export function mount(root, app) {
 
     const started = performance.now();
     let first = null;
+    let last = null;
     let chunks = 0;
     let usage = null;
     let failed = null;
@@ -144,6 +144,7 @@ export function mount(root, app) {
           ttft.dd.textContent = ms(now - started);
           status.textContent = 'Streaming…';
         }
+        last = now;
         chunks += 1;
         answer += got.text;
         appendText(reply, got.text);
@@ -163,15 +164,17 @@ export function mount(root, app) {
     running = null;
     setRunning(false);
     showServer(headers);
-    // From the first token to the end of the stream: the pace the model produced them at.
-    const end = performance.now();
+    // From the first token to the last: the pace the model produced them at (with one
+    // token in all, there is no pace to tell).
+    const end = last ?? performance.now();
     const generated = usage?.completion_tokens;
     if (Number.isFinite(generated)) {
       tokens.dd.textContent = String(generated);
       tps.dd.textContent = first === null ? '—' : rate(Math.max(generated - 1, 0), (end - first) / 1000);
     } else if (chunks > 1) {
-      tokens.dd.textContent = `${chunks} chunks (no usage sent)`;
-      tps.dd.textContent = `${rate(chunks - 1, (end - first) / 1000)} (chunks)`;
+      // No usage from the server (or stopped before it came): chunks stand in for tokens.
+      tokens.dd.textContent = `≈ ${chunks} (chunks)`;
+      tps.dd.textContent = `≈ ${rate(chunks - 1, (end - first) / 1000)}`;
     }
     if (answer) history.push({ role: 'assistant', content: answer });
     if (failed === 'stopped') {

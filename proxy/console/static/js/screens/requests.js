@@ -3,7 +3,7 @@
 // arrives as a `request` event of the feed; a `refresh` (a reconnect or a resync) reads it
 // again. Nothing polls.
 
-import { clock, el, errorText, fact, fill, ms, rate, wide } from './common.js';
+import { clock, el, errorText, fact, fill, ms, rate, screen, wide } from './common.js';
 
 const KEEP = 500; // entries held by the screen (the server keeps its own number)
 const ALL = '';
@@ -111,12 +111,10 @@ export function mount(root, app) {
   const narrow = window.matchMedia(NARROW);
   const empty = el('p', { class: 'muted', text: 'No requests yet: each one shows here when it finishes.' });
 
-  fill(root,
-    el('h1', { text: 'Requests' }),
-    el('div', { class: 'stack' },
-      el('p', {}, 'Finished requests to the OpenAI API, newest first, as they happen.'),
-      el('div', { class: 'row wrap', role: 'group', 'aria-label': 'Filter requests' }, model.wrap, servedBy.wrap),
-      summary),
+  screen(root, 'Requests',
+    el('p', {}, 'Finished requests to the OpenAI API, newest first, as they happen.'),
+    el('div', { class: 'row wrap', role: 'group', 'aria-label': 'Filter requests' }, model.wrap, servedBy.wrap),
+    summary,
     el('div', { class: 'table-wrap', role: 'region', 'aria-label': 'Request log', tabindex: '0' }, table),
     list, empty);
 
