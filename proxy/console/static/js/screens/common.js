@@ -62,6 +62,17 @@ export function appendText(node, text) {
   });
 }
 
+/** `text` as nodes that may wrap after each "/" or ":" (long paths and addresses would
+ * otherwise push a narrow screen sideways). */
+export function breakable(text) {
+  const out = [];
+  for (const part of String(text).split(/(?<=[/:])/)) {
+    if (out.length) out.push(el('wbr'));
+    out.push(part);
+  }
+  return out;
+}
+
 /** A duration in milliseconds for people: "850 ms", "2.31 s", "3 min 5 s". */
 export function ms(value) {
   if (value === null || value === undefined || Number.isNaN(value)) return '—';

@@ -1,7 +1,8 @@
 // API > General: where the gateway listens (the local socket, or the loopback TCP port it
 // fell back to and why), the API port, the API server on or off, external access and
 // require auth. Each is saved when changed (PUT /api/v1/settings/api); a field that only
-// applies at the next start says so, and so does the screen once such a change is saved.
+// applies at the next start says so (once one is saved, the gateway's own notification,
+// shown by the shell on every screen, says to restart).
 
 import { field } from '../components/field.js';
 import { toggle } from '../components/switch.js';
@@ -23,8 +24,10 @@ function switchRow(app, label, badge, help, save) {
   const button = toggle({ label, text: label, checked: false, save, disabled: app.readOnly });
   const note = el('p', { class: 'help muted', id: uid('help'), text: help });
   button.setAttribute('aria-describedby', note.id);
+  // In a row, so the switch keeps its own width and its "Saved" line sits beside it.
   const row = el('div', { class: 'field' },
-    button, badge ? el('span', { class: 'hint badge', text: badge }) : null, note);
+    el('div', { class: 'row wrap' }, button, badge ? el('span', { class: 'badge', text: badge }) : null),
+    note);
   row.set = (on) => button.set(on);
   row.input = button;
   return row;
@@ -65,11 +68,9 @@ export function mount(root, app) {
   });
 
   const listening = el('dl', { class: 'facts' });
-  const restartBanner = el('p', { class: 'notice info banner', role: 'status' });
 
   screen(root, 'General',
     readOnlyNote(app, 'changing these settings'),
-    restartBanner,
     el('section', { class: 'card stack', 'aria-labelledby': 'general-local' },
       el('h2', { id: 'general-local', text: 'Local socket' }),
       listening, socketDir),
@@ -99,9 +100,6 @@ export function mount(root, app) {
     external.set(Boolean(settings.allowExternalAccess));
     requireAuth.set(Boolean(settings.requireAuth));
     socketDir.set(settings.socketDir ?? '');
-    restartBanner.textContent = settings.restartRequired
-      ? 'Saved changes apply at the next start: restart sluice to apply them.' : '';
-    restartBanner.hidden = !settings.restartRequired;
   }
 
   async function reload(hello) {
@@ -132,7 +130,6 @@ export function mount(root, app) {
     }),
     app.feed.on('refresh', (hello) => { reload(hello); }),
   ];
-  restartBanner.hidden = true;
   reload(null);
   return () => {
     alive = false;

@@ -79,7 +79,7 @@ export function mount(root, app) {
       return f;
     });
     return el('section', { class: 'card stack', 'aria-labelledby': id },
-      el('h2', { id, text: title }), items);
+      el('h2', { id, text: title }), el('div', { class: 'grid3' }, items));
   });
 
   screen(root, 'Health',

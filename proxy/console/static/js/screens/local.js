@@ -2,7 +2,7 @@
 // and the local backends (kind, online, models, last error), from /api/v1/inference/status
 // (or the feed's hello), kept current by the feed's `model` events.
 
-import { el, errorText, fill, screen } from './common.js';
+import { breakable, el, errorText, fact, fill, screen, wide } from './common.js';
 
 const STATE_BADGE = { running: 'ok', starting: 'warn', backoff: 'bad', stopped: 'muted' };
 
@@ -16,15 +16,14 @@ function models(list) {
 }
 
 function lastError(text) {
-  return text ? el('span', { class: 'small', text }) : el('span', { class: 'muted', text: '—' });
+  return text ? el('span', { class: 'small' }, breakable(text)) : el('span', { class: 'muted', text: '—' });
 }
 
-function table(caption, headings, rows) {
-  return el('div', { class: 'table-wrap', role: 'region', 'aria-label': caption, tabindex: '0' },
-    el('table', { class: 'table' },
-      el('caption', { class: 'sr-only', text: caption }),
-      el('thead', {}, el('tr', {}, headings.map((h) => el('th', { scope: 'col', text: h })))),
-      el('tbody', {}, rows)));
+/** One server as a card: its name and state, then its facts. */
+function card(name, state, facts) {
+  return el('li', { class: 'card stack', 'data-name': name },
+    el('h3', { class: 'row wrap' }, el('span', { text: name }), state),
+    el('dl', { class: 'facts' }, facts));
 }
 
 /** Replace (or add) the entry named `entry.name` in `list`. */
@@ -40,8 +39,8 @@ export function mount(root, app) {
   let backends = [];
   let managed = [];
 
-  const managedSection = el('section', { class: 'card stack', 'aria-labelledby': 'local-managed' });
-  const backendSection = el('section', { class: 'card stack', 'aria-labelledby': 'local-backends' });
+  const managedSection = el('section', { class: 'stack', 'aria-labelledby': 'local-managed' });
+  const backendSection = el('section', { class: 'stack', 'aria-labelledby': 'local-backends' });
   screen(root, 'Local models',
     el('p', {}, 'The model servers on this machine. A request is served here first when a '
       + 'local one has its model. They are set in config.yaml (models: and backends:).'),
@@ -54,29 +53,26 @@ export function mount(root, app) {
       el('h2', { id: 'local-managed', text: 'Managed model servers' }),
       managed.length === 0
         ? el('p', { class: 'muted', text: 'None: no models: entries in config.yaml.' })
-        : table('Managed model servers',
-          ['Name', 'State', 'Address', 'Models', 'Restarts', 'PID', 'Last error'],
-          managed.map((m) => el('tr', {},
-            el('th', { scope: 'row', text: m.name }),
-            el('td', {}, badge(m.state, STATE_BADGE[m.state])),
-            el('td', {}, m.address ? el('code', { text: m.address }) : el('span', { class: 'muted', text: 'none' }),
-              m.transport ? el('span', { class: 'muted', text: ` (${m.transport})` }) : null),
-            el('td', {}, models(byName.get(m.name)?.models)),
-            el('td', { text: String(m.restarts ?? 0) }),
-            el('td', { text: m.pid ? String(m.pid) : '—' }),
-            el('td', {}, lastError(m.lastError))))));
+        : el('ul', { class: 'plain', 'aria-labelledby': 'local-managed' }, managed.map((m) => card(
+          m.name, badge(m.state, STATE_BADGE[m.state]), [
+            wide(fact('Address', m.address ? el('code', {}, breakable(m.address)) : el('span', { class: 'muted', text: 'none' }),
+              m.transport ? el('span', { class: 'muted', text: ` (${m.transport})` }) : null)),
+            fact('Models', models(byName.get(m.name)?.models)),
+            fact('Restarts', String(m.restarts ?? 0)),
+            fact('PID', m.pid ? String(m.pid) : '—'),
+            wide(fact('Last error', lastError(m.lastError))),
+          ]))));
     const own = backends.filter((b) => !managedNames.has(b.name));
     fill(backendSection,
       el('h2', { id: 'local-backends', text: 'Local backends' }),
       own.length === 0
         ? el('p', { class: 'muted', text: 'None: no backends: entries in config.yaml.' })
-        : table('Local backends', ['Name', 'Kind', 'State', 'Models', 'Last error'],
-          own.map((b) => el('tr', {},
-            el('th', { scope: 'row', text: b.name }),
-            el('td', { text: b.kind }),
-            el('td', {}, b.online ? badge('online', 'ok') : badge('offline', 'bad')),
-            el('td', {}, models(b.models)),
-            el('td', {}, lastError(b.lastError))))));
+        : el('ul', { class: 'plain', 'aria-labelledby': 'local-backends' }, own.map((b) => card(
+          b.name, b.online ? badge('online', 'ok') : badge('offline', 'bad'), [
+            fact('Kind', b.kind),
+            fact('Models', models(b.models)),
+            wide(fact('Last error', lastError(b.lastError))),
+          ]))));
   }
 
   function showStatus(status) {
