@@ -96,7 +96,8 @@ def test_general_says_a_restart_is_needed(make_console_gateway: Any, console_pag
     port.press("Tab")
     expect(status_of(port)).to_have_text("Saved")
     saved = gw.get(API)
-    assert saved["port"] == 39999 and saved["restartRequired"] is True
+    assert saved["port"] == 39999
+    assert saved["restartRequired"] is True
     # The gateway's notification says so, in the notifications area of every screen.
     expect(page.locator("#notification-list")).to_contain_text("restart sluice")
     screenshot(page, "general-restart")
@@ -156,7 +157,8 @@ def test_health_check_interval_and_timeout(console_gateway: ConsoleGateway,
     timeout.press("Enter")
     expect(status_of(timeout)).to_have_text("Saved")
     kept = gw.get(TIMEOUTS)["health_check"]
-    assert kept["interval"] == before["interval"] and kept["timeout"] != before["interval"]
+    assert kept["interval"] == before["interval"]
+    assert kept["timeout"] != before["interval"]
     expect(timeout).to_have_value(kept["timeout"])
     gw.api("PUT", TIMEOUTS, {"health_check": before})
     expect(timeout).to_have_value(before["timeout"])
@@ -184,7 +186,8 @@ def test_create_use_and_revoke_an_access_key(console_gateway: ConsoleGateway,
     expect(page.get_by_text("Copied")).to_be_visible()
     assert page.evaluate("navigator.clipboard.readText()") == key
     listed = [k for k in gw.get("/api/v1/access-keys") if k["name"] == "laptop"]
-    assert len(listed) == 1 and "key" not in listed[0]
+    assert len(listed) == 1
+    assert "key" not in listed[0]
     row = page.get_by_role("row").filter(has_text="laptop")
     expect(row).to_contain_text("never")  # not used yet
     axe(page, "access keys, new key shown")

@@ -7,7 +7,6 @@ go; axe on light, dark and 360 px."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -41,9 +40,9 @@ def story(words: list[str]) -> list[bytes]:
 
 
 @pytest.fixture
-def streaming_model(console_gateway: ConsoleGateway) -> Iterator[ConsoleGateway]:
+def streaming_model(console_gateway: ConsoleGateway) -> ConsoleGateway:
     console_gateway.model.on("POST", CHAT, sse_stream(story(WORDS), gap=GAP))
-    yield console_gateway
+    return console_gateway
 
 
 def send(page: Any, model: str, text: str) -> None:
@@ -92,10 +91,12 @@ def test_reply_streams_token_by_token_and_shows_who_served_it(
 
     entry = gw.get("/api/v1/requests?limit=1")["requests"][0]
     assert entry["id"] == request_id
-    assert entry["stream"] is True and entry["outcome"] == "success"
+    assert entry["stream"] is True
+    assert entry["outcome"] == "success"
     assert entry["usage"]["completion_tokens"] == len(WORDS)
     sent = json.loads(gw.model.requests_to(CHAT)[-1].body)
-    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    assert sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
     assert sent["messages"] == [{"role": "user", "content": "Say hello"}]
     logged = log_page.locator(f'[data-id="{request_id}"]')
     expect(logged).to_contain_text("local:local")

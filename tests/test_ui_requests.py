@@ -5,7 +5,6 @@ marked; the filters by model and by who served it; axe on light, dark and 360 px
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,10 +19,9 @@ CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture
-def local_answers(console_gateway: ConsoleGateway) -> Iterator[None]:
+def local_answers(console_gateway: ConsoleGateway) -> None:
     """The local fake model answers chats (whole, with usage) while a test runs."""
     console_gateway.model.on("POST", CHAT, json_completion("hello from local", "local-m"))
-    yield
 
 
 def entries(gateway: ConsoleGateway, **filters: str) -> list[dict[str, Any]]:
