@@ -57,9 +57,6 @@ export function orderedList({ label, items, key, name, render, save, readOnly = 
     rows.set(k, entry);
     handle.addEventListener("keydown", (event) => onKey(k, event));
     handle.addEventListener("pointerdown", (event) => onPointerDown(k, event));
-    handle.addEventListener("pointermove", (event) => onPointerMove(k, event));
-    handle.addEventListener("pointerup", () => lifted?.pointer != null && drop());
-    handle.addEventListener("pointercancel", () => lifted?.pointer != null && cancel());
     handle.addEventListener("blur", () => lifted && lifted.pointer == null && !moving && cancel());
     up.addEventListener("click", () => step(k, -1));
     down.addEventListener("click", () => step(k, +1));
@@ -176,16 +173,30 @@ export function orderedList({ label, items, key, name, render, save, readOnly = 
     }
   }
 
+  // A drag follows the pointer on the whole window (moving the item in the list would end
+  // a pointer capture on its handle).
+  const dragEvents = {
+    pointermove: (event) => onPointerMove(event),
+    pointerup: (event) => event.pointerId === lifted?.pointer && endDrag(drop),
+    pointercancel: (event) => event.pointerId === lifted?.pointer && endDrag(cancel),
+  };
+
+  function endDrag(finish) {
+    for (const [type, listener] of Object.entries(dragEvents)) window.removeEventListener(type, listener);
+    finish();
+  }
+
   function onPointerDown(k, event) {
     if (readOnly || lifted || event.button !== 0) return;
     event.preventDefault();
-    event.currentTarget.setPointerCapture?.(event.pointerId);
     event.currentTarget.focus();
+    for (const [type, listener] of Object.entries(dragEvents)) window.addEventListener(type, listener);
     lift(k, event.pointerId);
   }
 
-  function onPointerMove(k, event) {
-    if (!lifted || lifted.key !== k || lifted.pointer == null) return;
+  function onPointerMove(event) {
+    if (!lifted || lifted.pointer !== event.pointerId) return;
+    const k = lifted.key;
     for (const [other, entry] of rows) {
       if (other === k) continue;
       const box = entry.li.getBoundingClientRect();
