@@ -16,7 +16,9 @@ when Playwright or Chromium is missing — ``scripts/test`` installs both):
     Tests of one module share it: put back what you change, or use the factory below.
 ``make_console_gateway`` (function)
     ``make_console_gateway(nodes=("studio", ...), lb=True, local_models=("local-m",),
-    **config)`` -> a fresh :class:`ConsoleGateway` for this test only (``config``: the
+    port=None, **config)`` -> a fresh :class:`ConsoleGateway` for this test only
+    (``port``: a fixed API port, so that ``gateway.gw.stop(); gateway.gw.launch();
+    gateway.gw.ready_sync()`` restarts it where the page reconnects; ``config``: the
     keyword arguments of ``tests.conftest.gateway_config``, e.g. ``failure_threshold=2``).
 ``console_page`` (function)
     ``console_page(gateway, route="/nodes", *, token=True, width=1280, height=900,
@@ -52,6 +54,7 @@ from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from tests.fakenode import FakeNode, ThreadedUpstream
@@ -84,7 +87,8 @@ class ConsoleGateway:
     """A gateway process with fake nodes and a fake local model (see the module docstring)."""
 
     def __init__(self, folder: Path, names: Sequence[str], *, lb: bool = True,
-                 local_models: Sequence[str] = ("local-m",), **config: Any) -> None:
+                 local_models: Sequence[str] = ("local-m",), port: int | None = None,
+                 **config: Any) -> None:
         self.folder = folder
         self._threads: dict[str, ThreadedUpstream] = {}
         self.nodes: dict[str, FakeNode] = {}
@@ -96,6 +100,7 @@ class ConsoleGateway:
         self._lb = lb
         self._config = config
         self._local = tuple(local_models)
+        self._port = port
 
     def start(self) -> ConsoleGateway:
         entries = []
@@ -115,6 +120,9 @@ class ConsoleGateway:
             backends = [("local", self.model.url)]
         self.process = GatewayProcess(self.folder, "console", nodes=entries,
                                       backends=backends, **{"lb": self._lb, **self._config})
+        if self._port is not None:  # a fixed API port (to restart on it), else a free one
+            cfg = self.process.config
+            self.process.config = attrs.evolve(cfg, api=attrs.evolve(cfg.api, port=self._port))
         self.process.launch()
         self.process.ready_sync()
         return self
