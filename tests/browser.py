@@ -37,7 +37,8 @@ when Playwright or Chromium is missing — ``scripts/test`` installs both):
 :class:`ConsoleGateway`: ``url`` (``http://localhost:<port>``), ``token`` (admin),
 ``log_path`` / ``log()``, ``process`` (tests.gateways.GatewayProcess), ``nodes`` (name ->
 tests.fakenode.FakeNode, each served from its own thread), ``fingerprint(name)``,
-``model`` (the local tests.fakeupstream.FakeUpstream), ``api(method, path, doc=None)`` ->
+``model`` (the local tests.fakeupstream.FakeUpstream; chat completions answer "from local",
+whole or streamed, like each node's "from node-<name>"), ``api(method, path, doc=None)`` ->
 ``(status, JSON)`` with the admin token, ``get(path)`` -> JSON (asserts 200),
 ``stop_node(name)`` (its port then refuses connections), ``chat(model)`` -> status of one
 chat completion over TCP. Wait with Playwright's ``expect`` and locators, never sleeps.
@@ -57,7 +58,7 @@ from typing import Any
 import attrs
 import pytest
 
-from tests.fakenode import FakeNode, ThreadedUpstream
+from tests.fakenode import FakeNode, ThreadedUpstream, chat_answer
 from tests.fakeupstream import FakeUpstream
 from tests.gateways import GatewayProcess, Node
 
@@ -93,6 +94,7 @@ class ConsoleGateway:
         self._threads: dict[str, ThreadedUpstream] = {}
         self.nodes: dict[str, FakeNode] = {}
         self.model = FakeUpstream(models=tuple(local_models))
+        self.model.on("POST", "/v1/chat/completions", chat_answer("from local"))
         self._model_thread = ThreadedUpstream(self.model)
         self._started: list[ThreadedUpstream] = []
         self.process: GatewayProcess | None = None

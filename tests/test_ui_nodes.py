@@ -210,6 +210,12 @@ def test_axe_on_nodes_and_pool(gateway: ConsoleGateway, console_page: OpenPage, 
     page.get_by_role("link", name="Distributed pool").click()
     expect(page.get_by_role("heading", name="Distributed pool", level=1)).to_be_visible()
     expect(page.locator("table").first).to_be_visible()
+    if width > 360:  # some traffic, for the figures (they arrive live, at most once a second)
+        before = gateway.get("/api/v1/pool/routing-stats")["totalRequests"]
+        assert [gateway.chat(m) for m in ("shared-m", "shared-m", "laptop-m", "local-m")
+                ] == [200] * 4
+        expect(page.locator("section").filter(has_text="Routing stats").locator("p.muted")
+               ).to_contain_text(f"{before + 4} requests")
     axe(page, f"pool at {width}px")
     screenshot(page, f"pool-{width}")
     assert page.evaluate("() => document.documentElement.scrollWidth") <= width

@@ -29,6 +29,7 @@ export function orderedList({ label, items, key, name, render, save, readOnly = 
   let lifted = null; // { key, before: [keys], pointer: id | null }
   let waiting = null; // items that came while an item was lifted
   let latest = 0; // the number of the last save started
+  let inFlight = 0; // saves not answered yet: until then the list keeps the user's order
 
   const keys = () => current.map(key);
   const itemOf = (k) => current.find((item) => key(item) === k);
@@ -112,12 +113,15 @@ export function orderedList({ label, items, key, name, render, save, readOnly = 
     if (order.join("\n") === before.join("\n")) return;
     const mine = ++latest;
     showSaving(status);
+    inFlight += 1;
     try {
       const answer = await save(order);
+      inFlight -= 1;
       if (mine !== latest) return;
       showSaved(status, "Order saved");
       if (Array.isArray(answer)) update(answer);
     } catch (err) {
+      inFlight -= 1;
       if (mine !== latest) return;
       const message = (err && err.message) || String(err);
       showError(status, `Order not saved: ${message}`);
@@ -138,8 +142,8 @@ export function orderedList({ label, items, key, name, render, save, readOnly = 
     lifted = null;
     layout();
     say(`${name(itemOf(k))} dropped, ${where(k)}`);
-    flushWaiting();
     commit(before);
+    flushWaiting();
   }
 
   function cancel() {
@@ -228,7 +232,17 @@ export function orderedList({ label, items, key, name, render, save, readOnly = 
       waiting = next;
       return;
     }
-    current = [...next];
+    if (inFlight) {
+      // The items' news, in the order being saved (its answer then puts the server's).
+      const order = keys();
+      const rank = (item) => {
+        const at = order.indexOf(key(item));
+        return at < 0 ? order.length : at;
+      };
+      current = [...next].sort((a, b) => rank(a) - rank(b));
+    } else {
+      current = [...next];
+    }
     layout();
   }
 
