@@ -26,7 +26,7 @@ when Playwright or Chromium is missing — ``scripts/test`` installs both):
     ``<gateway.url>/ui/#token=<admin token>`` (no fragment with ``token=False``: read-only),
     then at ``#<route>``; it returns once the live feed is open and the screen's ``<h1>`` is
     there. Each call makes its own browser context, closed after the test; a page error
-    (an uncaught exception in the console) fails the test.
+    (an uncaught exception in the console) or a CSP violation fails the test.
 ``axe`` (function)
     ``axe(page, name)``: runs axe-core (``.cache/axe``, from the npm registry) on the page
     and fails listing every serious or critical violation (rule, impact, help, elements).
@@ -259,6 +259,8 @@ def console_page(browser: Any) -> Iterator[OpenPage]:
         contexts.append(context)
         page = context.new_page()
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda msg: errors.append(msg.text)
+                if "Content Security Policy" in msg.text else None)
         fragment = f"#token={gateway.token}" if token else f"#{route}"
         page.goto(f"{gateway.url}/ui/{fragment}")
         expect(page.locator("#connection")).to_have_text("live", timeout=READY_TIMEOUT)
