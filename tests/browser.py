@@ -16,7 +16,9 @@ when Playwright or Chromium is missing — ``scripts/test`` installs both):
     Tests of one module share it: put back what you change, or use the factory below.
 ``make_console_gateway`` (function)
     ``make_console_gateway(nodes=("studio", ...), lb=True, local_models=("local-m",),
-    **config)`` -> a fresh :class:`ConsoleGateway` for this test only (``config``: the
+    port=None, **config)`` -> a fresh :class:`ConsoleGateway` for this test only
+    (``port``: a fixed API port, so that ``gateway.gw.stop(); gateway.gw.launch();
+    gateway.gw.ready_sync()`` restarts it where the page reconnects; ``config``: the
     keyword arguments of ``tests.conftest.gateway_config``, e.g. ``failure_threshold=2``).
 ``console_page`` (function)
     ``console_page(gateway, route="/nodes", *, token=True, width=1280, height=900,
@@ -24,7 +26,7 @@ when Playwright or Chromium is missing — ``scripts/test`` installs both):
     ``<gateway.url>/ui/#token=<admin token>`` (no fragment with ``token=False``: read-only),
     then at ``#<route>``; it returns once the live feed is open and the screen's ``<h1>`` is
     there. Each call makes its own browser context, closed after the test; a page error
-    (an uncaught exception in the console) fails the test.
+    (an uncaught exception in the console) or a CSP violation fails the test.
 ``axe`` (function)
     ``axe(page, name)``: runs axe-core (``.cache/axe``, from the npm registry) on the page
     and fails listing every serious or critical violation (rule, impact, help, elements).
@@ -35,7 +37,8 @@ when Playwright or Chromium is missing — ``scripts/test`` installs both):
 :class:`ConsoleGateway`: ``url`` (``http://localhost:<port>``), ``token`` (admin),
 ``log_path`` / ``log()``, ``process`` (tests.gateways.GatewayProcess), ``nodes`` (name ->
 tests.fakenode.FakeNode, each served from its own thread), ``fingerprint(name)``,
-``model`` (the local tests.fakeupstream.FakeUpstream), ``api(method, path, doc=None)`` ->
+``model`` (the local tests.fakeupstream.FakeUpstream; chat completions answer "from local",
+whole or streamed, like each node's "from node-<name>"), ``api(method, path, doc=None)`` ->
 ``(status, JSON)`` with the admin token, ``get(path)`` -> JSON (asserts 200),
 ``stop_node(name)`` (its port then refuses connections), ``chat(model)`` -> status of one
 chat completion over TCP. Wait with Playwright's ``expect`` and locators, never sleeps.
@@ -52,9 +55,10 @@ from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
-from tests.fakenode import FakeNode, ThreadedUpstream
+from tests.fakenode import FakeNode, ThreadedUpstream, chat_answer
 from tests.fakeupstream import FakeUpstream
 from tests.gateways import GatewayProcess, Node
 
@@ -84,11 +88,13 @@ class ConsoleGateway:
     """A gateway process with fake nodes and a fake local model (see the module docstring)."""
 
     def __init__(self, folder: Path, names: Sequence[str], *, lb: bool = True,
-                 local_models: Sequence[str] = ("local-m",), **config: Any) -> None:
+                 local_models: Sequence[str] = ("local-m",), port: int | None = None,
+                 **config: Any) -> None:
         self.folder = folder
         self._threads: dict[str, ThreadedUpstream] = {}
         self.nodes: dict[str, FakeNode] = {}
         self.model = FakeUpstream(models=tuple(local_models))
+        self.model.on("POST", "/v1/chat/completions", chat_answer("from local"))
         self._model_thread = ThreadedUpstream(self.model)
         self._started: list[ThreadedUpstream] = []
         self.process: GatewayProcess | None = None
@@ -96,6 +102,7 @@ class ConsoleGateway:
         self._lb = lb
         self._config = config
         self._local = tuple(local_models)
+        self._port = port
 
     def start(self) -> ConsoleGateway:
         entries = []
@@ -115,6 +122,9 @@ class ConsoleGateway:
             backends = [("local", self.model.url)]
         self.process = GatewayProcess(self.folder, "console", nodes=entries,
                                       backends=backends, **{"lb": self._lb, **self._config})
+        if self._port is not None:  # a fixed API port (to restart on it), else a free one
+            cfg = self.process.config
+            self.process.config = attrs.evolve(cfg, api=attrs.evolve(cfg.api, port=self._port))
         self.process.launch()
         self.process.ready_sync()
         return self
@@ -249,6 +259,8 @@ def console_page(browser: Any) -> Iterator[OpenPage]:
         contexts.append(context)
         page = context.new_page()
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda msg: errors.append(msg.text)
+                if "Content Security Policy" in msg.text else None)
         fragment = f"#token={gateway.token}" if token else f"#{route}"
         page.goto(f"{gateway.url}/ui/{fragment}")
         expect(page.locator("#connection")).to_have_text("live", timeout=READY_TIMEOUT)

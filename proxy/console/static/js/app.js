@@ -103,13 +103,13 @@ const readOnly = !token();
 if (readOnly) {
   const banner = document.getElementById("readonly-banner");
   banner.hidden = false;
-  banner.append(
-    "Read-only: this page has no admin token, so nothing can be changed here. To change ",
-    "settings, run ",
-  );
+  const text = document.createElement("p");
   const code = document.createElement("code");
   code.textContent = "sluice console";
-  banner.append(code, " on the gateway's computer: it opens the console with a token.");
+  text.append("Read-only: this page has no admin token, so nothing can be changed here. To ",
+              "change settings, run ", code,
+              " on the gateway's computer: it opens the console with a token.");
+  banner.append(text);
 }
 
 // -- screens -----------------------------------------------------------------------------

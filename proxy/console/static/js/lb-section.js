@@ -57,9 +57,9 @@ function computerRow(app, state, item) {
     },
   });
   const body = el("div", { class: "node-row" },
-                  el("div", { class: "row wrap" }, title, place, status),
-                  facts,
-                  el("div", { class: "row" }, routing));
+                  el("div", { class: "row wrap" }, title, place, status, el("span", { class: "spacer" }),
+                     el("span", { class: "row" }, routing)),
+                  facts);
   body.update = (next, position, count) => {
     title.textContent = next.name;
     place.textContent = `${position} of ${count}`;

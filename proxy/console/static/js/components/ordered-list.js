@@ -29,6 +29,7 @@ export function orderedList({ label, items, key, name, render, save, readOnly = 
   let lifted = null; // { key, before: [keys], pointer: id | null }
   let waiting = null; // items that came while an item was lifted
   let latest = 0; // the number of the last save started
+  let inFlight = 0; // saves not answered yet: until then the list keeps the user's order
 
   const keys = () => current.map(key);
   const itemOf = (k) => current.find((item) => key(item) === k);
@@ -57,9 +58,6 @@ export function orderedList({ label, items, key, name, render, save, readOnly = 
     rows.set(k, entry);
     handle.addEventListener("keydown", (event) => onKey(k, event));
     handle.addEventListener("pointerdown", (event) => onPointerDown(k, event));
-    handle.addEventListener("pointermove", (event) => onPointerMove(k, event));
-    handle.addEventListener("pointerup", () => lifted?.pointer != null && drop());
-    handle.addEventListener("pointercancel", () => lifted?.pointer != null && cancel());
     handle.addEventListener("blur", () => lifted && lifted.pointer == null && !moving && cancel());
     up.addEventListener("click", () => step(k, -1));
     down.addEventListener("click", () => step(k, +1));
@@ -115,12 +113,15 @@ export function orderedList({ label, items, key, name, render, save, readOnly = 
     if (order.join("\n") === before.join("\n")) return;
     const mine = ++latest;
     showSaving(status);
+    inFlight += 1;
     try {
       const answer = await save(order);
+      inFlight -= 1;
       if (mine !== latest) return;
       showSaved(status, "Order saved");
       if (Array.isArray(answer)) update(answer);
     } catch (err) {
+      inFlight -= 1;
       if (mine !== latest) return;
       const message = (err && err.message) || String(err);
       showError(status, `Order not saved: ${message}`);
@@ -141,8 +142,8 @@ export function orderedList({ label, items, key, name, render, save, readOnly = 
     lifted = null;
     layout();
     say(`${name(itemOf(k))} dropped, ${where(k)}`);
-    flushWaiting();
     commit(before);
+    flushWaiting();
   }
 
   function cancel() {
@@ -176,16 +177,30 @@ export function orderedList({ label, items, key, name, render, save, readOnly = 
     }
   }
 
+  // A drag follows the pointer on the whole window (moving the item in the list would end
+  // a pointer capture on its handle).
+  const dragEvents = {
+    pointermove: (event) => onPointerMove(event),
+    pointerup: (event) => event.pointerId === lifted?.pointer && endDrag(drop),
+    pointercancel: (event) => event.pointerId === lifted?.pointer && endDrag(cancel),
+  };
+
+  function endDrag(finish) {
+    for (const [type, listener] of Object.entries(dragEvents)) window.removeEventListener(type, listener);
+    finish();
+  }
+
   function onPointerDown(k, event) {
     if (readOnly || lifted || event.button !== 0) return;
     event.preventDefault();
-    event.currentTarget.setPointerCapture?.(event.pointerId);
     event.currentTarget.focus();
+    for (const [type, listener] of Object.entries(dragEvents)) window.addEventListener(type, listener);
     lift(k, event.pointerId);
   }
 
-  function onPointerMove(k, event) {
-    if (!lifted || lifted.key !== k || lifted.pointer == null) return;
+  function onPointerMove(event) {
+    if (!lifted || lifted.pointer !== event.pointerId) return;
+    const k = lifted.key;
     for (const [other, entry] of rows) {
       if (other === k) continue;
       const box = entry.li.getBoundingClientRect();
@@ -217,7 +232,17 @@ export function orderedList({ label, items, key, name, render, save, readOnly = 
       waiting = next;
       return;
     }
-    current = [...next];
+    if (inFlight) {
+      // The items' news, in the order being saved (its answer then puts the server's).
+      const order = keys();
+      const rank = (item) => {
+        const at = order.indexOf(key(item));
+        return at < 0 ? order.length : at;
+      };
+      current = [...next].sort((a, b) => rank(a) - rank(b));
+    } else {
+      current = [...next];
+    }
     layout();
   }
 

@@ -6,9 +6,9 @@ import { el, showError, showSaved, showSaving, uid } from "../components/field.j
 import { lbSection } from "../lb-section.js";
 import { poolState } from "../pool-state.js";
 
-function input(label, name, type = "text", help) {
+function input(label, name, type, help, disabled) {
   const id = uid(name);
-  const control = el("input", { id, name, type, autocomplete: "off", spellcheck: "false" });
+  const control = el("input", { id, name, type, autocomplete: "off", spellcheck: "false", disabled });
   const parts = [el("label", { for: id, text: label }), control];
   if (help) {
     const note = el("span", { class: "help muted", id: uid("help"), text: help });
@@ -21,9 +21,10 @@ function input(label, name, type = "text", help) {
 }
 
 function addForm(app, state) {
-  const url = input("URL", "baseUrl", "url", "The other computer's sluice address, e.g. http://192.168.1.50:39080");
-  const key = input("API key", "apiKey", "password", "Optional: an access key made on that computer");
-  const name = input("Name", "name", "text", "Optional: how this console and the logs call it");
+  const off = app.readOnly;
+  const url = input("URL", "baseUrl", "url", "The other computer's sluice address, e.g. http://192.168.1.50:39080", off);
+  const key = input("API key", "apiKey", "password", "Optional: an access key made on that computer", off);
+  const name = input("Name", "name", "text", "Optional: how this console and the logs call it", off);
   const add = el("button", { type: "submit", class: "primary", disabled: app.readOnly, text: "Add computer" });
   const form = el("form", { class: "stack", "aria-label": "Add a computer" },
                   el("div", { class: "grid3" }, url, key, name), el("div", { class: "row" }, add));
