@@ -30,8 +30,9 @@ export function mount(root, app) {
   const body = el('tbody');
   const table = el('table', { class: 'table' },
     el('caption', { class: 'sr-only', text: 'Access keys' }),
-    el('thead', {}, el('tr', {}, ['Name', 'Created', 'Last used', 'Actions']
-      .map((h) => el('th', { scope: 'col', text: h })))),
+    el('thead', {}, el('tr', {}, ['Name', 'Created', 'Last used']
+      .map((h) => el('th', { scope: 'col', text: h })),
+    el('th', { scope: 'col' }, el('span', { class: 'sr-only', text: 'Actions' })))),
     body);
   const empty = el('p', { class: 'muted', text: 'No access key yet.' });
   const live = el('p', { class: 'sr-only', role: 'status' });
@@ -154,14 +155,14 @@ export function mount(root, app) {
     fill(body, keys.map((key) => {
       const label = key.name || key.id;
       const revoke = el('button', {
-        type: 'button', class: 'danger', text: 'Revoke', 'aria-label': `Revoke ${label}`,
+        type: 'button', class: 'danger small', text: 'Revoke', 'aria-label': `Revoke ${label}`,
       });
       revoke.addEventListener('click', () => askRevoke(key, revoke));
       guard(app, revoke);
       return el('tr', {},
-        el('td', {}, key.name || el('span', { class: 'muted', text: `(no name) ${key.id}` })),
-        el('td', { text: when(key.createdAt) }),
-        el('td', { text: when(key.lastUsedAt) }),
+        el('th', { scope: 'row' }, key.name || el('span', { class: 'muted', text: `(no name) ${key.id}` })),
+        el('td', { title: key.createdAt, text: when(key.createdAt) }),
+        el('td', { title: key.lastUsedAt, text: when(key.lastUsedAt) }),
         el('td', {}, revoke));
     }));
     table.hidden = keys.length === 0;
