@@ -197,7 +197,8 @@ class Exchange:
         if handler in NEEDS_MODELS and not backends.ready.is_set():
             await backends.ready.wait()
         query = target.partition(b"?")[2].decode("latin-1")
-        reply = handler(Call(self.ctx, method, path, body, query, self.source.headers))
+        reply = handler(Call(self.ctx, method, path, body, query, self.source.headers,
+                             self.peer.transport))
         if not isinstance(reply, tuple):  # an async handler
             reply = await reply
         status, payload = reply
@@ -205,8 +206,8 @@ class Exchange:
             self.out.response.status = status  # the head the takeover sends (for the log)
             raise SwitchProtocols(payload, method, target)
         if isinstance(payload, Body):
-            await self.out.send_whole(status, [(b"content-type", payload.content_type)],
-                                      payload.data)
+            await self.out.send_whole(status, [(b"content-type", payload.content_type),
+                                               *payload.headers], payload.data)
         else:
             await self.out.send_json(status, payload)
 

@@ -32,6 +32,10 @@ from tests.client import Client, Reply
 from tests.fakeupstream import FakeUpstream
 from tests.figures import Figures
 
+# The web console's browser fixtures (browser, console_gateway, make_console_gateway,
+# console_page, axe, screenshot): see tests/browser.py.
+pytest_plugins = ["tests.browser"]
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for configs that need a fixed one)."""

@@ -53,9 +53,11 @@ class Node:
     priority: int
     key: str | None = None
     enabled: bool = True
+    name: str | None = None  # the registry's label (default: the fingerprint)
 
     def config(self) -> NodeConfig:
-        return node(self.fingerprint, self.base_url, self.priority, self.enabled)
+        entry = node(self.fingerprint, self.base_url, self.priority, self.enabled)
+        return entry if self.name is None else attrs.evolve(entry, name=self.name)
 
 
 # A process polls its nodes every second and balances load unless told otherwise (the

@@ -28,6 +28,7 @@ class Call:
     body: bytes = b""
     query: str = ""  # the target's query string, without the "?"
     headers: Sequence[tuple[bytes, bytes]] = ()  # names lowercased; values may hold keys
+    transport: str = "tcp"  # the listener's: "unix", "tcp" or "local-tcp" (proxy.exchange.Peer)
 
     def params(self) -> dict[str, str]:
         """The query string's parameters (the last value of a repeated one)."""
@@ -52,10 +53,11 @@ class Call:
 
 @attrs.frozen(repr=False)
 class Body:
-    """A reply that is not JSON: its bytes and their content type."""
+    """A reply that is not JSON: its bytes, their content type and any more headers."""
 
     content_type: bytes
     data: bytes
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
     def __repr__(self) -> str:
         return f"Body({self.content_type!r}, {len(self.data)} bytes)"

@@ -18,6 +18,7 @@ from protocol.errors import (
 from protocol.openai import merge_model_lists
 from proxy.api import (
     access_keys,
+    console,
     metrics_api,
     nodes,
     pool_status,
@@ -141,6 +142,8 @@ ROUTES: dict[str, dict[bytes, AnyHandler]] = {
     "/api/v1/node/identity": {b"GET": nodes.identity},
     "/api/v1/nodes": {b"GET": nodes.list_nodes, b"POST": nodes.add_node},
     "/api/v1/nodes/order": {b"PUT": nodes.put_order},
+    "/ui": {b"GET": console.redirect, b"HEAD": console.redirect},
+    "/ui/": {b"GET": console.serve_file, b"HEAD": console.serve_file},
 }
 
 # Paths with a trailing parameter: prefix -> method -> handler.
@@ -148,6 +151,7 @@ PREFIXES: dict[str, dict[bytes, AnyHandler]] = {
     "/v1/models/": {b"GET": get_model},
     "/api/v1/access-keys/": {b"DELETE": access_keys.revoke_key},
     nodes.PREFIX: {b"PATCH": nodes.patch_node, b"DELETE": nodes.delete_node},
+    "/ui/": {b"GET": console.serve_file, b"HEAD": console.serve_file},
 }
 
 NEEDS_MODELS: frozenset[AnyHandler] = frozenset({list_models, get_model})

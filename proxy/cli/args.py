@@ -53,6 +53,11 @@ def parser() -> argparse.ArgumentParser:
                         help="print each frame as the gateway sends it (JSON, one per line)")
     events.add_argument("--types", type=_event_types, metavar="TYPE,...",
                         help=f"only these event types ({', '.join(EVENT_TYPES + FEED_TYPES)})")
+    console = sub.add_parser("console", help="print (and open) the web console's URL with "
+                                              "a one-time admin token")
+    console.add_argument("--data-dir", help="data folder of the gateway")
+    console.add_argument("--no-open", action="store_true",
+                         help="only print the URL, even where a browser is at hand")
     _keys_parser(sub)
     _nodes_parser(sub)
     return top

@@ -1,6 +1,7 @@
-"""The CLI's commands: ``status``, ``keys``, ``nodes`` (through the running gateway's admin
-API), ``check-config`` (the file alone), and ``events`` and ``status --watch`` (the live
-feed: :mod:`proxy.cli.live`, loaded only for them). Each returns the process exit code: 0,
+"""The CLI's commands: ``status``, ``keys``, ``nodes``, ``console`` (through the running
+gateway's admin API; ``console`` in :mod:`proxy.cli.console`), ``check-config`` (the file
+alone), and ``events`` and ``status --watch`` (the live feed: :mod:`proxy.cli.live`, loaded
+only for them). Each returns the process exit code: 0,
 1 when the gateway cannot be used (the reason on stderr), 2 for an invalid config."""
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
         from proxy.cli.live import events_main
 
         return events_main(data_dir, as_json=args.json, types=args.types)
+    if args.command == "console":
+        from proxy.cli.console import console_main
+
+        return console_main(data_dir, open_browser=not args.no_open)
     if args.command == "keys":
         return keys_main(data_dir, args.action, name=getattr(args, "name", None),
                          key_id=getattr(args, "id", None), as_json=args.json)

