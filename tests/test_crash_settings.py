@@ -24,6 +24,7 @@ from typing import Any
 import trio
 
 from protocol.config import parse_config_text
+from protocol.durations import parse_duration
 from protocol.secrets import Secrets
 from tests.client import request
 from tests.conftest import StartGateway
@@ -176,11 +177,12 @@ async def test_fifty_concurrent_settings_writes(start_gateway: StartGateway,
             nursery.start_soon(write, i)
     assert statuses == [200] * 50
     answer = (await request(gw.unix, "GET", path)).json()
-    streaming = answer["request"]["streaming"]["total"]
-    standard = answer["request"]["standard"]["total"]
-    winner = next(i for i, doc in sent.items()
-                  if doc["request"]["streaming"]["total"] == streaming)
-    assert standard == sent[winner]["request"]["standard"]["total"]  # one write, not a mix
+    # The GET writes durations its own way (120s is "2m"): compare them as seconds.
+    streaming = parse_duration(answer["request"]["streaming"]["total"], "streaming")
+    standard = parse_duration(answer["request"]["standard"]["total"], "standard")
+    winner = int(streaming) - 200
+    assert sent[winner]["request"]["streaming"]["total"] == f"{200 + winner}s"
+    assert standard == 100 + winner  # one write, not a mix
     cfg = parse_config_text(settings.config_path.read_text())
     assert cfg.timeouts.request.streaming.total == 200 + winner
     assert cfg.timeouts.request.standard.total == 100 + winner
