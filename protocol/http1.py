@@ -167,18 +167,35 @@ class ChunkedScanner:
             while pos < end:
                 state = self._state
                 if state == _SIZE and (m := size_line(data, pos)) is not None:
-                    # Fast path: a whole chunk (size line, payload, CRLF) inside this read.
-                    start = m.end()
-                    size = int(m[1], 16)
-                    stop = start + size
-                    if size and stop + 2 <= end:
-                        if not data.startswith(b"\r\n", stop):
+                    # Fast path: whole chunks (size line, payload, CRLF) inside this read, one
+                    # after another (an SSE upstream sends one per event); ``tail`` is cut
+                    # once, at the end of the last one, unless a chunk is shorter than it.
+                    parts = self.parts if self.collect else None
+                    tail_end = 0  # where the payload's last TAIL bytes end, when whole
+                    first = pos
+                    while m is not None:
+                        start = m.end()
+                        size = int(m[1], 16)
+                        stop = start + size
+                        if not size or stop + 2 > end:
+                            break
+                        if data[stop:stop + 2] != b"\r\n":
+                            forward_to = pos
                             raise ProtocolError("chunk data not followed by CRLF")
-                        self.tail = (data[stop - TAIL:stop] if size >= TAIL
-                                     else (self.tail + data[start:stop])[-TAIL:])
-                        if self.collect:
-                            self.parts.append(data[start:stop])
-                        pos = forward_to = stop + 2
+                        if size >= TAIL:
+                            tail_end = stop
+                        else:
+                            self.tail = ((data[tail_end - TAIL:tail_end] if tail_end
+                                          else self.tail) + data[start:stop])[-TAIL:]
+                            tail_end = 0
+                        if parts is not None:
+                            parts.append(data[start:stop])
+                        pos = stop + 2
+                        m = size_line(data, pos) if pos < end else None
+                    if tail_end:
+                        self.tail = data[tail_end - TAIL:tail_end]
+                    if pos > first:
+                        forward_to = pos
                         continue
                 if state == _DATA:
                     stop = min(pos + self._remaining, end)

@@ -78,6 +78,7 @@ class ClientConnection:
         self.requests = 0
         self._unread = 0  # bytes the reader fed since the exchange last asked for more
         self._waiter: trio.Event | None = None  # set by the reader when it fed h11
+        self._idle_over = False  # its wait for a next request was ended (end_idle)
         self._resume: trio.Event | None = None  # set when a paused reader may read again
         self._reading = trio.CancelScope()  # the reader's; cancelled for a protocol switch
         self._reader_done = trio.Event()
@@ -209,6 +210,13 @@ class ClientConnection:
                 self.scope.cancel()
                 return
 
+    def end_idle(self) -> None:
+        """The wait for the next request is over (Clients.close_idle, or a drain)."""
+        self._idle_over = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.set()
+
     async def _receive(self) -> None:
         """Wait until the reader has fed h11 more bytes (or the end of the stream)."""
         if self.gone:
@@ -258,17 +266,17 @@ class ClientConnection:
     async def _next_head(self) -> h11.Request:
         event = self.h11.next_event()
         if event is h11.NEED_DATA:
-            # Idle until the first byte of the next request; a drain ends this wait.
+            # Idle until the first byte of the next request; Clients.close_idle ends this
+            # wait after IDLE_TIMEOUT, and a drain at once.
             clients = self.ctx.clients
             if clients.draining:
                 raise CloseQuietly
-            with trio.move_on_after(IDLE_TIMEOUT) as idle:
-                clients.idle_scopes.add(idle)
-                try:
-                    await self._receive()
-                finally:
-                    clients.idle_scopes.discard(idle)
-            if idle.cancelled_caught:
+            clients.wait_idle(self)
+            try:
+                await self._receive()
+            finally:
+                clients.busy(self)
+            if self._idle_over:
                 raise CloseQuietly
             event = self.h11.next_event()
         if event is h11.NEED_DATA:  # the head came in pieces: it has HEAD_TIMEOUT in all

@@ -18,7 +18,7 @@ passed explicitly (no module-level singletons). Each part has its own owner:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import trio
@@ -53,25 +53,66 @@ class Listening:
 
 class Clients:
     """The client connections of the gateway: the count (for ``api.max_connections``), the
-    count per transport (``unix``, ``tcp``: the metrics' gauge) and the drain. Owned by the
-    server; a connection registers its idle wait here so that a drain ends it at once."""
+    count per transport (``unix``, ``tcp``: the metrics' gauge), the idle keep-alive ones
+    and the drain. Owned by the server.
 
-    __slots__ = ("by_transport", "count", "draining", "idle_scopes")
+    A connection waiting for its next request registers in ``idle`` (with the moment it
+    began to wait) instead of opening a cancel scope per request (entering and leaving one
+    costs more than the rest of a small request's bookkeeping): :meth:`close_idle` runs
+    once per gateway and ends each wait that reaches ``idle_timeout``; a drain ends them all
+    at once."""
+
+    __slots__ = ("_wake", "by_transport", "count", "draining", "idle")
 
     def __init__(self) -> None:
         self.count = 0
         self.by_transport = {"unix": 0, "tcp": 0}
         self.draining = False
-        self.idle_scopes: set[trio.CancelScope] = set()
+        # A connection -> when its idle wait began; oldest first (a wait re-registers).
+        self.idle: dict[IdleWait, float] = {}
+        self._wake: trio.Event | None = None
 
     def __repr__(self) -> str:
-        return f"Clients(count={self.count}, draining={self.draining})"
+        return f"Clients(count={self.count}, idle={len(self.idle)}, draining={self.draining})"
+
+    def wait_idle(self, connection: IdleWait) -> None:
+        """``connection`` waits for its next request from now on (until :meth:`busy`)."""
+        idle = self.idle
+        idle[connection] = trio.current_time()
+        if len(idle) == 1 and self._wake is not None:
+            self._wake.set()
+
+    def busy(self, connection: IdleWait) -> None:
+        self.idle.pop(connection, None)
 
     def begin_drain(self) -> None:
         """Stop taking requests: idle connections close now, busy ones after their answer."""
         self.draining = True
-        for scope in self.idle_scopes:
-            scope.cancel()
+        for connection in list(self.idle):
+            connection.end_idle()
+
+    async def close_idle(self, idle_timeout: float) -> None:
+        """End every idle wait that reaches ``idle_timeout``, until cancelled. It sleeps
+        until the oldest wait is due (newer ones are due later), or until there is one."""
+        idle = self.idle
+        while True:
+            if not idle:
+                self._wake = trio.Event()
+                await self._wake.wait()
+                self._wake = None
+                continue
+            connection, since = next(iter(idle.items()))
+            await trio.sleep_until(since + idle_timeout)
+            if idle.get(connection) == since:  # still that wait: it is over
+                del idle[connection]
+                connection.end_idle()
+
+
+class IdleWait(Protocol):
+    """A client connection, as :class:`Clients` sees its idle wait."""
+
+    def end_idle(self) -> None:
+        """The wait is over (idle too long, or a drain): the connection closes quietly."""
 
 
 @attrs.frozen(repr=False)

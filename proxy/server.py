@@ -18,7 +18,7 @@ from protocol.errors import overloaded
 from protocol.response import Response
 from proxy import logsetup
 from proxy.api.nodes import version
-from proxy.connection import ClientConnection
+from proxy.connection import IDLE_TIMEOUT, ClientConnection
 from proxy.context import Clients, GatewayContext, Listening
 from proxy.datadir import STATE_FILE, GatewayState, read_state, write_state
 from proxy.files import remove_leftovers
@@ -135,6 +135,7 @@ class Gateway:
                 await background.start(run_health_checks, self.backends, self.connections,
                                        lambda: self.settings.config)
                 background.start_soon(self.hub.run)
+                background.start_soon(self.clients.close_idle, IDLE_TIMEOUT)
                 background.start_soon(run_node_checks, self.nodes, self.connections,
                                       self.settings)
                 background.start_soon(self.state_events.run)
