@@ -357,7 +357,8 @@ async def test_backend_down_and_up(autojump_clock: trio.testing.MockClock,
     up.status = 200
     await trio.sleep(INTERVAL * 3)
     assert seen.of("model")[1:] == [{"source": "backend", "name": "local", "kind": "llm",
-                                     "online": True, "models": ["m"], "lastError": None}]
+                                     "online": True, "models": ["m"], "lastError": None,
+                                     "address": f"unix:{short_tmp / 'local.sock'}"}]
 
 
 async def test_managed_server_states(autojump_clock: trio.testing.MockClock,

@@ -57,9 +57,12 @@ class LocalBackend:
         """Its entry in ``backends`` of ``/api/v1/inference/status`` (and of a ``model``
         event): the models it serves now (none while it is not live)."""
         live = self.live
+        address = self.address
         return {"name": self.name, "kind": self.kind, "online": live,
                 "models": [m["id"] for m in self.models] if live else [],
-                "lastError": self.last_error}
+                "lastError": self.last_error,
+                # where it listens (tcp:host:port or unix:path; never the URL's key)
+                "address": None if address is None else address.key}
 
     def __repr__(self) -> str:  # never shows the key
         where = self.address.key if self.address is not None else "down"

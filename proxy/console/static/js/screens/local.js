@@ -70,6 +70,7 @@ export function mount(root, app) {
         : el('ul', { class: 'plain', 'aria-labelledby': 'local-backends' }, own.map((b) => card(
           b.name, b.online ? badge('online', 'ok') : badge('offline', 'bad'), [
             fact('Kind', b.kind),
+            wide(fact('Address', b.address ? el('code', {}, breakable(b.address)) : el('span', { class: 'muted', text: 'none' }))),
             fact('Models', models(b.models)),
             wide(fact('Last error', lastError(b.lastError))),
           ]))));
