@@ -12,10 +12,12 @@ from tests.fakeupstream import (
     FakeUpstream,
     ReceivedRequest,
     ResponseWriter,
+    json_completion,
     sse_events,
     sse_stream,
     status,
 )
+from tests.rawhttp import Raw
 
 
 async def test_non_streaming_chat_is_relayed_unchanged(
@@ -96,6 +98,30 @@ async def test_keep_alive_and_pipelining(upstream: FakeUpstream,
         assert second.json() == {"status": "ok"}
     finally:
         await client.aclose()
+
+
+async def test_pipelined_requests_with_bodies_in_one_write(
+        upstream: FakeUpstream, start_gateway: StartGateway, transport: str) -> None:
+    """Requests whose bodies came with their heads (read past h11): three in one write,
+    then a GET; each body exactly its own, the replies in order on the one connection."""
+    upstream.on("POST", "/v1/chat/completions", json_completion("ok"))
+    gw = await start_gateway([("fake", upstream.url)])
+    sizes = (0, 1, 5000)
+    bodies = [chat_body(messages=[{"role": "user", "content": "x" * n}]) for n in sizes]
+    wire = b"".join(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                    % (len(body), body) for body in bodies)
+    raw = await Raw.open(gw.address(transport))
+    try:
+        await raw.send(wire + b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        replies = [await raw.response() for _ in range(4)]
+    finally:
+        await raw.aclose()
+    assert [r.status for r in replies] == [200, 200, 200, 200]
+    assert json.loads(replies[3].body) == {"status": "ok"}
+    got = [json.loads(r.body)["messages"][0]["content"]
+           for r in upstream.requests_to("/v1/chat/completions")]
+    assert got == ["x" * n for n in sizes]
 
 
 async def test_model_lists_merge_backends(nursery: trio.Nursery,
