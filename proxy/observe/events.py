@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 import trio_websocket
-from wsproto.events import TextMessage
 
 from protocol.errors import bad_request, upgrade_required
 from protocol.headers import Header, connection_tokens
 from protocol.request_record import iso_utc
+from protocol.websocket import text_frame
 from proxy.api.call import Call, Handler, Takeover
 from proxy.observe.feed import FRAME_JSON, EventFeed, Subscriber
 
@@ -177,22 +177,22 @@ async def _send_frames(ws: trio_websocket.WebSocketConnection, subscriber: Subsc
 
 
 async def _send_texts(ws: trio_websocket.WebSocketConnection, texts: list[str]) -> None:
-    """Send text messages, several in one write. trio-websocket writes each message on its
-    own (a lock and a syscall per event: most of what a watched gateway spends on its feed),
-    so a batch is framed by its wsproto connection and written under its write lock, as its
-    own ``send_message`` does for one; without those attributes, one message at a time."""
-    wsproto_conn = getattr(ws, "_wsproto", None)
+    """Send text messages, several in one write. trio-websocket frames and writes each
+    message on its own (wsproto's framing, a lock and a syscall per event: most of what a
+    watched gateway spends on its feed), so a batch is framed here
+    (:func:`protocol.websocket.text_frame`: the handshake accepted no extension) and written
+    under its write lock, as its own ``send_message`` does for one; without those
+    attributes, one message at a time."""
     lock = getattr(ws, "_stream_lock", None)
     stream = getattr(ws, "_stream", None)
     abort = getattr(ws, "_abort_web_socket", None)
-    if (len(texts) == 1 or wsproto_conn is None or lock is None or stream is None
-            or abort is None):
+    if lock is None or stream is None or abort is None:
         for text in texts:
             await ws.send_message(text)
         return
     if ws.closed:
         raise trio_websocket.ConnectionClosed(ws.closed)
-    data = b"".join([wsproto_conn.send(TextMessage(data=text)) for text in texts])
+    data = b"".join([text_frame(text) for text in texts])
     async with lock:
         try:
             await stream.send_all(data)
