@@ -81,6 +81,7 @@ class ClientConnection:
         self._idle_over = False  # its wait for a next request was ended (end_idle)
         self._body_taken: int | None = None  # body bytes read_body took past h11 (see there)
         self.method = b""  # the current request's
+        self._coded = False  # it has a Transfer-Encoding (its body is not framed by length)
         self._resume: trio.Event | None = None  # set when a paused reader may read again
         self._reading = trio.CancelScope()  # the reader's; cancelled for a protocol switch
         self._reader_done = trio.Event()
@@ -261,7 +262,8 @@ class ClientConnection:
             size += len(name) + len(value) + 4
         if size > MAX_HEAD_SIZE:
             raise headers_too_large(_HEAD_TOO_LARGE)
-        if header_value(headers, b"transfer-encoding") is not None:
+        self._coded = header_value(headers, b"transfer-encoding") is not None
+        if self._coded:
             if header_value(headers, b"content-length") is not None:
                 raise bad_request("a request must not carry both Transfer-Encoding and "
                                   "Content-Length", code="bad_http_request")
@@ -312,7 +314,7 @@ class ClientConnection:
         size = None if length is None else int(length)  # h11 has checked it is a number
         if size is not None and size > limit:
             raise payload_too_large(limit)
-        if size is None and header_value(self.headers, b"transfer-encoding") is None:
+        if size is None and not self._coded:
             size = 0  # RFC 9112 §6.3: no Content-Length, no Transfer-Encoding: no body
         if size is not None and not self._may_switch():
             # The usual request: its whole body came with its head. h11 has framed it (the

@@ -77,8 +77,7 @@ class Reports:
         pending, self._pending = self._pending, []
         if not pending:
             return
-        hub = self._hub
-        records = hub is not None and hub.wants("request")
+        hub = self._hub if self._hub is not None and self._hub.wants("request") else None
         lines = self._access.enabled()
         written: list[tuple[float, tuple[Any, ...]]] = []
         for exchange, ended, response, first_at, bytes_sent, error_code, left in pending:
@@ -104,10 +103,10 @@ class Reports:
             if lines:
                 written.append((at, (request_id, method, path, model, status, served_by, ttfb,
                                      duration, outcome)))
-            if records and path.startswith("/v1/"):
+            if hub is not None and path.startswith("/v1/"):
                 record = _record(exchange, request_id, method, path, model, served_by, status,
                                  outcome, ttfb, duration, bytes_sent, error_code)
-                hub.deliver("request", at, record)  # type: ignore[union-attr]
+                hub.deliver("request", at, record)
         if written:
             self._access.write_batch(written)
 
