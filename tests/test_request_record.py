@@ -1,13 +1,17 @@
-"""protocol.request_record's pure helpers: the ISO stamps of the request log and the feed."""
+"""protocol.request_record's pure helpers: the ISO stamps of the request log and the feed,
+and a record's JSON text; protocol.json_text's encoder."""
 
 from __future__ import annotations
 
 import datetime
+import json
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.request_record import iso_utc
+from protocol.json_text import compact_json
+from protocol.request_record import OUTCOMES, RequestRecord, iso_utc
 
 
 def _by_datetime(epoch: float) -> str:
@@ -27,3 +31,48 @@ def test_iso_utc_across_a_second_and_back() -> None:
     assert iso_utc(1_764_590_401.25) == "2025-12-01T12:00:01.250Z"
     assert iso_utc(0.0) == "1970-01-01T00:00:00.000Z"
     assert iso_utc(1_764_590_400.0) == "2025-12-01T12:00:00.000Z"
+
+
+_text = st.text(max_size=12)  # any code point: quotes, controls, lone surrogates, emoji
+_seconds = st.floats(min_value=0, max_value=1e7, allow_nan=False)
+_usage = st.none() | st.dictionaries(_text, st.integers(0, 10**9) | st.none(), max_size=4)
+
+
+@given(id=_text, started_at=st.floats(min_value=0, max_value=4e9, allow_nan=False),
+       method=_text, path=_text, model=st.none() | _text, stream=st.booleans(),
+       transport=st.sampled_from(["tcp", "unix"]), served_by=st.none() | _text,
+       status=st.integers(100, 599), outcome=st.sampled_from(OUTCOMES),
+       failover=st.none() | _text, ttfb=st.none() | _seconds, duration=_seconds,
+       bytes_out=st.integers(0, 10**12), events=st.none() | st.integers(0, 10**6),
+       usage=_usage, error=st.none() | _text)
+def test_json_text_is_to_json_written_out(**fields: Any) -> None:
+    """The feed's text of a record parses to exactly its log entry, keys in order."""
+    record = RequestRecord(**fields)
+    parsed = json.loads(record.json_text())
+    entry = record.to_json()
+    assert list(parsed) == list(entry)
+    assert parsed == entry
+
+
+def test_json_text_finds_the_usage_once() -> None:
+    record = RequestRecord(
+        id="r", started_at=1_764_590_400.25, method="POST", path="/v1/chat/completions",
+        model="m", stream=True, transport="tcp", served_by="local:a", status=200,
+        outcome="success", failover=None, ttfb=0.000412345, duration=0.0031, bytes_out=5,
+        events=3, usage=None, error=None,
+        usage_in=b'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3}}')
+    text = record.json_text()
+    assert record.usage_in is None
+    assert json.loads(text)["usage"] == {"prompt_tokens": 2, "completion_tokens": 3}
+    assert '"ttfbMs":0.412,' in text
+    assert '"durationMs":3.100,' in text
+    assert '"startedAt":"2025-12-01T12:00:00.250Z"' in text
+
+
+@given(st.dictionaries(_text, st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
+    max_leaves=8), max_size=4))
+def test_compact_json_is_what_the_encoder_writes(value: dict[str, Any]) -> None:
+    expected = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode(value)
+    assert compact_json(value) == expected

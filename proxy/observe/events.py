@@ -31,10 +31,11 @@ import trio_websocket
 
 from protocol.errors import bad_request, upgrade_required
 from protocol.headers import Header, connection_tokens
+from protocol.json_text import compact_json
 from protocol.request_record import iso_utc
 from protocol.websocket import text_frame
 from proxy.api.call import Call, Handler, Takeover
-from proxy.observe.feed import FRAME_JSON, EventFeed, Subscriber
+from proxy.observe.feed import EventFeed, Subscriber
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
@@ -123,7 +124,7 @@ def hello_frame(ctx: GatewayContext, route: Router) -> str:
             "status": bodies["status"], "pool": bodies["pool"], "stats": bodies["stats"],
             "settings": {name: bodies[name] for name in _SETTINGS},
             "notifications": bodies["notifications"]["notifications"]}
-    return FRAME_JSON.encode({"type": "hello", "at": iso_utc(time.time()), "data": data})
+    return compact_json({"type": "hello", "at": iso_utc(time.time()), "data": data})
 
 
 async def serve(feed: EventFeed, hello: Callable[[], str], stream: trio.abc.Stream,

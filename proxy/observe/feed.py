@@ -15,7 +15,6 @@ Frames are encoded when published, so a publisher may hand over a dict it change
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import Callable
@@ -23,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from protocol.json_text import compact_json
 from protocol.request_record import RequestRecord, iso_utc
 
 if TYPE_CHECKING:
     from proxy.observe.hub import Hub
 
-# One encoder for every frame (json.dumps with options makes a new one each call).
-FRAME_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 QUEUE_FRAMES = 256  # frames one subscriber may have waiting; beyond, the oldest are dropped
 CLOSE_TIMEOUT = 2.0  # seconds a subscriber gets to take its close frame when the gateway stops
 
@@ -37,8 +35,8 @@ CLOSE_TIMEOUT = 2.0  # seconds a subscriber gets to take its close frame when th
 def encode_frame(kind: str, at: float, data: Any) -> str:
     """One frame's text: ``{"type", "at", "data"}`` (a request record as its log entry)."""
     if isinstance(data, RequestRecord):
-        data = data.to_json()
-    return FRAME_JSON.encode({"type": kind, "at": iso_utc(at), "data": data})
+        return f'{{"type":"{kind}","at":"{iso_utc(at)}","data":{data.json_text()}}}'
+    return compact_json({"type": kind, "at": iso_utc(at), "data": data})
 
 
 class Subscriber:
