@@ -55,10 +55,22 @@ def _start(kids: bench.Children, tmp: Path, mock: dict[str, Any], name: str, pat
             "watch": watch}
 
 
+def _scaled(params: dict[str, Any], scale: float) -> dict[str, Any]:
+    out = dict(params)
+    if "count" in out:
+        out["count"] = max(1, round(out["count"] * scale))
+    if "duration_s" in out:
+        out["duration_s"] = out["duration_s"] * scale
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--scenarios", default="S1,S3")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="multiply each round's count or duration (the CPU figures from /proc "
+                         "are in 10 ms ticks: a longer round reads them finer)")
     ap.add_argument("gateways", nargs="+", type=_spec, help="NAME=PATH[:LEVEL][:watch]")
     opts = ap.parse_args(argv)
     scenarios = [s.strip().upper() for s in opts.scenarios.split(",") if s.strip()]
@@ -79,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 names = names[turn % len(names):] + names[:turn % len(names)]  # who goes first
                 for tr in ("tcp", "unix"):
                     for name in names:
-                        r = bench.measure(env, name, tr, bench.SCENARIOS[sc])
+                        r = bench.measure(env, name, tr, _scaled(bench.SCENARIOS[sc],
+                                                                 opts.scale))
                         done = max(r["load"]["completed"], 1)
                         cpu.setdefault((sc, tr, name), []).append(1000 * r["proxy_cpu_s"] / done)
         first = opts.gateways[0][0]

@@ -198,15 +198,17 @@ class ClientConnection:
             self._reader_done.set()
 
     async def _read(self) -> None:
+        drained = False  # the last read took all there was: the client sends next after our answer
         while True:
             if self._unread > READ_AHEAD_CAP:
                 self._resume = trio.Event()
                 await self._resume.wait()
                 continue
             try:
-                data = await sockio.recv(self.fd, RECEIVE_SIZE)
+                data = await sockio.recv(self.fd, RECEIVE_SIZE, wait_first=drained)
             except (trio.ClosedResourceError, OSError):
                 data = b""
+            drained = len(data) < RECEIVE_SIZE
             self.h11.receive_data(data)
             self._unread += len(data)
             waiter, self._waiter = self._waiter, None

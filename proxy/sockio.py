@@ -17,9 +17,13 @@ _read = os.read
 _write = os.write
 
 
-async def recv(fd: int, size: int) -> bytes:
+async def recv(fd: int, size: int, wait_first: bool = False) -> bytes:
     """Up to ``size`` bytes; b"" at EOF. Raises OSError (e.g. ECONNRESET) as the kernel does,
-    and trio.ClosedResourceError if the socket is closed while waiting."""
+    and trio.ClosedResourceError if the socket is closed while waiting. ``wait_first``: the
+    caller knows the bytes cannot be there yet (an answer just asked for, the next request
+    of a client still reading our answer), so the read that would fail is not tried."""
+    if wait_first:
+        await trio.lowlevel.wait_readable(fd)
     while True:
         try:
             return _read(fd, size)

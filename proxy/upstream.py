@@ -98,9 +98,9 @@ class UpstreamConnection:
         except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"sending the request failed: {_describe(exc)}") from None
 
-    async def _read(self) -> bytes:
+    async def _read(self, wait_first: bool = False) -> bytes:
         try:
-            data = await sockio.recv(self.fd, RECEIVE_SIZE)
+            data = await sockio.recv(self.fd, RECEIVE_SIZE, wait_first)
         except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"connection lost: {_describe(exc)}",
                                   responded=self._responded,
@@ -118,7 +118,7 @@ class UpstreamConnection:
             if end < 0:
                 if len(buffer) > MAX_HEAD_SIZE:
                     raise UpstreamFailure("upstream response head is too large", responded=True)
-                data = await self._read()
+                data = await self._read(wait_first=not self._responded)  # just asked
                 if not data:
                     what = "closed the connection before answering" if not buffer \
                         else "closed the connection in the middle of the response head"
