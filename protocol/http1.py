@@ -18,6 +18,12 @@ MAX_TRAILERS = 16 * 1024  # trailer section bytes accepted (and dropped)
 
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+# Bytes a header value may hold (RFC 9110 §5.5: HTAB, visible and obs-text) and a name's
+# (a token): what bytes.translate deletes, so that whatever is left is not allowed.
+_VALUE_BYTES = b"\t" + bytes(range(0x20, 0x7F)) + bytes(range(0x80, 0x100))
+_TOKEN_BYTES = b"-!#$%&'*+.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_SEEN_LINES: dict[bytes, Header] = {}  # header line -> its pair, for lines seen lately
+_SEEN_MAX = 512  # lines kept; then forgotten all at once
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: (.*))?")
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 # The common chunk-size line, matched in one step: hex digits, maybe an extension, (CR)LF.
@@ -64,19 +70,48 @@ def build_request_head(method: bytes, target: bytes, headers: list[Header]) -> b
 
 def parse_response_head(head: bytes, *, request_method: bytes = b"POST") -> ResponseHead:
     """Parse a response head (status line and header lines, without the blank line)."""
-    lines = head.split(b"\n")
-    status_line = lines[0].rstrip(b"\r")
+    cut = head.find(b"\n")
+    status_line = (head if cut < 0 else head[:cut]).rstrip(b"\r")
     match = _STATUS_LINE.fullmatch(status_line)
     if match is None:
         raise ProtocolError(f"invalid status line {status_line[:80]!r}")
-    minor = int(match.group(1))
-    status = int(match.group(2))
-    reason = match.group(3) or b""
-    headers: list[Header] = []
-    content_length: int | None = None
-    transfer_encoding: bytes | None = None
-    connection = b""
-    for raw in lines[1:]:
+    fields = b"" if cut < 0 else head[cut + 1:]
+    pairs = _plain_fields(fields)
+    if pairs is None:
+        pairs = _checked_fields(fields)
+    return _framed(match, pairs, request_method)
+
+
+def _plain_fields(fields: bytes) -> list[Header] | None:
+    """The (lowercased name, value) pairs of CRLF-ended header lines whose bytes are all
+    allowed, checked a block at a time (bytes.translate) rather than by a regular
+    expression a line; None for anything else, left to :func:`_checked_fields`. A model
+    server sends mostly the same lines in every answer: a line seen lately is looked up."""
+    if fields.translate(None, _VALUE_BYTES).replace(b"\r\n", b""):
+        return None  # a control byte, or a CR or LF that is not a CRLF
+    seen = _SEEN_LINES
+    pairs: list[Header] = []
+    for line in fields.split(b"\r\n"):
+        pair = seen.get(line)
+        if pair is None:
+            name, sep, value = line.partition(b":")
+            if not sep or not name or name.translate(None, _TOKEN_BYTES):
+                if line:
+                    return None
+                continue  # a blank line
+            pair = (name.lower(), value.strip(b" \t"))
+            if len(seen) >= _SEEN_MAX:
+                seen.clear()
+            seen[line] = pair
+        pairs.append(pair)
+    return pairs
+
+
+def _checked_fields(fields: bytes) -> list[Header]:
+    """Header lines one by one: the (lowercased name, value) pairs, or the reason they are
+    not valid."""
+    pairs: list[Header] = []
+    for raw in fields.split(b"\n"):
         line = raw[:-1] if raw.endswith(b"\r") else raw
         if not line:
             continue
@@ -88,19 +123,33 @@ def parse_response_head(head: bytes, *, request_method: bytes = b"POST") -> Resp
         value = value.strip(b" \t")
         if _BAD_VALUE.search(value) is not None:
             raise ProtocolError(f"invalid character in header {name[:40]!r}")
-        name = name.lower()
-        if name == b"content-length":
-            if not value.isdigit() or len(value) > 18:
-                raise ProtocolError(f"invalid Content-Length {value[:40]!r}")
-            if content_length is not None and content_length != int(value):
-                raise ProtocolError("conflicting Content-Length headers")
-            content_length = int(value)
-        elif name == b"transfer-encoding":
-            transfer_encoding = value.lower() if transfer_encoding is None \
-                else transfer_encoding + b", " + value.lower()
-        elif name == b"connection":
-            connection += b"," + value.lower()
-        headers.append((name, value))
+        pairs.append((name.lower(), value))
+    return pairs
+
+
+def _framed(match: re.Match[bytes], headers: list[Header], request_method: bytes) -> ResponseHead:
+    """The head's framing (RFC 9112 §6.3) from its status line and header pairs."""
+    minor = int(match.group(1))
+    status = int(match.group(2))
+    reason = match.group(3) or b""
+    named = dict(headers)
+    if len(named) == len(headers):  # each name once: the usual head
+        length = named.get(b"content-length")
+        transfer_encoding = named.get(b"transfer-encoding")
+        connection = named.get(b"connection")
+    else:  # repeated names: Content-Length must agree, the others are lists
+        length = transfer_encoding = connection = None
+        for name, value in headers:
+            if name == b"content-length":
+                if length is not None and _content_length(length) != _content_length(value):
+                    raise ProtocolError("conflicting Content-Length headers")
+                length = value
+            elif name == b"transfer-encoding":
+                transfer_encoding = value if transfer_encoding is None \
+                    else transfer_encoding + b", " + value
+            elif name == b"connection":
+                connection = value if connection is None else connection + b"," + value
+    content_length = None if length is None else _content_length(length)
     chunked = False
     if status < 200 or status in (204, 304) or request_method == b"HEAD":
         content_length, transfer_encoding = 0, None
@@ -109,13 +158,22 @@ def parse_response_head(head: bytes, *, request_method: bytes = b"POST") -> Resp
         # splitting); a gateway that guessed which one frames the body could relay half of it.
         raise ProtocolError("both Transfer-Encoding and Content-Length")
     if transfer_encoding is not None:
-        codings = [c.strip() for c in transfer_encoding.split(b",")]
-        chunked = codings[-1] == b"chunked"
-    tokens = {t.strip() for t in connection.split(b",")}
-    keep_alive = (minor == 1 and b"close" not in tokens) or (minor == 0 and b"keep-alive" in tokens)
+        chunked = transfer_encoding.rpartition(b",")[2].strip().lower() == b"chunked"
+    if connection is None:
+        keep_alive = minor == 1
+    else:
+        tokens = {t.strip() for t in connection.lower().split(b",")}
+        keep_alive = (minor == 1 and b"close" not in tokens) or (
+            minor == 0 and b"keep-alive" in tokens)
     if not chunked and content_length is None:
         keep_alive = False  # the body ends when the connection does
     return ResponseHead(status, reason, headers, minor, content_length, chunked, keep_alive)
+
+
+def _content_length(value: bytes) -> int:
+    if not value.isdigit() or len(value) > 18:
+        raise ProtocolError(f"invalid Content-Length {value[:40]!r}")
+    return int(value)
 
 
 _SIZE, _DATA, _DATA_END, _TRAILER, _DONE = range(5)

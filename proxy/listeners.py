@@ -19,7 +19,7 @@ log = logging.getLogger("sluice.listeners")
 
 SOCKET_NAME = "sluice.sock"
 MAX_SOCKET_PATH = 103  # bytes: sun_path is 108 on Linux, 104 on macOS (with the NUL)
-BACKLOG = 1024
+BACKLOG = 4096  # connections the kernel queues before we accept them (it caps this at somaxconn)
 TMP_DIR = Path("/tmp")  # parent of the /tmp/sluice-<uid> candidate (tests point it elsewhere)
 LIVE_CHECK_TIMEOUT = 1.0  # seconds a connect to an existing socket may take
 _V6_UNAVAILABLE = {errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT}

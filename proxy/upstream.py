@@ -61,8 +61,8 @@ def _describe(exc: BaseException) -> str:
 class UpstreamConnection:
     """One HTTP/1.1 connection to a model server, spoken with :mod:`protocol.http1`."""
 
-    __slots__ = ("_buffer", "_eof", "_length_left", "_mode", "_pending", "_responded", "_scanner",
-                 "address", "body_started", "fd", "head", "reused", "stream")
+    __slots__ = ("_buffer", "_drained", "_eof", "_length_left", "_mode", "_pending", "_responded",
+                 "_scanner", "address", "body_started", "fd", "head", "reused", "stream")
 
     def __init__(self, stream: trio.SocketStream, address: UpstreamAddress) -> None:
         self.stream = stream
@@ -75,6 +75,7 @@ class UpstreamConnection:
         self.head: ResponseHead | None = None
         self._buffer = b""  # received bytes not yet handed out
         self._eof = False
+        self._drained = False  # the last read took all there was
         self._responded = False
         self.body_started = False  # a byte of the response body has arrived
         self._mode = _NO_BODY
@@ -93,18 +94,22 @@ class UpstreamConnection:
     async def send_request(self, method: bytes, target: bytes, headers: Sequence[Header],
                            body: bytes) -> None:
         data = build_request_head(method, target, list(headers))
+        self._drained = True  # the answer cannot be there before the request is
         try:
             await sockio.send_all(self.fd, data + body if body else data)
         except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"sending the request failed: {_describe(exc)}") from None
 
-    async def _read(self, wait_first: bool = False) -> bytes:
+    async def _read(self) -> bytes:
         try:
-            data = await sockio.recv(self.fd, RECEIVE_SIZE, wait_first)
+            data = await sockio.recv(self.fd, RECEIVE_SIZE, self._drained)
         except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"connection lost: {_describe(exc)}",
                                   responded=self._responded,
                                   lost_before_body=not self.body_started) from None
+        # A read that took less than it asked for took all there was: the next bytes come
+        # later (the model's next tokens), so the next read waits before it tries.
+        self._drained = len(data) < RECEIVE_SIZE
         if data:
             self._responded = True
         else:
@@ -118,7 +123,7 @@ class UpstreamConnection:
             if end < 0:
                 if len(buffer) > MAX_HEAD_SIZE:
                     raise UpstreamFailure("upstream response head is too large", responded=True)
-                data = await self._read(wait_first=not self._responded)  # just asked
+                data = await self._read()
                 if not data:
                     what = "closed the connection before answering" if not buffer \
                         else "closed the connection in the middle of the response head"

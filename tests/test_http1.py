@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from protocol import http1
 from protocol.http1 import (
     ChunkedScanner,
     ProtocolError,
@@ -186,3 +187,44 @@ def test_broken_chunk_keeps_the_good_bytes_before_it() -> None:
     with pytest.raises(ProtocolError) as caught:
         ChunkedScanner().feed(b"3\r\nabc\r\n2\r\nabcd\r\n")  # longer than announced
     assert caught.value.forward == b"3\r\nabc\r\n"
+
+
+_LINE_BYTES = st.sampled_from([b"a", b"Z", b"-", b"0", b":", b" ", b"\t", b"\r", b"\n", b"\r\n",
+                               b"\x00", b"\x7f", b"\x80", b"\xff", b"(", b'"', b"Content-Length",
+                               b"Connection", b"close", b"chunked", b","])
+
+
+@given(st.lists(st.lists(_LINE_BYTES, max_size=8).map(b"".join), max_size=6))
+@settings(max_examples=400, derandomize=True)
+def test_the_fast_header_path_agrees_with_the_line_checks(lines: list[bytes]) -> None:
+    """Header blocks the block-at-a-time path takes give exactly the pairs the checks of
+    each line give; the ones it leaves to them are those with a line that is not plain."""
+    fields = b"\r\n".join(lines)
+    plain = http1._plain_fields(fields)
+    again = http1._plain_fields(fields)  # now from the cache of lines seen
+    try:
+        checked: list[tuple[bytes, bytes]] | None = http1._checked_fields(fields)
+    except ProtocolError:
+        checked = None
+    if plain is not None:
+        assert plain == again == checked
+    else:
+        assert again is None
+
+
+@pytest.mark.parametrize(("head", "framing"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\ncontent-length: 5", (5, False, True)),
+    (b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nConnection: close\r\nContent-Length: 1",
+     (1, False, False)),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked",
+     (None, True, True)),
+])
+def test_repeated_framing_headers(head: bytes, framing: tuple[int | None, bool, bool]) -> None:
+    """A name given twice: Content-Length must agree, the others are one list."""
+    parsed = parse_response_head(head)
+    assert (parsed.content_length, parsed.chunked, parsed.keep_alive) == framing
+
+
+def test_conflicting_content_lengths_are_refused() -> None:
+    with pytest.raises(ProtocolError, match="conflicting"):
+        parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6")

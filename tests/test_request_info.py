@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from protocol.errors import SluiceError, Source
 from protocol.request_info import (
     RequestInfo,
     TimeoutClass,
+    _json_document,
     parse_request_body,
     timeout_class_for,
 )
@@ -222,3 +224,21 @@ def test_any_model_string_round_trips(model: str, stream: bool, ascii_only: bool
         "utf-8", "surrogatepass")
     info = parse(body)
     assert (info.model, info.stream) == (model, stream)
+
+
+_JSONISH = st.sampled_from([b"{", b"}", b"[", b"]", b'"', b":", b",", b" ", b"\n", b"1", b"-",
+                            b"e", b".", b"true", b"null", b'"model"', b"\\", b"\xc3\xa9",
+                            b"\xed\xa0\x80", b"\xff", b"\x00", b"\xef\xbb\xbf", b"NaN"])
+
+
+@given(st.lists(_JSONISH, max_size=12).map(b"".join))
+@settings(max_examples=500, derandomize=True)
+def test_the_body_is_read_as_json_loads_reads_it(body: bytes) -> None:
+    """The scanner's shortcut gives json.loads' value, or json.loads' own exception."""
+    try:
+        expected: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        with pytest.raises(type(exc)):
+            _json_document(body)
+    else:
+        assert json.dumps(_json_document(body)) == json.dumps(expected)  # NaN too
