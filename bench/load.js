@@ -13,6 +13,9 @@
 //   count         stop after this many requests, or
 //   duration_s    stop starting requests after this many seconds
 //   time_limit_s  hard limit (default 60): whatever is still in flight then is aborted
+//   ramp_ms       spread the workers' first requests evenly over this long (default 0: all
+//                 at once), so thousands of connections do not all knock on a listen
+//                 backlog in the same millisecond (a full Unix-socket backlog refuses)
 // Prints one JSON line with the results (times in milliseconds); `served_by` counts the
 // responses' x-sluice-served-by values (a gateway's local backend or network node).
 'use strict';
@@ -29,6 +32,7 @@ const concurrency = args.concurrency ?? 1;
 const count = args.count ?? null;
 const durationMs = args.duration_s != null ? args.duration_s * 1000 : null;
 const timeLimitMs = (args.time_limit_s ?? 60) * 1000;
+const rampMs = args.ramp_ms ?? 0;
 if (count === null && durationMs === null) throw new Error('give count or duration_s');
 if (!args.model || !args.target) throw new Error('give target and model');
 
@@ -256,4 +260,14 @@ function worker() {
   loop();
 }
 
-for (let i = 0; i < concurrency; i++) worker();
+if (rampMs > 0 && concurrency > 1) {
+  active = concurrency; // no worker may report before the last one has started
+  for (let i = 0; i < concurrency; i++) {
+    setTimeout(() => {
+      active--;
+      worker();
+    }, (i * rampMs) / concurrency);
+  }
+} else {
+  for (let i = 0; i < concurrency; i++) worker();
+}

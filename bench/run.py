@@ -34,7 +34,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: bench/ is not a package on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import watch
+from bench import held, watch
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -62,6 +62,7 @@ TARGET_TEXT = {
     "S5": "1000/1000; none missing; gap p99 ≤ 250 ms; RSS ≤ 80 MB; CPU ≤ 5 s",
     "S6": "all bodies identical",
     "S7": "forwarded (A+B): CPU/stream and added TTFB p50 each ≤ twice one gateway's",
+    "S8": held.TARGET_TEXT,
 }
 S7_SHAPES = ("S3", "S5")  # the loads S7 also runs through gateway A -> gateway B
 S7_MAX_RATIO = 2.0
@@ -292,9 +293,19 @@ def spawn_gateway(kids: Children, tmp: Path, name: str, rest: str, api_extra: st
         path.write_text(secrets)
     log = tmp / f"{name}.log"
     sluice = Path(sys.executable).parent / "sluice"
-    proc = kids.start(name, [str(sluice), "serve", "--data-dir", str(data)], log)
+    proc = kids.start(name, [str(sluice), "serve", "--data-dir", str(data)], log,
+                      env=tree_env())
     return {"pid": proc.pid, "proc": proc, "log": log, "data": data,
             "tcp": f"127.0.0.1:{port}", "unix": str(sockdir / "sluice.sock")}
+
+
+def tree_env() -> dict[str, str]:
+    """The environment for a ``sluice`` child: this tree's ``proxy``/``protocol`` first on
+    PYTHONPATH, so that a venv's editable install of another checkout (a git worktree's
+    main) is not what gets measured."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
 
 
 def start_gateway(kids: Children, tmp: Path, mock: dict[str, Any]) -> dict[str, Any]:
@@ -309,7 +320,8 @@ def create_access_key(gw: dict[str, Any], name: str) -> str:
     sluice = Path(sys.executable).parent / "sluice"
     proc = subprocess.run([str(sluice), "keys", "create", "--data-dir", str(gw["data"]),
                            "--name", name, "--json"], capture_output=True, text=True,
-                          timeout=30, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                          timeout=30, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                          env=tree_env())
     if proc.returncode != 0:
         raise RuntimeError(f"sluice keys create failed ({proc.returncode}): {proc.stderr}")
     return str(json.loads(proc.stdout)["key"])
@@ -378,29 +390,32 @@ def settled_routing_stats(target: dict[str, str], timeout: float = 5.0) -> Any:
         time.sleep(0.05)
 
 
-def start_nginx(kids: Children, tmp: Path, mock: dict[str, Any]) -> dict[str, Any] | None:
+def start_nginx(kids: Children, tmp: Path, mock: dict[str, Any], name: str = "nginx",
+                connections: int = 8192, backlog: int = 511) -> dict[str, Any] | None:
+    """nginx in front of the mock (``tmp/name``); ``connections``: worker_connections (each
+    proxied stream takes two), ``backlog``: the listen backlog (nginx's default, 511)."""
     binary = shutil.which("nginx")
     if binary is None:
         return None
-    prefix, port = tmp / "nginx", free_port()
+    prefix, port = tmp / name, free_port()
     prefix.mkdir()
     sock = prefix / "nginx.sock"
     location = ("proxy_http_version 1.1; proxy_set_header Connection \"\"; "
                 "proxy_buffering off; proxy_request_buffering off;")
     user = "user root;\n" if os.geteuid() == 0 else ""  # so the worker may use the mock's socket
     (prefix / "nginx.conf").write_text(
-        f"{user}worker_processes 1;\nworker_rlimit_nofile 16384;\ndaemon off;\n"
+        f"{user}worker_processes 1;\nworker_rlimit_nofile {2 * connections};\ndaemon off;\n"
         f"error_log {prefix}/err.log;\npid {prefix}/nginx.pid;\n"
-        "events { worker_connections 8192; }\n"
+        f"events {{ worker_connections {connections}; }}\n"
         "http {\n  access_log off;\n  keepalive_requests 1000000;\n  keepalive_timeout 60s;\n"
         f"  client_body_temp_path {prefix}/body;\n  proxy_temp_path {prefix}/proxy;\n"
         f"  upstream mock {{ server {mock['tcp']}; keepalive 128; "
         "keepalive_requests 1000000; }\n"
         f"  upstream mock_unix {{ server unix:{mock['unix']}; keepalive 128; "
         "keepalive_requests 1000000; }\n"
-        f"  server {{ listen 127.0.0.1:{port}; "
+        f"  server {{ listen 127.0.0.1:{port} backlog={backlog}; "
         f"location / {{ proxy_pass http://mock; {location} }} }}\n"
-        f"  server {{ listen unix:{sock}; "
+        f"  server {{ listen unix:{sock} backlog={backlog}; "
         f"location / {{ proxy_pass http://mock_unix; {location} }} }}\n}}\n")
     log = prefix / "stderr.log"
     proc = kids.start("nginx", [binary, "-p", f"{prefix}/", "-c", str(prefix / "nginx.conf"),
@@ -727,9 +742,10 @@ def s7_table(s7: dict[str, Any], smoke: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7",
+    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7,S8",
                     help="S6 alone means every scenario; S7 runs S3's and S5's loads "
-                         "(which it adds) also through gateway A -> gateway B")
+                         "(which it adds) also through gateway A -> gateway B; S8 holds "
+                         "250..4000 streams at once (bench/held.py)")
     ap.add_argument("--transport", choices=("tcp", "unix", "both"), default="both")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny run of every scenario, 1 round, no nginx; exit 1 unless every "
@@ -743,11 +759,12 @@ def main(argv: list[str] | None = None) -> int:
                          "smoke.json for --smoke)")
     opts = ap.parse_args(argv)
     wanted = [s.strip().upper() for s in opts.scenarios.split(",") if s.strip()]
-    bad = [s for s in wanted if s not in (*SCENARIOS, "S6", "S7")]
+    bad = [s for s in wanted if s not in (*SCENARIOS, "S6", "S7", "S8")]
     if bad:
         ap.error(f"unknown scenario(s): {', '.join(bad)}")
     every = wanted == ["S6"]
     s7 = every or "S7" in wanted
+    s8 = every or "S8" in wanted
     scenarios = [s for s in SCENARIOS if s in wanted or every or (s7 and s in S7_SHAPES)]
     rounds = 1 if opts.smoke else max(1, opts.rounds)
     transports = ["tcp", "unix"] if opts.transport == "both" else [opts.transport]
@@ -757,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # S5: 1000 streams, 2 hops
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # S8: 4000 streams, 2 hops
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -798,6 +815,10 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"{sc} {tr:4} round {n + 1} {tg:9}: {ld['completed']}/"
                               f"{ld['started']} ok, {ld['requests_per_s']:,.0f}/s, proxy CPU "
                               f"{r['proxy_cpu_s']} s, {r['wall_s']} s", file=sys.stderr)
+        s8_result: dict[str, Any] | None = None
+        if s8:
+            s8_result = held.run_s8(kids, tmp, env["mock"], transports, rounds, opts.smoke,
+                                    nginx="nginx" in env)
         summary = summarise(runs, scenarios, transports, targets)
         s6 = bodies_check(runs)
         problems = [f"{r['scenario']} {r['transport']} {r['target']} round {r['round'] + 1}: "
@@ -807,7 +828,7 @@ def main(argv: list[str] | None = None) -> int:
                     or r["load"]["completed"] != r["load"]["started"]]
         problems += [f"S6 {k}: {v['mismatches'][:3]}" for k, v in s6.items() if not v["equal"]]
         s7_result: dict[str, Any] | None = None
-        md = table(summary, s6, rounds, opts.smoke)
+        md = table(summary, s6, rounds, opts.smoke) if runs else ""
         if s7:
             fw = env["forwarded"]
             by_node = f"node:{fw['fingerprint']}"
@@ -823,9 +844,13 @@ def main(argv: list[str] | None = None) -> int:
                 "by_shape": by_shape,
             }
             md += "\n\n" + s7_table(by_shape, opts.smoke)
+        if s8_result is not None:
+            problems += s8_result["problems"]
+            md += ("\n\n" if md else "") + held.tables(s8_result, opts.smoke)
         result = {
             "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "smoke": opts.smoke,
-                     "rounds": rounds, "scenarios": scenarios, "transports": transports,
+                     "rounds": rounds, "scenarios": scenarios + (["S8"] if s8 else []),
+                     "transports": transports,
                      "targets": targets, "cpus": os.cpu_count(), "machine": platform.platform(),
                      "python": platform.python_version(),
                      "node": subprocess.run(["node", "--version"], capture_output=True,
@@ -835,6 +860,7 @@ def main(argv: list[str] | None = None) -> int:
             "summary": summary,
             "s6": {"all_equal": all(v["equal"] for v in s6.values()), "by_target": s6},
             "s7": s7_result,
+            "s8": s8_result,
             "checks": {"all_complete": not any(p for p in problems if not p.startswith("S6")),
                        "problems": problems},
             "table": md,

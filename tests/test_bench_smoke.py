@@ -2,7 +2,8 @@
 
 It checks correctness only (S6: every body byte-identical to the direct one; every request
 and stream delivered whole; S7: S3's and S5's loads went through gateway A to gateway B and
-nowhere else), never a wall-clock figure.
+nowhere else; S8: its held streams all delivered and every figure there), never a
+wall-clock figure.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert load["missing_streams"] == 0
         assert len(load["digests"]) == 1
     check_s7(result)
+    check_s8(result)
 
 
 def check_s7(result: dict[str, Any]) -> None:
@@ -78,3 +80,35 @@ def check_s7(result: dict[str, Any]) -> None:
     assert a["local"]["totalRequests"] == 0  # A has no backend: everything went to B
     assert b["nodes"] == []
     assert b["local"]["totalRequests"] == node["totalRequests"] == node["successCount"]
+
+
+def check_s8(result: dict[str, Any]) -> None:
+    """S8 (held streams, tiny sizes): every N, transport and target ran and delivered every
+    stream whole; the gateway's figures (idle and peak RSS, RSS per stream, CPU per chunk,
+    gap ratio to direct) and the issue's three judgements are all there."""
+    s8 = result["s8"]
+    ns = s8["n"]
+    assert len(ns) >= 2
+    assert ns == sorted(ns)
+    runs = s8["runs"]
+    assert {(r["transport"], r["n"], r["target"]) for r in runs} == {
+        (tr, n, tg) for tr in ("tcp", "unix") for n in ns for tg in ("direct", "sluice")}
+    for r in runs:
+        f = r["figures"]
+        assert f["completed"] == f["started"] == r["n"], (r["transport"], r["target"], f)
+        assert f["missing_streams"] == f["missing_chunks"] == 0
+        assert len(r["load"]["digests"]) == 1
+        if r["target"] == "sluice":
+            assert f["idle_rss_mb"] > 0
+            assert f["peak_rss_mb"] >= f["idle_rss_mb"]
+            assert f["kb_per_stream"] is not None
+            assert f["cpu_us_per_chunk"] is not None
+            assert all(by.startswith("local:") for by in r["load"]["served_by"])
+    for tr in ("tcp", "unix"):
+        for n in ns:
+            assert s8["summary"][f"{tr}/{n}/sluice"]["gap_p99_vs_direct"] is not None
+        judged = s8["judged"][f"{tr}/sluice"]
+        assert judged["delivered"] is True
+        assert set(judged["met"]) == {"cpu_per_chunk", "delivered_gap", "rss_per_stream"}
+        assert judged["cpu_per_chunk_growth"] is not None
+    assert s8["problems"] == []
