@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from protocol.errors import bad_request
+from protocol.json_text import scan_json
 
 if TYPE_CHECKING:
     from protocol.config import TimeoutsConfig
 
 
-# The decoder's C scanner: (text, index) -> (value, end); json.loads' layers around it
-# (sniffing the encoding of bytes, the checks of decode) cost as much as a small body's parse.
-_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _SPACE = " \t\n\r"  # what JSON allows around a value
 
 
@@ -29,7 +26,7 @@ def _json_document(body: bytes) -> Any:
     if body[:1] == b"{" and body[1:2] != b"\x00":
         try:
             text = body.decode("utf-8", "surrogatepass")
-            doc, end = _SCAN(text, 0)
+            doc, end = scan_json(text, 0)
         except (ValueError, StopIteration, RecursionError):
             pass
         else:

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
-from collections.abc import Callable
 from json.encoder import encode_basestring
 from typing import Any
 
 import attrs
 
-from protocol.json_text import compact_json
+from protocol.json_text import compact_json, scan_json
 
 __all__ = ["OUTCOMES", "RequestRecord", "iso_utc", "usage_from_event", "usage_in_body"]
 
@@ -29,8 +27,6 @@ OUTCOMES = ("success", "failure", "aborted", "refused")
 USAGE_WINDOW = 4096  # bytes after the "usage" key read to find its object
 USAGE_TRIES = 8  # "usage" keys looked at, from the last one back
 _USAGE_KEY = b'"usage"'
-# The decoder's C scanner: (text, index) -> (value, end), StopIteration when there is none.
-_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _MILLIS = tuple(f".{n:03d}Z" for n in range(1000))  # the tail of a stamp, by millisecond
 
 
@@ -69,7 +65,7 @@ def _usage_at(data: bytes, key: int) -> dict[str, Any] | None:
     else:  # nested details (prompt_tokens_details...): decode the window
         text = data[start:start + USAGE_WINDOW].decode("utf-8", "ignore")
     try:  # the C scanner itself: json.loads' Python layers cost more than the object
-        value, _ = _SCAN(text, 0)
+        value, _ = scan_json(text, 0)
     except (StopIteration, ValueError):
         return None
     return value if isinstance(value, dict) else None
