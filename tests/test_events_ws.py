@@ -23,7 +23,7 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, CloseConnection, Ping, Request, TextMessage
 
 from protocol.request_record import RequestRecord
-from proxy.observe import events
+from proxy.observe import event_socket
 from proxy.observe.feed import CLOSE_TIMEOUT, QUEUE_FRAMES
 from proxy.replay_stream import ReplayStream, request_head
 from tests.client import Client, chat_body, connect, raw, request
@@ -531,7 +531,7 @@ async def test_pings_and_a_client_that_never_answers(start_gateway: StartGateway
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """With a short ping interval: a client that answers is pinged again and again; one
     that reads but never answers is dropped by the next ping."""
-    monkeypatch.setattr(events, "PING_INTERVAL", 0.05)
+    monkeypatch.setattr(event_socket, "PING_INTERVAL", 0.05)
     gw = await start_gateway([])
     answering = await RawFeed.open(gw.tcp)
     silent = await RawFeed.open(gw.unix, pong=False)

@@ -3,15 +3,16 @@
 The request passes the usual phases first (the §5 guard refuses a foreign ``Origin`` with
 403, the access rule of GETs applies); :func:`upgrade` then checks that it is a WebSocket
 handshake (426 or 400 otherwise, OpenAI-shaped) and takes the connection over
-(:class:`~proxy.api.call.Takeover`). :func:`serve` runs the subscriber on trio-websocket:
+(:class:`~proxy.api.call.Takeover`). :func:`serve` runs the subscriber on trio-websocket
+(:mod:`proxy.observe.event_socket`):
 
 - the first frame is ``hello``: the bodies of the GET endpoints named in :data:`HELLO`
   (called through the route table, so they are exactly what those endpoints answer), made
   in the same step as the subscription, so no event falls between the two;
 - then every hub event, from the subscriber's bounded queue (:mod:`proxy.observe.feed`),
   sent by its own task: a client that does not read blocks nobody but that task;
-- a ping every :data:`PING_INTERVAL`; a client that has not answered one by the next is
-  taken for gone and its connection closed;
+- a ping every :data:`~proxy.observe.event_socket.PING_INTERVAL`; a client that has not
+  answered one by the next is taken for gone and its connection closed;
 - a stopping gateway sends close code 1001 (:meth:`EventFeed.close_all`); a client that
   closes is unsubscribed at once. What a client sends is read and ignored.
 """
@@ -21,32 +22,23 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
-import trio_websocket
 
 from protocol.errors import bad_request, upgrade_required
 from protocol.headers import Header, connection_tokens
 from protocol.json_text import compact_json
 from protocol.request_record import iso_utc
-from protocol.websocket import text_frame
 from proxy.api.call import Call, Handler, Takeover
-from proxy.observe.feed import EventFeed, Subscriber
+from proxy.observe.feed import EventFeed
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
 
-log = logging.getLogger("sluice.events")
-
-PING_INTERVAL = 30.0  # seconds between two pings of a subscriber
-HANDSHAKE_TIMEOUT = 10.0  # the WebSocket handshake (our 101) must be done within this
-MAX_CLIENT_MESSAGE = 64 * 1024  # a longer message from the client closes it (1009)
 WEBSOCKET_VERSION = b"13"  # RFC 6455
-GOING_AWAY = 1001  # the close code of a stopping gateway
 
 Router = Callable[[bytes, str], Any]
 """``route(method, path) -> handler`` (:func:`proxy.api.routes.route`)."""
@@ -131,109 +123,8 @@ async def serve(feed: EventFeed, hello: Callable[[], str], stream: trio.abc.Stre
                 headers: list[Header]) -> None:
     """One subscriber, from the handshake (replayed by ``stream``; ``headers`` go with our
     101) to the end of its connection."""
-    with trio.CancelScope() as scope:
-        async with trio.open_nursery() as nursery:  # trio-websocket's reader lives here
-            ws = await _handshake(nursery, stream, headers)
-            if ws is None:
-                nursery.cancel_scope.cancel()
-                return
-            subscriber = Subscriber(scope)
-            subscriber.push(hello())  # the snapshot and the subscription in one step
-            unsubscribe = feed.add(subscriber)
-            log.debug("events subscriber joined (%d now)", len(feed))
-            try:
-                async with trio.open_nursery() as tasks:
-                    tasks.start_soon(_read_client, ws, subscriber, tasks.cancel_scope)
-                    tasks.start_soon(_ping, ws, tasks.cancel_scope)
-                    await _send_frames(ws, subscriber)
-                    tasks.cancel_scope.cancel()
-            finally:
-                unsubscribe()
-                log.debug("events subscriber left (%d now)", len(feed))
-            nursery.cancel_scope.cancel()
+    # Imported by the first subscriber (once, about 25 ms), not at start: trio-websocket and
+    # wsproto are about 2 MB of memory that a gateway nobody watches need not hold.
+    from proxy.observe import event_socket
 
-
-async def _handshake(nursery: trio.Nursery, stream: trio.abc.Stream,
-                     headers: list[Header]) -> trio_websocket.WebSocketConnection | None:
-    """Our 101; None when the client went away (or the handshake did not finish in time)."""
-    with trio.move_on_after(HANDSHAKE_TIMEOUT):
-        try:
-            request = await trio_websocket.wrap_server_stream(
-                nursery, stream, max_message_size=MAX_CLIENT_MESSAGE)
-            return await request.accept(extra_headers=headers)
-        except (trio_websocket.ConnectionClosed, trio_websocket.HandshakeError):
-            return None
-    log.info("an events WebSocket handshake did not finish within %gs", HANDSHAKE_TIMEOUT)
-    return None
-
-
-async def _send_frames(ws: trio_websocket.WebSocketConnection, subscriber: Subscriber) -> None:
-    """Drain the subscriber's queue to the socket; on a stopping gateway, close with 1001."""
-    try:
-        while (texts := await subscriber.next_frames()) is not None:
-            await _send_texts(ws, texts)
-        await ws.aclose(GOING_AWAY, "the gateway is shutting down")
-    except trio_websocket.ConnectionClosed:
-        pass
-
-
-async def _send_texts(ws: trio_websocket.WebSocketConnection, texts: list[str]) -> None:
-    """Send text messages, several in one write. trio-websocket frames and writes each
-    message on its own (wsproto's framing, a lock and a syscall per event: most of what a
-    watched gateway spends on its feed), so a batch is framed here
-    (:func:`protocol.websocket.text_frame`: the handshake accepted no extension) and written
-    under its write lock, as its own ``send_message`` does for one; without those
-    attributes, one message at a time."""
-    lock = getattr(ws, "_stream_lock", None)
-    stream = getattr(ws, "_stream", None)
-    abort = getattr(ws, "_abort_web_socket", None)
-    if lock is None or stream is None or abort is None:
-        for text in texts:
-            await ws.send_message(text)
-        return
-    if ws.closed:
-        raise trio_websocket.ConnectionClosed(ws.closed)
-    data = b"".join([text_frame(text) for text in texts])
-    async with lock:
-        try:
-            await stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            await abort()  # as trio-websocket's own send does
-            raise trio_websocket.ConnectionClosed(ws.closed) from None
-
-
-async def _read_client(ws: trio_websocket.WebSocketConnection, subscriber: Subscriber,
-                       everything: trio.CancelScope) -> None:
-    """Read (and ignore) what the client sends, so its pongs and its close are seen; when
-    it closes, end the subscriber at once (unless we are closing it ourselves)."""
-    try:
-        while True:
-            await ws.get_message()
-    except trio_websocket.ConnectionClosed:
-        if not subscriber.closing:
-            everything.cancel()
-
-
-async def _ping(ws: trio_websocket.WebSocketConnection, everything: trio.CancelScope) -> None:
-    """A ping every PING_INTERVAL; no pong by the next one ends the subscriber."""
-    interval = PING_INTERVAL
-    answered = True
-
-    async def ping() -> None:
-        nonlocal answered
-        try:
-            await ws.ping()
-        except trio_websocket.ConnectionClosed:
-            return
-        answered = True
-
-    async with trio.open_nursery() as pings:
-        while True:
-            await trio.sleep(interval)
-            if not answered:
-                log.info("an events subscriber answered no ping for %gs: closing it",
-                         interval)
-                everything.cancel()
-                return
-            answered = False
-            pings.start_soon(ping)
+    await event_socket.serve(feed, hello, stream, headers)

@@ -10,8 +10,8 @@ Two kinds of figures:
 - **Read at scrape time** from their owners: attempts in flight per upstream (the
   :class:`~proxy.routing.router.Router`'s counters), node up and latency (the node index),
   circuit states (the router's breakers), client connections per transport
-  (``Clients.by_transport`` of :mod:`proxy.context`), and the process figures (prometheus_client's
-  :class:`~prometheus_client.ProcessCollector`, rendered by its ``generate_latest``).
+  (``Clients.by_transport`` of :mod:`proxy.context`), and the process figures
+  (:mod:`proxy.observe.process_figures`, prometheus_client's, imported by the first scrape).
 
 The sluice figures are written by :mod:`proxy.observe.exposition`: prometheus_client's own
 ``Counter``/``Histogram`` cost 16 µs or more per request on S1's load and its rendering
@@ -27,12 +27,9 @@ request); ``model`` is the id of a model the gateway routed (else ``none``), at 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import trio
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.metrics_core import Metric
 
 from protocol.request_record import RequestRecord, token_counts
 from proxy.observe.exposition import Exposition, bucket_labels, label_set
@@ -40,6 +37,7 @@ from proxy.observe.hub import RequestReader
 from proxy.routing.breaker import BreakerState
 
 if TYPE_CHECKING:
+    from proxy.observe.process_figures import ProcessFigures
     from proxy.routing.router import Router
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
@@ -61,8 +59,6 @@ MAX_MODEL_LABELS = 500  # distinct model ids shown; the rest are model="other"
 OTHER = "other"
 NONE = "none"  # no model routed, or nothing served the request
 CIRCUIT_VALUES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
-PROCESS_NAMES = frozenset({"process_cpu_seconds", "process_resident_memory_bytes",
-                           "process_open_fds", "process_start_time_seconds"})  # SPEC's four
 
 
 class _Series:
@@ -89,19 +85,6 @@ class _Series:
         return f"_Series({self.labels}: {sum(self.codes.values())} requests)"
 
 
-class _Process:
-    """prometheus_client's process figures, only the four SPEC names."""
-
-    def __init__(self) -> None:
-        self._inner = ProcessCollector(registry=None)
-
-    def __repr__(self) -> str:
-        return "_Process()"
-
-    def collect(self) -> Iterator[Metric]:
-        return (m for m in self._inner.collect() if m.name in PROCESS_NAMES)
-
-
 class Metrics(RequestReader):
     """The counted figures (fed by :meth:`attach`) and the scrape (:meth:`render`) that
     writes them with the read ones (see the module docstring)."""
@@ -115,8 +98,7 @@ class Metrics(RequestReader):
         self._models: set[str] = set()
         self._attempts: dict[tuple[str, str], int] = {}
         self.failovers = 0
-        self._process = CollectorRegistry(auto_describe=False)
-        self._process.register(_Process())
+        self._process: ProcessFigures | None = None  # made by the first scrape
 
     def __repr__(self) -> str:
         return (f"Metrics({len(self._series)} series, {len(self._models)} models, "
@@ -163,6 +145,15 @@ class Metrics(RequestReader):
 
     # -- a scrape --------------------------------------------------------------------------
 
+    def _process_figures(self) -> ProcessFigures:
+        if self._process is None:
+            # Imported by the first scrape (once, about 30 ms), not at start: prometheus_client
+            # and the servers its exposition module imports are about 2 MB of memory.
+            from proxy.observe.process_figures import ProcessFigures
+
+            self._process = ProcessFigures()
+        return self._process
+
     def render(self) -> bytes:
         """The whole exposition (:data:`CONTENT_TYPE`)."""
         self.catch_up()
@@ -171,7 +162,7 @@ class Metrics(RequestReader):
         self._read(out)
         out.family("sluice_build_info", "gauge", "The gateway's version (always 1).")
         out.sample("sluice_build_info", label_set(("version", self._version)), 1)
-        out.raw(generate_latest(self._process))
+        out.raw(self._process_figures().text())
         return out.text()
 
     def _counted(self, out: Exposition) -> None:
