@@ -9,6 +9,7 @@ import functools
 import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -130,9 +131,11 @@ def preflight_headers() -> list[tuple[bytes, bytes]]:
 # ----------------------------------------------------------------------- tokens and keys
 
 
+_VISIBLE_ASCII = re.compile("[!-~]+")  # U+0021 to U+007E
+
+
 def _visible_ascii(value: str) -> bool:
-    return bool(value) and len(value) <= MAX_KEY_LENGTH and \
-        all(0x21 <= ord(ch) <= 0x7E for ch in value)
+    return len(value) <= MAX_KEY_LENGTH and _VISIBLE_ASCII.fullmatch(value) is not None
 
 
 def check_api_key(field: str, value: object) -> None:

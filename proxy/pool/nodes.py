@@ -116,13 +116,16 @@ class NodeIndex:
     def round_done(self) -> None:
         self._first_round.set()
 
-    async def first_round(self, timeout: float) -> None:
+    async def first_round(self, timeout: float) -> bool:
         """Right after start (or after load balancing is switched on), wait up to
         ``timeout`` for the first health checks, so a request is not refused only because
-        the nodes have not been asked yet."""
-        if not self._first_round.is_set():
-            with trio.move_on_after(timeout):
-                await self._first_round.wait()
+        the nodes have not been asked yet. Whether it had to wait (without an await when
+        the round is done)."""
+        if self._first_round.is_set():
+            return False
+        with trio.move_on_after(timeout):
+            await self._first_round.wait()
+        return True
 
     def endpoint(self, fingerprint: str) -> NodeEndpoint | None:
         for endpoint in self.endpoints:

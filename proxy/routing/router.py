@@ -144,19 +144,22 @@ class Router:
                 probe_ttl=total_timeout(config.timeouts, info)[0], strategy=lb.strategy,
                 failover=lb.failover_enabled,
                 forwarded=header_value(headers, FORWARDED) is not None)
-            if not holders(request, self.views()):
+            views = self.views()
+            fresh: list[NodeView] | None = views
+            if not holders(request, views):
                 backend = await self.backends.wait_for_holder(info.model)
+                fresh = None  # taken before a wait: looked at again
             if backend is None:
-                return await self._forward(request)
+                return await self._forward(request, fresh)
         return Plan(backend, Attempt(self._backend_counters(backend.name),
                                      trio.current_time()))
 
-    async def _forward(self, request: RouteRequest) -> Plan:
-        if request.load_balancing and not request.forwarded:
-            # Right after start (or load balancing switched on): the first node checks.
-            await self.nodes.first_round(self.settings.config.timeouts.health_check.timeout)
+    async def _forward(self, request: RouteRequest, views: list[NodeView] | None) -> Plan:
+        if request.load_balancing and not request.forwarded and await self.nodes.first_round(
+                self.settings.config.timeouts.health_check.timeout):
+            views = None  # right after start (or LB switched on): after the first checks
         now = trio.current_time()
-        route = resolve(request, self.views(), self.cursor, now)
+        route = resolve(request, self.views() if views is None else views, self.cursor, now)
         self.watch_circuits(now)
         if isinstance(route, NoRoute):
             raise route.error()
