@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from protocol.access import (
+    MAX_KEY_LENGTH,
+    _visible_ascii,
     bearer_token,
     check_api_key,
     hash_key,
@@ -458,3 +462,12 @@ async def test_refusals_keep_or_close_the_connection(start_gateway: StartGateway
         assert b"connection: close" in data.lower()
     finally:
         await client.aclose()
+
+
+@given(st.one_of(st.text(), st.text(st.characters(min_codepoint=0x1F, max_codepoint=0x80)),
+                 st.integers(MAX_KEY_LENGTH - 1, MAX_KEY_LENGTH + 1).map(lambda n: "k" * n)))
+def test_a_key_is_visible_ascii_exactly_by_the_rule(value: str) -> None:
+    """The regex check is the rule as written: 1 to MAX_KEY_LENGTH characters, each
+    U+0021..U+007E."""
+    rule = 0 < len(value) <= MAX_KEY_LENGTH and all(0x21 <= ord(ch) <= 0x7E for ch in value)
+    assert _visible_ascii(value) is rule
