@@ -120,9 +120,9 @@ class Downstream:
         """More body bytes of a streamed answer (framed by the caller)."""
         await self._send(data, on_block)
 
-    async def end(self, data: bytes = b"") -> None:
+    async def end(self, data: bytes = b"", on_block: Callable[[], None] | None = None) -> None:
         """The last body bytes (framed by the caller) and the end of the body."""
-        await self._send(data + self.response.end())
+        await self._send(data + self.response.end(), on_block)
 
     async def error_event(self, err: SluiceError, *, at_boundary: bool) -> None:
         """After the head: one SSE error event, then the connection ends without the final

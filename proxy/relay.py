@@ -10,7 +10,9 @@ request's :class:`protocol.response.Response` says whether anything was sent.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from functools import partial
+from math import inf
 from typing import TYPE_CHECKING
 
 import trio
@@ -19,6 +21,7 @@ from protocol.errors import (
     SluiceError,
     shutting_down,
     upstream_bad_response,
+    upstream_timeout,
     upstream_unreachable,
 )
 from protocol.headers import (
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sluice.relay")
 
 MAX_WHOLE_BODY = 256 * 1024 * 1024  # a non-streamed answer larger than this is refused
+CHUNK_LIMIT = "timeouts.request.streaming.chunk_interval"
 
 
 class Relay:
@@ -235,20 +239,41 @@ class Relay:
             return
         await out.send_head(head.status_code, headers, head.reason, data, end=False,
                             on_block=on_block)
-        gap = self.timeouts.request.streaming.chunk_interval
+        if stream:
+            deadline.to_total()  # the gap between reads is watched by _relay_body
+            await self._relay_body(conn, receive, observer,
+                                   self.timeouts.request.streaming.chunk_interval)
+        else:
+            await self._relay_body(conn, receive, observer, inf)
+
+    async def _relay_body(self, conn: UpstreamConnection, receive: Callable[[], Awaitable[bytes]],
+                          observer: SseObserver | None, gap: float) -> None:
+        """The rest of the body, read by read. ``gap`` (a stream's chunk_interval, else inf)
+        bounds each wait for the upstream's next bytes; raises _Timeout past it.
+
+        The gap is watched without a deadline change per read, which at thousands of held
+        streams is a good part of a chunk's cost: :class:`_GapWatch`'s scope ends one gap
+        after the read it was armed at; when that comes early (bytes came since), it is armed
+        again from the latest read, so a stall still ends exactly one gap after it began."""
+        out = self.out
         fairness = Fairness()
+        watch = _GapWatch(gap, trio.current_time())
         while True:
-            await fairness.tick()
-            if stream:
-                deadline.within(gap, "timeouts.request.streaming.chunk_interval")
-            data = await receive()
-            if observer is not None:
-                observer.see(data)
-            if conn.body_done():
-                await out.end(data)
-                return
-            if data:
-                await out.send_body(data, on_block)
+            with watch.scope:
+                while True:
+                    await fairness.tick()
+                    data = await receive()
+                    if observer is not None:
+                        observer.see(data)
+                    if conn.body_done():
+                        await out.end(data, watch.on_block)
+                        return
+                    if data:
+                        await out.send_body(data, watch.on_block)
+                    watch.ready(trio.current_time())
+            if not watch.rearm():
+                raise _Timeout(upstream_timeout(
+                    f"the upstream stalled within {CHUNK_LIMIT} ({gap:g}s)"))
 
     async def _framed_payload(self, conn: UpstreamConnection) -> bytes:
         part = await conn.receive_payload()
@@ -273,6 +298,43 @@ class Relay:
         if state is State.BROKEN:  # cut in the middle of a write: nothing more can be said
             return
         raise AssertionError(f"relay failure with the answer {state.value}")  # pragma: no cover
+
+
+class _GapWatch:
+    """The cancel scope that bounds the waits for an upstream's next bytes (see
+    :meth:`Relay._relay_body`). ``ready`` is told of every read; while a write to a slow
+    client blocks (``on_block``), the gap is not counted, and it starts again after it."""
+
+    __slots__ = ("_armed_at", "_blocked", "_gap", "_ready_at", "scope")
+
+    def __init__(self, gap: float, now: float) -> None:
+        self._gap = gap
+        self._arm(now)
+
+    def _arm(self, now: float) -> None:
+        self._armed_at = self._ready_at = now
+        self._blocked = False
+        self.scope = trio.CancelScope(deadline=now + self._gap)
+
+    def on_block(self) -> None:
+        self._blocked = True
+        self.scope.deadline = inf
+
+    def ready(self, now: float) -> None:
+        """The relay is ready for more bytes (a read was relayed)."""
+        self._ready_at = now
+        if self._blocked:
+            self._blocked = False
+            self._armed_at = now
+            self.scope.deadline = now + self._gap
+
+    def rearm(self) -> bool:
+        """After the scope ended by its deadline: False when no read came since it was
+        armed (the gap has passed), else a fresh scope from the latest read."""
+        if self._ready_at == self._armed_at:
+            return False
+        self._arm(self._ready_at)
+        return True
 
 
 class _Timeout(Exception):

@@ -167,6 +167,41 @@ async def test_client_that_stops_reading_an_sse_stream(
     assert not problems, problems
 
 
+async def test_a_client_that_pauses_past_chunk_interval_still_gets_the_whole_stream(
+    jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+    start_gateway: StartGateway
+) -> None:
+    """While a write to a slow client blocks, the chunk gap is not counted (it is the
+    upstream's limit): a client that stops reading for 10 s with chunk_interval 3 s, while
+    the upstream sends 4 MiB at once, then reads on, gets the whole stream and its end."""
+    count = 1024  # 4 MiB: far more than the sockets between hold
+
+    async def burst(req: ReceivedRequest, w: ResponseWriter) -> None:
+        await w.head(200, LLAMA_SSE_HEADERS)
+        for _ in range(count):
+            await w.chunk(EVENT)
+        await w.end()
+
+    unix_upstream.on("POST", "/v1/chat/completions", burst)
+    gw = await start_gateway([("fake", unix_upstream.url)], chunk_interval=3,
+                             stream_total=STREAM_TOTAL)
+    raw = await Raw.open(gw.unix)
+    try:
+        with trio.fail_after(STREAM_TOTAL):
+            await raw.send(chat_head(b"Content-Length: %d\r\n\r\n" % len(chat_body(stream=True))
+                                     + chat_body(stream=True)))
+            while b"\r\n\r\n" not in raw.buf:
+                assert await raw._fill()
+            await trio.sleep(10)
+            while not raw.buf.endswith(b"0\r\n\r\n"):
+                assert await raw._fill()
+    finally:
+        await raw.aclose()
+    body = bytes(raw.buf)
+    assert body.count(EVENT) == count
+    assert b"upstream_timeout" not in body
+
+
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 async def test_connection_flood_beyond_the_cap_gets_fast_503s(
     transport: str, upstream: FakeUpstream, start_gateway: StartGateway,

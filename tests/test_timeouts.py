@@ -13,6 +13,7 @@ import trio.testing
 from tests.client import Reply, chat_body, request
 from tests.conftest import StartGateway, inject_backend
 from tests.fakeupstream import (
+    LLAMA_SSE_HEADERS,
     FakeUpstream,
     ReceivedRequest,
     ResponseWriter,
@@ -101,6 +102,35 @@ async def test_chunk_interval_resets_on_every_chunk(autojump_clock: trio.testing
     reply = await request(gw.unix, "POST", CHAT, chat_body(stream=True))
     assert reply.complete
     assert reply.body == b"".join(events)
+
+
+async def test_chunk_interval_counts_from_the_last_chunk(
+        autojump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
+        start_gateway: StartGateway) -> None:
+    """Chunks at uneven gaps under the limit, then a stall: the error comes exactly one
+    chunk_interval after the last chunk (the gap watch is re-armed from the latest read when
+    its deadline comes early, never later than that)."""
+    events = sse_events(5)[:5]  # no [DONE]
+    pauses = (0.5, 2.9, 0.1, 2.99)  # before events 1..4; 6.49 s in all, then a stall
+
+    async def uneven(req: ReceivedRequest, w: ResponseWriter) -> None:
+        await w.head(200, LLAMA_SSE_HEADERS)
+        await w.chunk(events[0])
+        for pause, event in zip(pauses, events[1:], strict=True):
+            await trio.sleep(pause)
+            await w.chunk(event)
+        await w.stall()
+
+    unix_upstream.on("POST", CHAT, uneven)
+    gw = await start_gateway([("fake", unix_upstream.url)], chunk_interval=3)
+    start = trio.current_time()
+    reply = await request(gw.unix, "POST", CHAT, chat_body(stream=True))
+    took = trio.current_time() - start
+    assert sum(pauses) + 3 - 1e-6 <= took < sum(pauses) + 3 + 0.01
+    assert reply.body.startswith(b"".join(events))
+    err = trailing_error_event(reply)
+    assert err["code"] == "upstream_timeout"
+    assert "timeouts.request.streaming.chunk_interval (3s)" in str(err["message"])
 
 
 async def test_streaming_total(autojump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
