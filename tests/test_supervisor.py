@@ -4,9 +4,11 @@ the launcher's exit on SIGTERM, a missing model file, a missing llama.cpp instal
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import attrs
@@ -115,3 +117,66 @@ async def test_missing_model_file_backs_off_and_reports(
     info = (await request(gw.unix, "GET", "/api/v1/inference/status")).json()
     assert info["available"] is False
     assert info["managedModels"][0]["name"] == "ghost"
+
+
+# A stand-in for the launcher's wait: the real parent watch, then the stop signal.
+_WATCHED_CHILD = """
+import signal, sys
+from pathlib import Path
+from proxy.models.launcher import watch_parent
+out = Path(sys.argv[1])
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+watch_parent(0.05)
+out.write_text("ready")
+signal.sigwait({signal.SIGTERM})
+out.write_text("stopped")
+"""
+# Starts the child from a thread that ends once the child is ready, as trio's
+# open_process does from a worker thread (which exits after 10 s idle), and stays up until
+# killed.
+_PARENT = """
+import subprocess, sys, threading, time
+from pathlib import Path
+def spawn():
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+    while not (Path(sys.argv[2]).exists() and Path(sys.argv[2]).read_text() == "ready"):
+        time.sleep(0.01)
+    print(child.pid, flush=True)
+starter = threading.Thread(target=spawn)
+starter.start()
+starter.join()
+time.sleep(120)
+"""
+
+
+def _wait_for(path: Path, text: str, seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text() == text:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_model_server_outlives_the_thread_that_started_it_not_the_gateway(
+        tmp_path: Path) -> None:
+    """The launcher's parent watch: the thread that spawned it ending leaves it running
+    (PR_SET_PDEATHSIG would have stopped it: the demo model died every 10 s), and the
+    parent process dying stops it."""
+    out = tmp_path / "child-state"
+    root = str(Path(__file__).resolve().parent.parent)
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, _WATCHED_CHILD, str(out)],
+                              stdout=subprocess.PIPE, text=True, cwd=root,
+                              env={**os.environ, "PYTHONPATH": root})
+    try:
+        assert parent.stdout is not None
+        child_pid = int(parent.stdout.readline())  # the starting thread ends after this
+        time.sleep(0.5)  # ten checks of the watch later
+        assert out.read_text() == "ready"
+        os.kill(child_pid, 0)  # still running
+    finally:
+        parent.kill()
+        parent.wait(10)
+        if parent.stdout is not None:
+            parent.stdout.close()
+    assert _wait_for(out, "stopped")

@@ -13,6 +13,8 @@ import importlib.util
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 
 INSTALL_HINT = ("llama.cpp support is not installed: run  pip install 'sluice[llama]'  "
@@ -43,23 +45,25 @@ def listen_url(address: str) -> str:
     return address
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM us if the gateway dies without stopping us (no orphans)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the supervisor's stop still applies
-        pass
-    if os.getppid() == 1:  # the parent is already gone
+def watch_parent(interval: float = 0.5) -> None:
+    """SIGTERM this process once its parent (the gateway) is gone, so no server is left
+    orphaned: a thread checks every ``interval`` seconds whether we have been handed to
+    another parent. Not PR_SET_PDEATHSIG: that fires when the *thread* that started us
+    ends, and trio starts processes from a worker thread that exits after 10 s idle."""
+    parent = os.getppid()
+    if parent == 1:  # the parent is already gone
         raise SystemExit(0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _die_with_parent()
     try:
         import xllamacpp
     except ImportError:
@@ -83,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # they are taken here by sigwait and not by whichever thread the kernel picks.
     stop = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    watch_parent()
     server = xllamacpp.Server(params)  # returns once it listens
     print(f"listening {listen_url(server.listening_address)}", flush=True)
     signal.sigwait(stop)
