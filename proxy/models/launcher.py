@@ -3,7 +3,8 @@
 ``python -m proxy.models.launcher --model PATH --alias ID --listen ADDR ...`` where ADDR is a
 ``*.sock`` path or ``127.0.0.1:PORT`` (port 0 = any free one). It prints one line,
 ``listening <url>``, on stdout once the server accepts connections, then waits for SIGTERM or
-SIGINT and exits 0. llama.cpp's own log goes to stderr.
+SIGINT (or for its parent, the gateway, to be gone: :func:`watch_parent`) and exits 0.
+llama.cpp's own log goes to stderr.
 """
 
 from __future__ import annotations
