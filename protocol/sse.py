@@ -62,7 +62,7 @@ class SseObserver:
     def __init__(self) -> None:
         self.events = 0
         self.usage_line: bytes | None = None
-        self._last = self._before = b""  # the stream's end: the last reads (not copies)
+        self._last = self._before = b""  # the stream's end: the last reads' last bytes
         self._clean = True  # the bytes so far end a line (or there are none)
         self._tail = b""  # the last 5 bytes so far, while they do not end a line
         self._partial: bytearray | None = bytearray()  # an unfinished line (None: too long)
@@ -79,8 +79,8 @@ class SseObserver:
     def see(self, data: bytes) -> None:
         if not data:
             return
-        if len(data) >= _DONE_TAIL:
-            self._before, self._last = self._last, data
+        if len(data) >= _DONE_TAIL:  # only the ends are kept: a held stream holds no read
+            self._before, self._last = self._last, data[-_DONE_TAIL:]
         else:  # short reads are joined, so the two hold the stream's true end
             self._last = (self._last + data)[-2 * _DONE_TAIL:]
         events = data.count(_DATA_LINE)

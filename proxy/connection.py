@@ -218,6 +218,7 @@ class ClientConnection:
                 self.gone = True
                 self.scope.cancel()
                 return
+            del data  # h11 holds a copy: the wait for the next read keeps no request bytes
 
     def end_idle(self) -> None:
         """The wait for the next request is over (Clients.close_idle, or a drain)."""

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.sse import TAIL, ends_event
+from protocol.sse import TAIL, SseObserver, ends_event
 
 
 def reference_boundary(stream: bytes) -> bool:
@@ -57,3 +57,20 @@ def test_matches_the_reference_on_random_streams(pieces: list[bytes]) -> None:
     stream = b"".join(pieces)
     # A lone CR at the very end might still become CRLF; both readings agree it ends a line.
     assert ends_event(stream[-TAIL:]) is reference_boundary(stream)
+
+
+@given(st.lists(st.sampled_from([b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n',
+                                 b'data: {"x":1}\r\n\r\n', b": keep-alive\n\n"]), max_size=6),
+       st.booleans(), st.lists(st.integers(0, 200), max_size=8))
+@settings(max_examples=300)
+def test_the_observer_sees_the_done_event_at_the_end_however_the_reads_fall(
+        events: list[bytes], done: bool, cuts: list[int]) -> None:
+    """``ended`` is whether the stream so far ends with ``data: [DONE]`` and its blank line,
+    for any split of the stream into reads (the observer keeps only the reads' ends)."""
+    stream = b"".join(events) + (b"data: [DONE]\n\n" if done else b"")
+    observer = SseObserver()
+    start = 0
+    for cut in sorted({min(c, len(stream)) for c in cuts} | {len(stream)}):
+        observer.see(stream[start:cut])
+        start = cut
+    assert observer.ended is done
