@@ -126,7 +126,7 @@ from pathlib import Path
 from proxy.models.launcher import watch_parent
 out = Path(sys.argv[1])
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-watch_parent(0.05)
+watch_parent(interval=0.05)
 out.write_text("ready")
 signal.sigwait({signal.SIGTERM})
 out.write_text("stopped")
@@ -180,3 +180,16 @@ def test_a_model_server_outlives_the_thread_that_started_it_not_the_gateway(
         if parent.stdout is not None:
             parent.stdout.close()
     assert _wait_for(out, "stopped")
+
+
+def test_a_model_server_whose_gateway_is_already_gone_stops_at_once() -> None:
+    """``--parent`` names the gateway: a launcher started after it died (its parent is
+    someone else by then) exits 0 before loading anything."""
+    root = str(Path(__file__).resolve().parent.parent)
+    code = ("from proxy.models.launcher import watch_parent\n"
+            "watch_parent(parent=1)\n"  # we were started by pytest, not by pid 1
+            "print('still here')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=root, env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0
+    assert done.stdout == ""

@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="0 = all cores")
+    parser.add_argument("--parent", type=int, default=None,
+                        help="the gateway's pid: stop once it is gone (default: our parent)")
     return parser
 
 
@@ -46,13 +48,15 @@ def listen_url(address: str) -> str:
     return address
 
 
-def watch_parent(interval: float = 0.5) -> None:
-    """SIGTERM this process once its parent (the gateway) is gone, so no server is left
-    orphaned: a thread checks every ``interval`` seconds whether we have been handed to
-    another parent. Not PR_SET_PDEATHSIG: that fires when the *thread* that started us
-    ends, and trio starts processes from a worker thread that exits after 10 s idle."""
-    parent = os.getppid()
-    if parent == 1:  # the parent is already gone
+def watch_parent(parent: int | None = None, interval: float = 0.5) -> None:
+    """SIGTERM this process once its parent, the gateway (pid ``parent``; by default the
+    parent it has now), is gone, so no server is left orphaned: a thread checks every
+    ``interval`` seconds whether we have been handed to another parent. Not
+    PR_SET_PDEATHSIG: that fires when the *thread* that started us ends, and trio starts
+    processes from a worker thread that exits after 10 s idle."""
+    if parent is None:
+        parent = os.getppid()
+    elif os.getppid() != parent:  # the gateway is already gone
         raise SystemExit(0)
 
     def watch() -> None:
@@ -88,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # they are taken here by sigwait and not by whichever thread the kernel picks.
     stop = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop)
-    watch_parent()
+    watch_parent(args.parent)
     server = xllamacpp.Server(params)  # returns once it listens
     print(f"listening {listen_url(server.listening_address)}", flush=True)
     signal.sigwait(stop)

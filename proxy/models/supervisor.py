@@ -125,7 +125,8 @@ class ManagedModel:
         return [sys.executable, "-m", "proxy.models.launcher",
                 "--model", os.fspath(self.model_path), "--alias", cfg.name,
                 "--listen", self.listen_arg, "--context", str(cfg.context),
-                "--parallel", str(cfg.parallel), "--threads", str(cfg.threads)]
+                "--parallel", str(cfg.parallel), "--threads", str(cfg.threads),
+                "--parent", str(os.getpid())]
 
 
 class Supervisor:
