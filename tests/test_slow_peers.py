@@ -29,6 +29,7 @@ from tests.conftest import StartGateway
 from tests.fakeupstream import (
     LLAMA_SSE_HEADERS,
     FakeUpstream,
+    Handler,
     ReceivedRequest,
     ResponseWriter,
     json_completion,
@@ -126,6 +127,28 @@ FLOOD_EVENTS = 16 * 1024  # 64 MiB if nothing pushed back
 STREAM_TOTAL = 20.0
 
 
+def _sse_burst(count: int, writers: list[ResponseWriter]) -> Handler:
+    """An SSE answer of ``count`` EVENTs written as fast as the gateway takes them; each
+    answer's writer goes to ``writers``."""
+
+    async def burst(req: ReceivedRequest, w: ResponseWriter) -> None:
+        writers.append(w)
+        await w.head(200, LLAMA_SSE_HEADERS)
+        for _ in range(count):
+            await w.chunk(EVENT)
+        await w.end()
+
+    return burst
+
+
+async def _ask_for_a_stream(raw: Raw) -> None:
+    """Send a streamed chat request and read until its answer's head has arrived."""
+    body = chat_body(stream=True)
+    await raw.send(chat_head(b"Content-Length: %d\r\n\r\n" % len(body) + body))
+    while b"\r\n\r\n" not in raw.buf:
+        assert await raw._fill()
+
+
 async def test_client_that_stops_reading_an_sse_stream(
     jump_clock: trio.testing.MockClock, unix_upstream: FakeUpstream,
     start_gateway: StartGateway, caplog: pytest.LogCaptureFixture, figures: Figures
@@ -134,25 +157,14 @@ async def test_client_that_stops_reading_an_sse_stream(
     it managed to write stays a small bounded amount), the streaming total cuts the stream,
     and the upstream connection is closed."""
     writers: list[ResponseWriter] = []
-
-    async def flood(req: ReceivedRequest, w: ResponseWriter) -> None:
-        writers.append(w)
-        await w.head(200, LLAMA_SSE_HEADERS)
-        for _ in range(FLOOD_EVENTS):
-            await w.chunk(EVENT)
-        await w.end()
-
-    unix_upstream.on("POST", "/v1/chat/completions", flood)
+    unix_upstream.on("POST", "/v1/chat/completions", _sse_burst(FLOOD_EVENTS, writers))
     gw = await start_gateway([("fake", unix_upstream.url)], chunk_interval=60,
                              stream_total=STREAM_TOTAL)
     raw = await Raw.open(gw.unix)
     try:
         with trio.fail_after(STREAM_TOTAL + 30):
             t0 = trio.current_time()
-            await raw.send(chat_head(b"Content-Length: %d\r\n\r\n" % len(chat_body(stream=True))
-                                     + chat_body(stream=True)))
-            while b"\r\n\r\n" not in raw.buf:  # the head, then the client stops reading
-                assert await raw._fill()
+            await _ask_for_a_stream(raw)  # the head, then the client stops reading
             (req,) = unix_upstream.requests_to("/v1/chat/completions")
             closed_at = await unix_upstream.wait_connection_closed(req.conn_id)
             written = writers[0].bytes_sent
@@ -175,23 +187,13 @@ async def test_a_client_that_pauses_past_chunk_interval_still_gets_the_whole_str
     upstream's limit): a client that stops reading for 10 s with chunk_interval 3 s, while
     the upstream sends 4 MiB at once, then reads on, gets the whole stream and its end."""
     count = 1024  # 4 MiB: far more than the sockets between hold
-
-    async def burst(req: ReceivedRequest, w: ResponseWriter) -> None:
-        await w.head(200, LLAMA_SSE_HEADERS)
-        for _ in range(count):
-            await w.chunk(EVENT)
-        await w.end()
-
-    unix_upstream.on("POST", "/v1/chat/completions", burst)
+    unix_upstream.on("POST", "/v1/chat/completions", _sse_burst(count, []))
     gw = await start_gateway([("fake", unix_upstream.url)], chunk_interval=3,
                              stream_total=STREAM_TOTAL)
     raw = await Raw.open(gw.unix)
     try:
         with trio.fail_after(STREAM_TOTAL):
-            await raw.send(chat_head(b"Content-Length: %d\r\n\r\n" % len(chat_body(stream=True))
-                                     + chat_body(stream=True)))
-            while b"\r\n\r\n" not in raw.buf:
-                assert await raw._fill()
+            await _ask_for_a_stream(raw)
             await trio.sleep(10)
             while not raw.buf.endswith(b"0\r\n\r\n"):
                 assert await raw._fill()

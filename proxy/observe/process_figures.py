@@ -16,28 +16,21 @@ NAMES = frozenset({"process_cpu_seconds", "process_resident_memory_bytes",
                    "process_open_fds", "process_start_time_seconds"})
 
 
-class _Process:
-    """The collector, its figures cut to :data:`NAMES`."""
+class ProcessFigures:
+    """The exposition text of the process figures, made anew at each call: its own
+    registry holds this object as the one collector, which cuts prometheus_client's
+    process collector to :data:`NAMES`."""
 
     def __init__(self) -> None:
         self._inner = ProcessCollector(registry=None)
-
-    def __repr__(self) -> str:
-        return "_Process()"
-
-    def collect(self) -> Iterator[Metric]:
-        return (m for m in self._inner.collect() if m.name in NAMES)
-
-
-class ProcessFigures:
-    """The exposition text of the process figures, made anew at each call."""
-
-    def __init__(self) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(_Process())
+        self._registry.register(self)  # a collector: it has collect()
 
     def __repr__(self) -> str:
         return "ProcessFigures()"
+
+    def collect(self) -> Iterator[Metric]:
+        return (m for m in self._inner.collect() if m.name in NAMES)
 
     def text(self) -> bytes:
         return generate_latest(self._registry)
