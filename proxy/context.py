@@ -2,7 +2,7 @@
 passed explicitly (no module-level singletons). Each part has its own owner:
 
 - ``settings`` — config.yaml and secrets.yaml (:mod:`proxy.settings`);
-- ``connections`` — idle keep-alive connections to model servers (:mod:`proxy.upstream`);
+- ``connections`` — idle keep-alive connections to model servers (:mod:`proxy.upstream_pool`);
 - ``backends`` — local model servers and their models (:mod:`proxy.pool.backends`);
 - ``nodes`` — network nodes and their models (:mod:`proxy.pool.nodes`);
 - ``router`` — the routing decision, breakers and counters (:mod:`proxy.routing.router`);
@@ -34,7 +34,7 @@ from proxy.observe.request_log import RequestLog
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
 from proxy.routing.router import Router
-from proxy.upstream import ConnectionPool
+from proxy.upstream_pool import ConnectionPool
 
 if TYPE_CHECKING:
     from proxy.models.supervisor import Supervisor

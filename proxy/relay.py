@@ -37,7 +37,8 @@ from protocol.sse import TAIL, SseObserver, ends_event
 from proxy.deadline import Deadline, RequestScope
 from proxy.errors import ClientGone
 from proxy.sockio import Fairness
-from proxy.upstream import ConnectionPool, UpstreamConnection, UpstreamFailure, exchange
+from proxy.upstream import UpstreamConnection, UpstreamFailure
+from proxy.upstream_pool import ConnectionPool, exchange
 
 if TYPE_CHECKING:
     from protocol.config import TimeoutsConfig

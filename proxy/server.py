@@ -48,7 +48,7 @@ from proxy.pool.node_checks import run_node_checks
 from proxy.pool.nodes import NodeIndex
 from proxy.routing.router import Router
 from proxy.settings import Settings
-from proxy.upstream import ConnectionPool
+from proxy.upstream_pool import ConnectionPool
 
 log = logging.getLogger("sluice.server")
 
@@ -128,6 +128,7 @@ class Gateway:
                 if handle_signals:  # the real process: sluice serve
                     background.start_soon(self._watch_signals, background.cancel_scope)
                     background.start_soon(logsetup.flush_periodically)
+                await background.start(self.connections.run)  # probes after streams
                 if supervisor is not None:
                     background.start_soon(supervisor.run)
                 # Requests that come before a backend's first check wait for it

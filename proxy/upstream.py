@@ -1,5 +1,5 @@
-"""The upstream side: a lean HTTP/1.1 client (:mod:`protocol.http1`) on trio sockets with a
-keep-alive connections per address.
+"""One connection to an upstream: a lean HTTP/1.1 client (:mod:`protocol.http1`) on trio
+sockets. The pool of idle ones and the request exchange are in :mod:`proxy.upstream_pool`.
 
 Timeouts belong to the caller (cancel scopes around these calls). Every OS and protocol failure
 is translated here, once, into a :class:`UpstreamFailure` that says whether any response
@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import errno
 import select
-import socket
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import trio
 
@@ -29,8 +27,6 @@ from proxy import sockio
 
 RECEIVE_SIZE = 64 * 1024  # bytes asked of the kernel per read
 MAX_HEAD_SIZE = 64 * 1024  # an upstream response head larger than this is refused
-IDLE_PER_ADDRESS = 64  # idle keep-alive connections kept per upstream address
-IDEMPOTENT = frozenset({b"GET", b"HEAD"})  # may be sent again after a lost answer
 
 
 class UpstreamFailure(Exception):
@@ -52,7 +48,7 @@ class UpstreamFailure(Exception):
         return self.connect or not self.responded or self.lost_before_body
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno is not None:
         return errno.errorcode.get(exc.errno, str(exc.errno)) + f" ({exc.strerror})"
     return str(exc) or type(exc).__name__
@@ -62,13 +58,16 @@ class UpstreamConnection:
     """One HTTP/1.1 connection to a model server, spoken with :mod:`protocol.http1`."""
 
     __slots__ = ("_buffer", "_drained", "_eof", "_length_left", "_mode", "_pending", "_responded",
-                 "_scanner", "address", "body_started", "fd", "head", "reused", "stream")
+                 "_scanner", "address", "after_stream", "body_started", "fd", "head", "idle_since",
+                 "reused", "stream")
 
     def __init__(self, stream: trio.SocketStream, address: UpstreamAddress) -> None:
         self.stream = stream
         self.fd = stream.socket.fileno()
         self.address = address
         self.reused = False
+        self.after_stream = False  # the last answer on it was streamed (chunked)
+        self.idle_since = 0.0  # when the pool took it back (trio time)
         self._start()
 
     def _start(self) -> None:
@@ -98,13 +97,13 @@ class UpstreamConnection:
         try:
             await sockio.send_all(self.fd, data + body if body else data)
         except (trio.ClosedResourceError, OSError) as exc:
-            raise UpstreamFailure(f"sending the request failed: {_describe(exc)}") from None
+            raise UpstreamFailure(f"sending the request failed: {describe(exc)}") from None
 
     async def _read(self) -> bytes:
         try:
             data = await sockio.recv(self.fd, RECEIVE_SIZE, self._drained)
         except (trio.ClosedResourceError, OSError) as exc:
-            raise UpstreamFailure(f"connection lost: {_describe(exc)}",
+            raise UpstreamFailure(f"connection lost: {describe(exc)}",
                                   responded=self._responded,
                                   lost_before_body=not self.body_started) from None
         # A read that took less than it asked for took all there was: the next bytes come
@@ -241,8 +240,14 @@ class UpstreamConnection:
         """Close at once (synchronous, so it is safe in cancelled and finally blocks)."""
         self.stream.socket.close()
 
+    @property
+    def streamed(self) -> bool:
+        """The current answer's body is chunked (a stream, as llama.cpp sends them)."""
+        return self.head is not None and self.head.chunked
+
     def recycle(self) -> None:
         """Ready for the next exchange on the same connection (the pool's, once released)."""
+        self.after_stream = self.streamed
         self._start()
         self.reused = True
 
@@ -258,134 +263,3 @@ class UpstreamConnection:
 
 
 _NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(4)
-
-
-class ConnectionPool:
-    """Idle keep-alive connections per upstream address (most recently used first)."""
-
-    def __init__(self, ack_timeout: Callable[[], float] | None = None) -> None:
-        self._idle: dict[str, deque[UpstreamConnection]] = {}
-        self.connects = 0
-        # TCP_USER_TIMEOUT of upstream TCP sockets (timeouts.connection): bytes we sent
-        # that the peer's kernel does not acknowledge in time end the connection. A request
-        # written to an idle connection over a LAN link that went down since then fails
-        # (a connection error) instead of waiting for a head until the total timeout.
-        self._ack_timeout = ack_timeout
-
-    def __repr__(self) -> str:
-        idle = sum(len(q) for q in self._idle.values())
-        return f"ConnectionPool(addresses={len(self._idle)}, idle={idle}, connects={self.connects})"
-
-    async def connect(self, address: UpstreamAddress) -> UpstreamConnection:
-        """A fresh connection. Raises UpstreamFailure(connect=True) when it cannot be made."""
-        try:
-            if address.unix_path is not None:
-                stream = await trio.open_unix_socket(address.unix_path)
-            else:
-                assert address.host is not None
-                assert address.port is not None
-                stream = await trio.open_tcp_stream(address.host, address.port)
-                if self._ack_timeout is not None and hasattr(socket, "TCP_USER_TIMEOUT"):
-                    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
-                                      max(int(self._ack_timeout() * 1000), 1))
-        except OSError as exc:
-            raise UpstreamFailure(f"cannot connect to {address.key}: {_describe(exc)}",
-                                  connect=True) from None
-        self.connects += 1
-        return UpstreamConnection(stream, address)
-
-    def take_idle(self, address: UpstreamAddress) -> UpstreamConnection | None:
-        """An idle keep-alive connection that still looks alive, or None."""
-        queue = self._idle.get(address.key)
-        while queue:
-            conn = queue.pop()
-            if conn.looks_alive():
-                return conn
-            conn.close()
-        return None
-
-    def release(self, conn: UpstreamConnection) -> None:
-        """Keep a connection whose exchange finished cleanly; close anything else."""
-        if not conn.reusable:
-            conn.close()
-            return
-        conn.recycle()
-        queue = self._idle.setdefault(conn.address.key, deque())
-        queue.append(conn)
-        while len(queue) > IDLE_PER_ADDRESS:
-            queue.popleft().close()
-
-    def close(self) -> None:
-        for queue in self._idle.values():
-            while queue:
-                queue.pop().close()
-        self._idle.clear()
-
-
-async def exchange(
-    connections: ConnectionPool,
-    address: UpstreamAddress,
-    method: bytes,
-    target: bytes,
-    headers: Sequence[Header],
-    body: bytes,
-    *,
-    on_connecting: Callable[[], None] = lambda: None,
-    on_connected: Callable[[], None] = lambda: None,
-) -> tuple[UpstreamConnection, ResponseHead]:
-    """Send one request and receive the response head.
-
-    A pooled connection may have been closed by the server while idle (llama.cpp closes after
-    every streamed answer): :meth:`ConnectionPool.take_idle` checks it first, and a reused
-    connection whose request could not be written (so it provably never reached the server)
-    is replaced by a fresh one, silently. Once the request is written, a reset or close
-    before the response head is the upstream's failure: a POST is never sent a second time
-    to the same server, which may already be generating (UPSTREAMS.md); only an idempotent
-    GET or HEAD is retried there. The callbacks let the caller move its deadline between the
-    connect phase and the wait for the answer. The returned connection is the caller's:
-    release it to the pool or close it.
-    """
-    conn = connections.take_idle(address)
-    if conn is None:  # the connect phase only when there is one
-        on_connecting()
-        conn = await connections.connect(address)
-    retry = method in IDEMPOTENT
-    for attempt in (1, 2):
-        on_connected()
-        written = False
-        try:
-            await conn.send_request(method, target, headers, body)
-            written = True
-            return conn, await conn.receive_head(request_method=method)
-        except UpstreamFailure as failure:
-            conn.close()
-            if attempt == 2 or not conn.reused or failure.responded or (written and not retry):
-                raise
-        except BaseException:
-            conn.close()
-            raise
-        on_connecting()
-        conn = await connections.connect(address)
-    raise AssertionError("unreachable")
-
-
-async def fetch(
-    connections: ConnectionPool,
-    address: UpstreamAddress,
-    path: bytes,
-    *,
-    api_key: str | None = None,
-    cap: int = 8 * 1024 * 1024,
-) -> tuple[int, bytes]:
-    """A small GET (health checks, model lists): status and whole body."""
-    headers: list[Header] = [(b"host", address.authority), (b"accept", b"application/json")]
-    if api_key:
-        headers.append((b"authorization", b"Bearer " + api_key.encode()))
-    conn, head = await exchange(connections, address, b"GET", address.target(path), headers, b"")
-    try:
-        body = await conn.receive_body(cap)
-    except BaseException:
-        conn.close()
-        raise
-    connections.release(conn)
-    return head.status_code, body

@@ -180,6 +180,13 @@ class ResponseWriter:
         self._c.we_closed = self.closed = True
         await trio.aclose_forcefully(self._c.stream)
 
+    async def wait_next_request(self) -> None:
+        """Until bytes of a next request arrive on this connection (or the peer closes)."""
+        c = self._c
+        while not c.buf and not c.eof:
+            c.wakeup = trio.Event()
+            await c.wakeup.wait()
+
     async def stall(self) -> NoReturn:
         """Wait forever: until the peer closes the connection or the server is cancelled."""
         await trio.sleep_forever()

@@ -30,7 +30,7 @@ from proxy.observe.hub import TYPES, Hub
 from proxy.observe.state_events import LATENCY_STEP_MS, NodeFeed, latency_moved
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import ONLINE, NodeIndex
-from proxy.upstream import ConnectionPool
+from proxy.upstream_pool import ConnectionPool
 from tests.client import chat_body, connect, request
 from tests.conftest import RunningGateway, StartGateway, configure, free_port, node
 from tests.fakenode import FakeNode, start_node

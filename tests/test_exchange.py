@@ -30,7 +30,7 @@ from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
 from proxy.routing.router import Router
 from proxy.settings import Settings
-from proxy.upstream import ConnectionPool
+from proxy.upstream_pool import ConnectionPool
 from tests.conftest import open_settings
 
 CHAT = b"/v1/chat/completions"

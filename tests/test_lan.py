@@ -29,7 +29,7 @@ import pytest
 import trio
 
 from protocol.upstream_url import parse_upstream_url
-from proxy.upstream import ConnectionPool
+from proxy.upstream_pool import ConnectionPool
 from tests.client import Client, chat_body, read_events
 from tests.fakenode import ThreadedUpstream
 from tests.fakeupstream import (

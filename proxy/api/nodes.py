@@ -28,7 +28,8 @@ from protocol.names import LABEL_RULE, is_fingerprint, is_label
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.api.call import Call, saving
 from proxy.settings import NodesChange
-from proxy.upstream import UpstreamFailure, fetch
+from proxy.upstream import UpstreamFailure
+from proxy.upstream_pool import fetch
 
 log = logging.getLogger("sluice.nodes")
 

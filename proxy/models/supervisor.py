@@ -34,7 +34,8 @@ from proxy.listeners import MAX_SOCKET_PATH
 from proxy.models.logs import RotatingLog
 from proxy.observe.hub import Hub
 from proxy.pool.backends import BackendRegistry, LocalBackend
-from proxy.upstream import ConnectionPool, UpstreamFailure, fetch
+from proxy.upstream import UpstreamFailure
+from proxy.upstream_pool import ConnectionPool, fetch
 
 log = logging.getLogger("sluice.models")
 

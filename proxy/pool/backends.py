@@ -19,7 +19,7 @@ from protocol.openai import merge_model_lists
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.pool.probe import probe_models
 from proxy.publish import Subscribers
-from proxy.upstream import ConnectionPool
+from proxy.upstream_pool import ConnectionPool
 
 log = logging.getLogger("sluice.backends")
 

@@ -19,7 +19,7 @@ from protocol.config import Config
 from protocol.upstream_url import parse_upstream_url
 from proxy.pool.nodes import OFFLINE, ONLINE, WARMING, NodeEndpoint, NodeIndex
 from proxy.pool.probe import ModelProbe, probe_models
-from proxy.upstream import ConnectionPool
+from proxy.upstream_pool import ConnectionPool
 
 WARMING_RETRY = 1.0  # seconds between probes of a warming node
 

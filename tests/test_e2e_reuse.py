@@ -1,0 +1,146 @@
+"""Requests right after a streamed answer, against the real llama.cpp (issue 21).
+
+llama.cpp closes its connection after every streamed answer while announcing keep-alive,
+and its FIN can come after the next request was written. Each test runs 300 cycles of each
+shape (stream -> whole, stream -> stream, whole -> stream), the three shapes at once on
+three client connections, through: the managed demo model; a ``backends:`` entry for a
+llama.cpp server on loopback TCP and on its Unix socket; and two gateways (a node in front of
+a node whose model server is llama.cpp). Not one request may fail, and no breaker may strike.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+
+from protocol.config import ModelConfig
+from protocol.stream_reuse import Verdict
+from protocol.upstream_url import parse_upstream_url
+from proxy.demo import DEMO_MODEL
+from proxy.server import Gateway
+from tests.conftest import (
+    RunningGateway,
+    StartGateway,
+    free_port,
+    gateway_config,
+    node,
+    open_settings,
+)
+from tests.cycles import SHAPES, CycleResult, run_cycles
+from tests.figures import Figures
+from tests.test_e2e_llama import gguf, wait_running  # noqa: F401 (a fixture)
+
+pytest.importorskip("xllamacpp")
+
+CYCLES = 300
+
+
+async def all_shapes(address: str, figures: Figures, where: str) -> dict[str, CycleResult]:
+    """CYCLES cycles of every shape, at once, each on its own client connection."""
+    results: dict[str, CycleResult] = {}
+
+    async def one(shape: str) -> None:
+        results[shape] = await run_cycles(address, shape, CYCLES, DEMO_MODEL, max_tokens=1,
+                                          time_limit=400)
+
+    async with trio.open_nursery() as nursery:
+        for shape in SHAPES:
+            nursery.start_soon(one, shape)
+    for result in results.values():
+        figures.count(f"after_stream_requests_{where}", result.requests)
+        figures.count(f"after_stream_failures_{where}", result.failed)
+        assert result.cycles == CYCLES, str(result)
+        assert result.failed == 0, str(result)
+    return results
+
+
+async def managed_gateway(nursery: trio.Nursery, folder: Path, gguf: Path,  # noqa: F811
+                          **options: object) -> RunningGateway:
+    cfg = gateway_config([], socket_dir=folder / "s", **options)  # type: ignore[arg-type]
+    cfg = attrs.evolve(cfg, models=(ModelConfig(name=DEMO_MODEL, path=str(gguf), context=1024,
+                                                parallel=3, threads=2),))
+    gateway = Gateway(open_settings(folder / "data", cfg))
+    await nursery.start(gateway.run)
+    with trio.fail_after(120):
+        await wait_running(gateway, restarts=0)
+    return RunningGateway(gateway)
+
+
+def verdict(gw: RunningGateway) -> Verdict:
+    """What the gateway learned of its one local model server's connections."""
+    return gw.gateway.connections.after_streams(gw.gateway.backends.backends[0].address)
+
+
+async def test_the_managed_model(nursery: trio.Nursery, short_tmp: Path, gguf: Path,  # noqa: F811
+                                 figures: Figures) -> None:
+    gw = await managed_gateway(nursery, short_tmp, gguf)
+    await all_shapes(gw.tcp, figures, "managed")
+    assert verdict(gw) is Verdict.CLOSES
+    assert gw.gateway.connections.probes <= 3  # one per client connection at most
+
+
+@pytest.fixture(params=["tcp", "unix"])
+async def llama_server(request: pytest.FixtureRequest, short_tmp: Path,
+                       gguf: Path) -> AsyncIterator[str]:  # noqa: F811
+    """A llama.cpp server of our own (not managed by a gateway): its URL."""
+    listen = (f"127.0.0.1:{free_port()}" if request.param == "tcp"
+              else str(short_tmp / "llama.sock"))
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "proxy.models.launcher", "--model", str(gguf), "--alias",
+         DEMO_MODEL, "--listen", listen, "--context", "1024", "--parallel", "3",
+         "--threads", "2"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        with trio.fail_after(60):
+            line = (await proc.stdout.receive_some(4096)).decode().strip()
+        assert line.startswith("listening ")
+        yield line.removeprefix("listening ")
+    finally:
+        proc.terminate()
+        with trio.move_on_after(10):
+            await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+
+
+async def test_a_backends_entry(llama_server: str, start_gateway: StartGateway,
+                                figures: Figures) -> None:
+    gw = await start_gateway([("llama", llama_server)])
+    transport = "unix" if llama_server.startswith("unix:") else "tcp"
+    await all_shapes(gw.unix, figures, f"backend_{transport}")
+    assert verdict(gw) is Verdict.CLOSES
+
+
+async def test_two_gateways(nursery: trio.Nursery, short_tmp: Path, gguf: Path,  # noqa: F811
+                            figures: Figures) -> None:
+    b = await managed_gateway(nursery, short_tmp / "b", gguf)
+    cfg = gateway_config([], socket_dir=short_tmp / "a" / "s", lb=True, interval=1,
+                         nodes=[node("node-b", f"http://{b.tcp}", 1)])
+    a = RunningGateway(Gateway(open_settings(short_tmp / "a" / "data", cfg)))
+    await nursery.start(a.gateway.run)
+    with trio.fail_after(30):
+        while DEMO_MODEL not in a.gateway.ctx.nodes.holders():
+            await trio.sleep(0.05)
+    await all_shapes(a.unix, figures, "two_gateways")
+    stats = (await a_stats(a))["nodes"][0]
+    assert stats["failureCount"] == 0
+    assert stats["consecutiveFailures"] == 0
+    assert stats["circuitState"] == "closed"
+    assert stats["successCount"] == CYCLES * 2 * len(SHAPES)
+    assert (await a_stats(a))["failovers"] == 0
+    assert verdict(b) is Verdict.CLOSES  # B learned llama.cpp closes
+    b_address = parse_upstream_url(f"http://{b.tcp}")
+    # A learned that B keeps its connections after streams.
+    assert a.gateway.connections.after_streams(b_address) is Verdict.KEEPS
+
+
+async def a_stats(gw: RunningGateway) -> dict:  # type: ignore[type-arg]
+    from tests.client import request
+
+    return (await request(gw.unix, "GET", "/api/v1/pool/routing-stats")).json()

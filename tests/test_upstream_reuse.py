@@ -1,0 +1,205 @@
+"""Requests that follow a streamed answer at once (issue 21), against fake upstreams that
+close their connection after streams always, sometimes or never, at the worst moment: only
+once the next request's bytes have arrived, as llama.cpp's FIN sometimes does."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+
+import pytest
+import trio
+
+from protocol.stream_reuse import PROBES_TO_TRUST, Verdict
+from proxy.faults.server import FaultServer
+from proxy.upstream_pool import ConnectionPool
+from tests.client import Client, chat_body, request
+from tests.conftest import RunningGateway, StartGateway
+from tests.cycles import SHAPES, run_cycles
+from tests.fakeupstream import (
+    FakeUpstream,
+    ReceivedRequest,
+    ResponseWriter,
+    json_completion,
+    sse_events,
+    sse_stream,
+)
+
+CHAT = "/v1/chat/completions"
+MODEL = "fake-model"
+
+
+def chat_answers(closes: Callable[[int], bool], *, late: bool = True) -> Callable:
+    """A llama.cpp-like chat endpoint: whole answers keep the connection; after the n-th
+    stream (from 1) it closes the connection when ``closes(n)`` — ``late``: only once the
+    next request's bytes have arrived (the race at its worst), else at once."""
+    streams = 0
+    whole = json_completion()
+    stream = sse_stream(sse_events(3))
+
+    async def handler(req: ReceivedRequest, w: ResponseWriter) -> None:
+        nonlocal streams
+        if not req.json().get("stream"):
+            await whole(req, w)
+            return
+        streams += 1
+        await stream(req, w)
+        if closes(streams):
+            if late:
+                await w.wait_next_request()
+            await w.close()
+
+    return handler
+
+
+def pool_of(gw: RunningGateway) -> ConnectionPool:
+    return gw.gateway.connections
+
+
+@pytest.fixture(params=["tcp", "unix"])
+def any_upstream(request: pytest.FixtureRequest, upstream: FakeUpstream,
+                 unix_upstream: FakeUpstream) -> FakeUpstream:
+    return upstream if request.param == "tcp" else unix_upstream
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+async def test_an_upstream_that_closes_after_every_stream(
+        any_upstream: FakeUpstream, start_gateway: StartGateway, shape: str) -> None:
+    any_upstream.on("POST", CHAT, chat_answers(lambda n: True))
+    gw = await start_gateway([("fake", any_upstream.url)])
+    result = await run_cycles(gw.unix, shape, 40, MODEL, time_limit=60)
+    assert result.failed == 0, str(result)
+    # Every request reached the server exactly once: nothing was sent twice.
+    assert len(any_upstream.requests_to(CHAT)) == result.requests == 80
+    pool = pool_of(gw)
+    assert pool.after_streams(gw.gateway.backends.backends[0].address) is Verdict.CLOSES
+    assert pool.probes == 1  # learned from the first stream's connection, at no one's cost
+
+
+async def test_the_late_close_failed_requests_before(
+        upstream: FakeUpstream, start_gateway: StartGateway,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake reproduces the defect: with connections after streams pooled as they were
+    before the fix, every request after a stream is written into the closing connection."""
+    from protocol.stream_reuse import Action, StreamReuse
+
+    monkeypatch.setattr(StreamReuse, "after_stream", lambda self, **_: Action.POOL)
+    upstream.on("POST", CHAT, chat_answers(lambda n: True))
+    gw = await start_gateway([("fake", upstream.url)])
+    result = await run_cycles(gw.tcp, "stream-whole", 5, MODEL, time_limit=30)
+    assert result.failures == {"502 upstream_connection_error": 5}
+    # The server never read them (as llama.cpp's log shows), and none was sent again.
+    assert len(upstream.requests_to(CHAT)) == 5
+    assert upstream.connections_opened == 5
+
+
+async def test_an_upstream_that_closes_after_streams_only_sometimes(
+        any_upstream: FakeUpstream, start_gateway: StartGateway) -> None:
+    rng = random.Random(21)
+    pattern = [rng.random() < 0.3 for _ in range(200)]
+    assert any(pattern[:PROBES_TO_TRUST])  # a close comes before trust could be given
+    any_upstream.on("POST", CHAT, chat_answers(lambda n: pattern[n - 1]))
+    gw = await start_gateway([("fake", any_upstream.url)])
+    for shape in SHAPES:
+        result = await run_cycles(gw.tcp, shape, 30, MODEL, time_limit=60)
+        assert result.failed == 0, str(result)
+    assert len(any_upstream.requests_to(CHAT)) == 180
+    address = gw.gateway.backends.backends[0].address
+    assert pool_of(gw).after_streams(address) is Verdict.CLOSES
+
+
+async def test_an_upstream_that_keeps_its_connections_still_gets_them_reused(
+        any_upstream: FakeUpstream, start_gateway: StartGateway) -> None:
+    any_upstream.on("POST", CHAT, chat_answers(lambda n: False))
+    gw = await start_gateway([("fake", any_upstream.url)])
+    address = gw.gateway.backends.backends[0].address
+    pool = pool_of(gw)
+    client = await Client.open(gw.unix)
+    try:
+        # Learning: each stream's connection is probed before it is pooled.
+        while pool.after_streams(address) is Verdict.UNKNOWN:
+            assert (await client.request("POST", CHAT, chat_body(stream=True))).complete
+            await trio.sleep(0.01)  # let the probe finish: its connection is then pooled
+        assert pool.after_streams(address) is Verdict.KEEPS
+        assert pool.probes == PROBES_TO_TRUST
+        connects = pool.connects
+        for stream in [True, True, False, True, False, False, True] * 5:
+            reply = await client.request("POST", CHAT, chat_body(stream=stream))
+            assert reply.status == 200
+            assert reply.complete
+    finally:
+        await client.aclose()
+    assert pool.connects == connects  # every one of them on a pooled connection
+    assert pool.probes == PROBES_TO_TRUST
+    last = any_upstream.requests_to(CHAT)[-35:]
+    assert len({r.conn_id for r in last}) == 1
+
+
+async def test_trust_ends_when_a_connection_after_a_stream_is_found_closed(
+        unix_upstream: FakeUpstream, start_gateway: StartGateway) -> None:
+    """An upstream that kept its connections and then starts to close them after streams:
+    the first one found closed when taken ends the trust, and no request is lost."""
+    closing = False
+    unix_upstream.on("POST", CHAT, chat_answers(lambda n: closing, late=False))
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    address = gw.gateway.backends.backends[0].address
+    pool = pool_of(gw)
+    for _ in range(50):
+        if pool.after_streams(address) is Verdict.KEEPS:
+            break
+        assert (await request(gw.unix, "POST", CHAT, chat_body(stream=True))).complete
+        await trio.sleep(0.01)
+    assert pool.after_streams(address) is Verdict.KEEPS
+    closing = True
+    before = len(unix_upstream.requests_to(CHAT))
+    reply = await request(gw.unix, "POST", CHAT, chat_body(stream=True))
+    assert reply.complete
+    conn_id = unix_upstream.requests_to(CHAT)[-1].conn_id
+    with trio.fail_after(5):  # the server has closed it (a Unix socket's EOF is at once)
+        while conn_id not in unix_upstream.ended_at:
+            await trio.sleep(0.001)
+    reply = await request(gw.unix, "POST", CHAT, chat_body())
+    assert reply.status == 200
+    assert pool.after_streams(address) is Verdict.CLOSES
+    assert len(unix_upstream.requests_to(CHAT)) == before + 2
+
+
+# ------------------------------------------------------------------ the fault kit
+
+
+async def start_kit(nursery: trio.Nursery, listen: str) -> FaultServer:
+    kit = FaultServer(models=(MODEL,))
+    await nursery.start(kit.serve, listen)
+    return kit
+
+
+def kit_body(stream: bool) -> bytes:
+    return json.dumps({"model": MODEL, "stream": stream, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+@pytest.mark.parametrize("fault", ["reset", "close-after-head", "reset-after;after=0"])
+async def test_the_fault_kit_still_gets_one_attempt(
+        nursery: trio.Nursery, short_tmp, start_gateway: StartGateway, fault: str) -> None:
+    """After a stream and after a whole answer (a pooled connection), a request the kit
+    resets or closes unanswered is that server's failure: sent once, never again."""
+    kit = await start_kit(nursery, f"unix:{short_tmp}/kit.sock")
+    gw = await start_gateway([("kit", kit.url)])
+    client = await Client.open(gw.unix)
+    try:
+        for first in (True, False, True):
+            reply = await client.request("POST", CHAT, kit_body(first))
+            assert reply.status == 200
+            assert reply.complete
+            before = len([r for r in kit.requests if r.method == "POST"])
+            reply = await client.request("POST", CHAT, kit_body(True),
+                                         [("x-fault", fault)])
+            assert reply.status == 502
+            assert reply.json()["error"]["code"] == "upstream_connection_error"
+            posts = [r for r in kit.requests if r.method == "POST"]
+            assert len(posts) == before + 1  # one attempt
+            await client.aclose()
+            client = await Client.open(gw.unix)
+    finally:
+        await client.aclose()
