@@ -39,11 +39,12 @@ class ProtocolError(Exception):
 
 
 class ResponseHead:
-    __slots__ = ("chunked", "content_length", "headers", "http_minor", "keep_alive", "reason",
-                 "status_code")
+    __slots__ = ("chunked", "content_length", "headers", "http_minor", "idle_timeout",
+                 "keep_alive", "reason", "status_code")
 
     def __init__(self, status_code: int, reason: bytes, headers: list[Header], http_minor: int,
-                 content_length: int | None, chunked: bool, keep_alive: bool) -> None:
+                 content_length: int | None, chunked: bool, keep_alive: bool,
+                 idle_timeout: float | None = None) -> None:
         self.status_code = status_code
         self.reason = reason
         self.headers = headers
@@ -51,6 +52,9 @@ class ResponseHead:
         self.content_length = content_length
         self.chunked = chunked
         self.keep_alive = keep_alive
+        # Seconds the server keeps an idle connection open, as its Keep-Alive header says
+        # (llama.cpp and Node send "timeout=5"); None when it does not say.
+        self.idle_timeout = idle_timeout
 
     def __repr__(self) -> str:
         framing = "chunked" if self.chunked else (
@@ -137,8 +141,10 @@ def _framed(match: re.Match[bytes], headers: list[Header], request_method: bytes
         length = named.get(b"content-length")
         transfer_encoding = named.get(b"transfer-encoding")
         connection = named.get(b"connection")
+        keep_alive_value = named.get(b"keep-alive")
     else:  # repeated names: Content-Length must agree, the others are lists
         length = transfer_encoding = connection = None
+        keep_alive_value = named.get(b"keep-alive")  # the last one
         for name, value in headers:
             if name == b"content-length":
                 if length is not None and _content_length(length) != _content_length(value):
@@ -167,7 +173,21 @@ def _framed(match: re.Match[bytes], headers: list[Header], request_method: bytes
             minor == 0 and b"keep-alive" in tokens)
     if not chunked and content_length is None:
         keep_alive = False  # the body ends when the connection does
-    return ResponseHead(status, reason, headers, minor, content_length, chunked, keep_alive)
+    idle_timeout = None if keep_alive_value is None else keep_alive_timeout(keep_alive_value)
+    return ResponseHead(status, reason, headers, minor, content_length, chunked, keep_alive,
+                        idle_timeout)
+
+
+def keep_alive_timeout(value: bytes) -> float | None:
+    """The ``timeout`` of a ``Keep-Alive: timeout=5, max=100`` value (RFC 2068 §19.7.1.1):
+    how many seconds the server keeps an idle connection; None when it is not given or is
+    not a whole number."""
+    for param in value.split(b","):
+        name, _, number = param.partition(b"=")
+        if name.strip().lower() == b"timeout":
+            number = number.strip().strip(b'"')
+            return float(number) if number.isdigit() and len(number) <= 9 else None
+    return None
 
 
 def _content_length(value: bytes) -> int:

@@ -58,8 +58,8 @@ class UpstreamConnection:
     """One HTTP/1.1 connection to a model server, spoken with :mod:`protocol.http1`."""
 
     __slots__ = ("_buffer", "_drained", "_eof", "_length_left", "_mode", "_pending", "_responded",
-                 "_scanner", "address", "after_stream", "body_started", "fd", "head", "idle_since",
-                 "reused", "stream")
+                 "_scanner", "address", "after_stream", "body_started", "fd", "head", "idle_limit",
+                 "idle_since", "reused", "stream")
 
     def __init__(self, stream: trio.SocketStream, address: UpstreamAddress) -> None:
         self.stream = stream
@@ -68,6 +68,7 @@ class UpstreamConnection:
         self.reused = False
         self.after_stream = False  # the last answer on it was streamed (chunked)
         self.idle_since = 0.0  # when the pool took it back (trio time)
+        self.idle_limit = 0.0  # seconds it may idle in the pool and still be reused
         self._start()
 
     def _start(self) -> None:

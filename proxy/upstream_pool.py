@@ -1,11 +1,12 @@
 """Idle keep-alive connections to upstreams, and one request's exchange over them.
 
 A pooled connection may have been closed by the server while idle: :meth:`take_idle` checks
-it first (a poll with no wait: EOF or unsolicited bytes mean it is spent). That check cannot
-see a close that is about to happen, and llama.cpp closes its connection right after every
-streamed answer while announcing keep-alive (UPSTREAMS.md): a request sent the moment a
-stream ends would be written into a closing connection, and a written POST is never sent
-again to the same server. So a connection that carried a streamed answer is reused only
+it first (a poll with no wait: EOF or unsolicited bytes mean it is spent), and does not reuse
+one that idled close to the timeout the server announced (``Keep-Alive: timeout=N``). The
+poll cannot see a close that is about to happen, and llama.cpp closes its connection right
+after every streamed answer while announcing keep-alive (UPSTREAMS.md): a request sent the
+moment a stream ends would be written into a closing connection, and a written POST is never
+sent again to the same server. So a connection that carried a streamed answer is reused only
 when its upstream has shown it keeps such connections (:mod:`protocol.stream_reuse`): until
 that is known it is probed with a GET first, off the request's path, by :meth:`run`.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import socket
 from collections import deque
 from collections.abc import Callable, Sequence
+from math import inf
 
 import trio
 
@@ -32,6 +34,10 @@ PROBE_BODY_CAP = 1024 * 1024  # a probe answer's body is read (and dropped) up t
 # A connection after a stream found closed when taken counts against its upstream only if
 # it had been idle less than this: one idle longer may have met the server's idle timeout.
 SIGN_WINDOW = 2.0
+# A server that says how long it keeps an idle connection (Keep-Alive: timeout=N) closes it
+# then, and a request sent at that moment would race its close: a pooled connection is
+# reused only until this long before that (or half the timeout, if that is shorter).
+IDLE_MARGIN = 1.0
 
 
 class ConnectionPool:
@@ -100,10 +106,11 @@ class ConnectionPool:
         queue = self._idle.get(address.key)
         while queue:
             conn = queue.pop()
-            if conn.looks_alive():
+            idle = trio.current_time() - conn.idle_since
+            if idle < conn.idle_limit and conn.looks_alive():
                 return conn
             conn.close()
-            if conn.after_stream and trio.current_time() - conn.idle_since < SIGN_WINDOW:
+            if conn.after_stream and idle < min(SIGN_WINDOW, conn.idle_limit):
                 self._reuse_of(address).see(Sign.FOUND_CLOSED)
         return None
 
@@ -133,6 +140,8 @@ class ConnectionPool:
         self._keep(conn)
 
     def _keep(self, conn: UpstreamConnection) -> None:
+        timeout = conn.head.idle_timeout if conn.head is not None else None
+        conn.idle_limit = inf if timeout is None else max(timeout - IDLE_MARGIN, timeout / 2)
         conn.recycle()
         conn.idle_since = trio.current_time()
         queue = self._idle.setdefault(conn.address.key, deque())

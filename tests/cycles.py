@@ -1,10 +1,13 @@
-"""Request cycles on one client connection, as agents and chat front ends send them: an
-answer, and the moment it ends, the next request on the same connection (issue 21).
+"""Requests sent on one client connection the moment the previous answer ends, as agents and
+chat front ends send them (issue 21).
 
-A cycle is two requests of a shape: ``stream-whole`` (a streamed answer, then a whole one),
-``stream-stream`` or ``whole-stream``. Every answer must be a complete 200; anything else is
-counted as a failure with what the client saw, and the cycles go on (a broken connection is
-replaced by a fresh one)."""
+A transition is a request and the one before it on the connection: ``stream-whole`` (a
+streamed answer, then at once a whole one), ``stream-stream`` and ``whole-stream``. The
+sequence stream, stream, whole, stream, stream, whole, ... makes each request after the
+first one transition of each kind in turn, so ``n`` of each take ``3n + 1`` requests. Every
+answer must be a complete 200; anything else is counted, by transition, as a failure with
+what the client saw, and the requests go on on a fresh client connection (the request after
+a failure counts for no transition)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import trio
 
 from tests.client import Client, Reply
 
-SHAPES = ("stream-whole", "stream-stream", "whole-stream")
+SHAPES = ("stream-stream", "stream-whole", "whole-stream")  # in the sequence's order
 CHAT = "/v1/chat/completions"
 
 
@@ -28,8 +31,9 @@ def cycle_body(model: str, stream: bool, max_tokens: int) -> bytes:
 
 @attrs.define
 class CycleResult:
+    """The requests that followed a transition's first answer, and how they failed."""
+
     shape: str
-    cycles: int = 0
     requests: int = 0
     failures: Counter[str] = attrs.Factory(Counter)
 
@@ -39,7 +43,7 @@ class CycleResult:
 
     def __str__(self) -> str:
         detail = ", ".join(f"{n} x {what}" for what, n in self.failures.most_common())
-        return (f"{self.shape}: {self.failed} of {self.requests} requests failed"
+        return (f"{self.shape}: {self.failed} of {self.requests} failed"
                 + (f" ({detail})" if detail else ""))
 
 
@@ -57,30 +61,41 @@ def _verdict(reply: Reply, stream: bool) -> str | None:
     return None
 
 
-async def run_cycles(address: str, shape: str, count: int, model: str, *,
-                     max_tokens: int = 2, time_limit: float = 300) -> CycleResult:
-    """``count`` cycles of ``shape`` on one client connection to ``address`` (bounded by
-    ``time_limit`` seconds in all: running out of time fails loudly)."""
-    first, second = (part == "stream" for part in shape.split("-"))
+async def run_transitions(address: str, count: int, model: str, *, max_tokens: int = 2,
+                          time_limit: float = 300) -> dict[str, CycleResult]:
+    """``count`` transitions of each shape on one client connection to ``address``
+    (bounded by ``time_limit`` seconds in all: running out of time fails loudly)."""
     bodies = {s: cycle_body(model, s, max_tokens) for s in (False, True)}
-    result = CycleResult(shape)
+    results = {shape: CycleResult(shape) for shape in SHAPES}
+    sequence = [True, True, False] * count + [True]
+    failed_first = None
+    previous_ok = False
     client = await Client.open(address)
     try:
         with trio.fail_after(time_limit):
-            for _ in range(count):
-                result.cycles += 1
-                for stream in (first, second):
+            for i, stream in enumerate(sequence):
+                try:
+                    reply = await client.request("POST", CHAT, bodies[stream],
+                                                 [("content-type", "application/json")])
+                    what = _verdict(reply, stream)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    what = f"connection lost ({type(exc).__name__})"
+                if previous_ok:  # after a failure it is no transition of its shape
+                    result = results[f"{_kind(sequence[i - 1])}-{_kind(stream)}"]
                     result.requests += 1
-                    try:
-                        reply = await client.request("POST", CHAT, bodies[stream],
-                                                     [("content-type", "application/json")])
-                        what = _verdict(reply, stream)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                        what = f"connection lost ({type(exc).__name__})"
                     if what is not None:
                         result.failures[what] += 1
-                        await client.aclose()
-                        client = await Client.open(address)
+                elif not i:
+                    failed_first = what
+                previous_ok = what is None
+                if what is not None:
+                    await client.aclose()
+                    client = await Client.open(address)
     finally:
         await client.aclose()
-    return result
+    assert failed_first is None, f"the first request failed: {failed_first}"
+    return results
+
+
+def _kind(stream: bool) -> str:
+    return "stream" if stream else "whole"

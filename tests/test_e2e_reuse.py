@@ -1,11 +1,12 @@
 """Requests right after a streamed answer, against the real llama.cpp (issue 21).
 
 llama.cpp closes its connection after every streamed answer while announcing keep-alive,
-and its FIN can come after the next request was written. Each test runs 300 cycles of each
-shape (stream -> whole, stream -> stream, whole -> stream), the three shapes at once on
-three client connections, through: the managed demo model; a ``backends:`` entry for a
-llama.cpp server on loopback TCP and on its Unix socket; and two gateways (a node in front of
-a node whose model server is llama.cpp). Not one request may fail, and no breaker may strike.
+and its FIN can come after the next request was written. Each test sends, on one client
+connection, requests that follow each other at once so that there are 300 of each
+transition (stream -> whole, stream -> stream, whole -> stream; tests/cycles.py), through:
+the managed demo model; a ``backends:`` entry for a llama.cpp server on loopback TCP and on
+its Unix socket; and two gateways (a node in front of a node whose model server is
+llama.cpp). Not one request may fail, and no breaker may strike.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import trio
 
 from protocol.config import ModelConfig
-from protocol.stream_reuse import Verdict
+from protocol.stream_reuse import PROBES_AT_ONCE, Verdict
 from protocol.upstream_url import parse_upstream_url
 from proxy.demo import DEMO_MODEL
 from proxy.server import Gateway
@@ -32,7 +33,7 @@ from tests.conftest import (
     node,
     open_settings,
 )
-from tests.cycles import SHAPES, CycleResult, run_cycles
+from tests.cycles import SHAPES, CycleResult, run_transitions
 from tests.figures import Figures
 from tests.test_e2e_llama import gguf, wait_running  # noqa: F401 (a fixture)
 
@@ -42,20 +43,14 @@ CYCLES = 300
 
 
 async def all_shapes(address: str, figures: Figures, where: str) -> dict[str, CycleResult]:
-    """CYCLES cycles of every shape, at once, each on its own client connection."""
-    results: dict[str, CycleResult] = {}
-
-    async def one(shape: str) -> None:
-        results[shape] = await run_cycles(address, shape, CYCLES, DEMO_MODEL, max_tokens=1,
-                                          time_limit=400)
-
-    async with trio.open_nursery() as nursery:
-        for shape in SHAPES:
-            nursery.start_soon(one, shape)
+    """CYCLES transitions of every shape on one client connection (3 x CYCLES + 1 requests)."""
+    results = await run_transitions(address, CYCLES, DEMO_MODEL, max_tokens=1,
+                                    time_limit=400)
     for result in results.values():
         figures.count(f"after_stream_requests_{where}", result.requests)
         figures.count(f"after_stream_failures_{where}", result.failed)
-        assert result.cycles == CYCLES, str(result)
+    for result in results.values():
+        assert result.requests == CYCLES, str(result)
         assert result.failed == 0, str(result)
     return results
 
@@ -82,7 +77,7 @@ async def test_the_managed_model(nursery: trio.Nursery, short_tmp: Path, gguf: P
     gw = await managed_gateway(nursery, short_tmp, gguf)
     await all_shapes(gw.tcp, figures, "managed")
     assert verdict(gw) is Verdict.CLOSES
-    assert gw.gateway.connections.probes <= 3  # one per client connection at most
+    assert gw.gateway.connections.probes <= PROBES_AT_ONCE
 
 
 @pytest.fixture(params=["tcp", "unix"])
@@ -132,7 +127,7 @@ async def test_two_gateways(nursery: trio.Nursery, short_tmp: Path, gguf: Path, 
     assert stats["failureCount"] == 0
     assert stats["consecutiveFailures"] == 0
     assert stats["circuitState"] == "closed"
-    assert stats["successCount"] == CYCLES * 2 * len(SHAPES)
+    assert stats["successCount"] == CYCLES * len(SHAPES) + 1
     assert (await a_stats(a))["failovers"] == 0
     assert verdict(b) is Verdict.CLOSES  # B learned llama.cpp closes
     b_address = parse_upstream_url(f"http://{b.tcp}")

@@ -37,6 +37,20 @@ def test_llama_cpp_stream_head() -> None:
     assert head.keep_alive
     assert (b"access-control-allow-origin", b"") in head.headers
     assert (b"content-type", b"text/event-stream") in head.headers
+    assert head.idle_timeout == 5
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    (b"timeout=5, max=100", 5), (b"max=100,timeout=60", 60), (b"Timeout = 7", 7),
+    (b'timeout="3"', 3), (b"max=100", None), (b"timeout=", None), (b"timeout=-1", None),
+    (b"timeout=2.5", None), (b"timeout=99999999999", None), (b"", None),
+])
+def test_keep_alive_timeout(value: bytes, seconds: float | None) -> None:
+    assert http1.keep_alive_timeout(value) == seconds
+    head = parse_response_head(b"HTTP/1.1 200 OK\r\nKeep-Alive: " + value +
+                               b"\r\nContent-Length: 0")
+    assert head.idle_timeout == seconds
+    assert parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: 0").idle_timeout is None
 
 
 @pytest.mark.parametrize(("head", "length", "chunked", "keep_alive"), [

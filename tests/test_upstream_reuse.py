@@ -11,12 +11,12 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from protocol.stream_reuse import PROBES_TO_TRUST, Verdict
+from protocol.stream_reuse import PROBES_AT_ONCE, PROBES_TO_TRUST, Verdict
 from proxy.faults.server import FaultServer
 from proxy.upstream_pool import ConnectionPool
 from tests.client import Client, chat_body, request
 from tests.conftest import RunningGateway, StartGateway
-from tests.cycles import SHAPES, run_cycles
+from tests.cycles import SHAPES, CycleResult, run_transitions
 from tests.fakeupstream import (
     FakeUpstream,
     ReceivedRequest,
@@ -63,18 +63,24 @@ def any_upstream(request: pytest.FixtureRequest, upstream: FakeUpstream,
     return upstream if request.param == "tcp" else unix_upstream
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+def assert_no_failures(results: dict[str, CycleResult], count: int) -> None:
+    for shape in SHAPES:
+        assert results[shape].requests == count
+        assert results[shape].failed == 0, str(results[shape])
+
+
 async def test_an_upstream_that_closes_after_every_stream(
-        any_upstream: FakeUpstream, start_gateway: StartGateway, shape: str) -> None:
+        any_upstream: FakeUpstream, start_gateway: StartGateway) -> None:
     any_upstream.on("POST", CHAT, chat_answers(lambda n: True))
     gw = await start_gateway([("fake", any_upstream.url)])
-    result = await run_cycles(gw.unix, shape, 40, MODEL, time_limit=60)
-    assert result.failed == 0, str(result)
+    assert_no_failures(await run_transitions(gw.unix, 40, MODEL, time_limit=60), 40)
     # Every request reached the server exactly once: nothing was sent twice.
-    assert len(any_upstream.requests_to(CHAT)) == result.requests == 80
+    assert len(any_upstream.requests_to(CHAT)) == 3 * 40 + 1
     pool = pool_of(gw)
     assert pool.after_streams(gw.gateway.backends.backends[0].address) is Verdict.CLOSES
-    assert pool.probes == 1  # learned from the first stream's connection, at no one's cost
+    # Learned from the first stream's connection (a second stream may end before that
+    # probe is over), at no one's cost.
+    assert 1 <= pool.probes <= PROBES_AT_ONCE
 
 
 async def test_the_late_close_failed_requests_before(
@@ -87,11 +93,14 @@ async def test_the_late_close_failed_requests_before(
     monkeypatch.setattr(StreamReuse, "after_stream", lambda self, **_: Action.POOL)
     upstream.on("POST", CHAT, chat_answers(lambda n: True))
     gw = await start_gateway([("fake", upstream.url)])
-    result = await run_cycles(gw.tcp, "stream-whole", 5, MODEL, time_limit=30)
-    assert result.failures == {"502 upstream_connection_error": 5}
+    results = await run_transitions(gw.tcp, 5, MODEL, time_limit=30)
+    # Every stream -> stream fails; the stream -> whole after it is no transition (its
+    # stream failed), and whole -> stream is fine (a whole answer's connection is sound).
+    assert results["stream-stream"].failures == {"502 upstream_connection_error": 5}
+    assert results["whole-stream"].failures == {}
+    assert results["whole-stream"].requests == 5
     # The server never read them (as llama.cpp's log shows), and none was sent again.
-    assert len(upstream.requests_to(CHAT)) == 5
-    assert upstream.connections_opened == 5
+    assert len(upstream.requests_to(CHAT)) == 3 * 5 + 1 - 5
 
 
 async def test_an_upstream_that_closes_after_streams_only_sometimes(
@@ -101,10 +110,8 @@ async def test_an_upstream_that_closes_after_streams_only_sometimes(
     assert any(pattern[:PROBES_TO_TRUST])  # a close comes before trust could be given
     any_upstream.on("POST", CHAT, chat_answers(lambda n: pattern[n - 1]))
     gw = await start_gateway([("fake", any_upstream.url)])
-    for shape in SHAPES:
-        result = await run_cycles(gw.tcp, shape, 30, MODEL, time_limit=60)
-        assert result.failed == 0, str(result)
-    assert len(any_upstream.requests_to(CHAT)) == 180
+    assert_no_failures(await run_transitions(gw.tcp, 60, MODEL, time_limit=60), 60)
+    assert len(any_upstream.requests_to(CHAT)) == 3 * 60 + 1
     address = gw.gateway.backends.backends[0].address
     assert pool_of(gw).after_streams(address) is Verdict.CLOSES
 
@@ -112,17 +119,21 @@ async def test_an_upstream_that_closes_after_streams_only_sometimes(
 async def test_an_upstream_that_keeps_its_connections_still_gets_them_reused(
         any_upstream: FakeUpstream, start_gateway: StartGateway) -> None:
     any_upstream.on("POST", CHAT, chat_answers(lambda n: False))
-    gw = await start_gateway([("fake", any_upstream.url)])
+    gw = await start_gateway([("fake", any_upstream.url)], interval=3600)  # no checks between
     address = gw.gateway.backends.backends[0].address
     pool = pool_of(gw)
     client = await Client.open(gw.unix)
     try:
         # Learning: each stream's connection is probed before it is pooled.
-        while pool.after_streams(address) is Verdict.UNKNOWN:
+        for _ in range(50):
+            if pool.after_streams(address) is not Verdict.UNKNOWN:
+                break
             assert (await client.request("POST", CHAT, chat_body(stream=True))).complete
             await trio.sleep(0.01)  # let the probe finish: its connection is then pooled
         assert pool.after_streams(address) is Verdict.KEEPS
-        assert pool.probes == PROBES_TO_TRUST
+        probes = pool.probes
+        assert PROBES_TO_TRUST <= probes < PROBES_TO_TRUST + PROBES_AT_ONCE
+        await trio.sleep(0.05)  # a probe still in flight puts its connection back
         connects = pool.connects
         for stream in [True, True, False, True, False, False, True] * 5:
             reply = await client.request("POST", CHAT, chat_body(stream=stream))
@@ -131,7 +142,7 @@ async def test_an_upstream_that_keeps_its_connections_still_gets_them_reused(
     finally:
         await client.aclose()
     assert pool.connects == connects  # every one of them on a pooled connection
-    assert pool.probes == PROBES_TO_TRUST
+    assert pool.probes == probes  # and no more probes
     last = any_upstream.requests_to(CHAT)[-35:]
     assert len({r.conn_id for r in last}) == 1
 
@@ -203,3 +214,25 @@ async def test_the_fault_kit_still_gets_one_attempt(
             client = await Client.open(gw.unix)
     finally:
         await client.aclose()
+
+
+# ------------------------------------------------------------------ the server's idle timeout
+
+
+async def test_a_connection_near_the_announced_idle_timeout_is_not_reused(
+        autojump_clock: trio.testing.MockClock, upstream: FakeUpstream,
+        start_gateway: StartGateway) -> None:
+    """llama.cpp says Keep-Alive: timeout=5 and closes an idle connection then: one idle
+    for 4 s or more is not reused (a request then would race that close)."""
+    upstream.on("POST", CHAT, json_completion())
+    gw = await start_gateway([("fake", upstream.url)], interval=3600)
+    conn_ids = []
+    for pause in (0, 3.9, 3.9, 4.1, 0.5, 10):
+        await trio.sleep(pause)
+        assert (await request(gw.tcp, "POST", CHAT, chat_body())).status == 200
+        conn_ids.append(upstream.requests_to(CHAT)[-1].conn_id)
+    first = conn_ids[0]
+    assert conn_ids[:3] == [first] * 3
+    assert conn_ids[3] != first  # idled 4.1 s: a fresh connection
+    assert conn_ids[4] == conn_ids[3]
+    assert conn_ids[5] not in conn_ids[:5]
