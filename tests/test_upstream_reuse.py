@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import trio
@@ -236,3 +237,22 @@ async def test_a_connection_near_the_announced_idle_timeout_is_not_reused(
     assert conn_ids[3] != first  # idled 4.1 s: a fresh connection
     assert conn_ids[4] == conn_ids[3]
     assert conn_ids[5] not in conn_ids[:5]
+
+
+async def test_a_node_that_closes_after_streams_gets_no_strike(
+        nursery: trio.Nursery, short_tmp: Path, start_gateway: StartGateway) -> None:
+    """The race with a network node was a failover and a breaker strike the node did not
+    earn: none now (node-b would answer any request failed over from node-a)."""
+    from tests.test_forwarding import MODEL as NODE_MODEL
+    from tests.test_forwarding import STATS, pool
+
+    gw, (_, b) = await pool(nursery, start_gateway, short_tmp, chat_answers(lambda n: True),
+                            chat_answers(lambda n: True))
+    results = await run_transitions(gw.unix, 20, NODE_MODEL, time_limit=60)
+    assert_no_failures(results, 20)
+    stats = (await request(gw.unix, "GET", STATS)).json()
+    node_a = stats["nodes"][0]
+    assert (node_a["fingerprint"], node_a["successCount"]) == ("node-a", 61)
+    assert (node_a["failureCount"], node_a["consecutiveFailures"]) == (0, 0)
+    assert stats["failovers"] == 0
+    assert b.requests_to(CHAT) == []
