@@ -1,3 +1,4 @@
+import math
 from typing import Any
 
 import attrs
@@ -26,8 +27,8 @@ from protocol.config import (
 from protocol.errors import ConfigError
 from protocol.names import is_fingerprint, is_label
 
-SPEC_ORDER = ["api", "local", "backends", "models", "load_balancing", "nodes", "observability",
-              "health_checks",
+SPEC_ORDER = ["api", "local", "backends", "models", "load_balancing", "nodes", "model_loading",
+              "observability", "health_checks",
               "circuit_breaker", "timeouts"]
 
 
@@ -436,7 +437,7 @@ def test_dump_default_is_complete_and_round_trips() -> None:
     assert text.startswith("#")
     data = yaml.safe_load(text)
     assert list(data) == SPEC_ORDER
-    assert set(data["timeouts"]) == {"connection", "request", "health_check"}
+    assert set(data["timeouts"]) == {"connection", "request", "model_load", "health_check"}
     assert set(data["timeouts"]["request"]) == {"standard", "streaming", "image_generation"}
     assert parse_config_text(text) == default_config()
     assert all(len(line) <= 100 for line in text.splitlines())
@@ -521,3 +522,46 @@ def test_one_fingerprint_rule(value: object, ok: bool) -> None:
 ])
 def test_one_label_rule(value: object, ok: bool) -> None:
     assert is_label(value) is ok
+
+
+# ------------------------------------------------------------------------ models on demand (§11)
+
+
+def test_model_loading_defaults_and_text() -> None:
+    data = config_to_dict(default_config())
+    assert data["model_loading"] == {"keep_alive": "5m", "max_loaded": 0,
+                                     "memory_budget": "auto", "dirs": ["models"]}
+    assert data["timeouts"]["model_load"] == "2m"
+    assert list(data["timeouts"]) == ["connection", "request", "model_load", "health_check"]
+    assert data["load_balancing"]["prefer_loaded"] is True
+
+
+@pytest.mark.parametrize(("text", "keep_alive", "budget"), [
+    ("model_loading: {keep_alive: forever}", math.inf, 0),
+    ("model_loading: {keep_alive: 0s, memory_budget: 12GiB}", 0.0, 12 << 30),
+    ("model_loading: {keep_alive: 90, memory_budget: AUTO}", 90.0, 0),
+])
+def test_model_loading_values_round_trip(text: str, keep_alive: float, budget: int) -> None:
+    cfg = parse_config_text(text + "\nmodels: [{name: m, path: m.gguf, keep_alive: forever, "
+                            "preload: true}]\n")
+    assert (cfg.model_loading.keep_alive, cfg.model_loading.memory_budget) == (keep_alive, budget)
+    assert (cfg.models[0].keep_alive, cfg.models[0].preload) == (math.inf, True)
+    assert parse_config_text(dump_config_yaml(cfg)) == cfg
+
+
+@pytest.mark.parametrize(("text", "path", "words"), [
+    ("timeouts: {model_load: 11m}", "timeouts.model_load", "between 1s and 10m"),
+    ("timeouts: {model_load: 500ms}", "timeouts.model_load", "between 1s and 10m"),
+    ("model_loading: {max_loaded: -1}", "model_loading.max_loaded", "at least 0"),
+    ("model_loading: {keep_alive: -5s}", "model_loading.keep_alive", "0s or more"),
+    ("model_loading: {memory_budget: lots}", "model_loading.memory_budget", "auto or a size"),
+    ("model_loading: {memory_budget: 0}", "model_loading.memory_budget", "greater than 0"),
+    ("model_loading: {dirs: ['']}", "model_loading.dirs[0]", "invalid folder"),
+    ("models: [{name: m, path: m.gguf, keep_alive: -1}]", "models[0].keep_alive", "0s or more"),
+    ("models: [{name: m, path: m.gguf, preload: 1}]", "models[0].preload", "true or false"),
+])
+def test_model_loading_limits(text: str, path: str, words: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config_text(text)
+    assert caught.value.path == path
+    assert words in caught.value.message

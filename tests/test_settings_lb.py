@@ -39,14 +39,19 @@ async def test_load_balancing(start_gateway: StartGateway) -> None:
     got = await request(gw.unix, "GET", LB)
     assert got.status == 200
     assert got.json() == {"enabled": False, "strategy": "priority", "failoverEnabled": True,
-                          "healthCheckInterval": "5s"}
+                          "preferLoaded": True, "healthCheckInterval": "5s"}
     assert (await request(gw.unix, "PUT", LB, b'{"enabled": true}')).status == 401
     on = await put(gw, LB, {"enabled": True, "strategy": "fastest"})
     assert on.status == 200
     assert on.json() == {"enabled": True, "strategy": "fastest", "failoverEnabled": True,
-                         "healthCheckInterval": "5s"}
+                         "preferLoaded": True, "healthCheckInterval": "5s"}
     assert on_disk(gw)["load_balancing"] == {"enabled": True, "strategy": "fastest",
-                                             "failover_enabled": True}
+                                             "failover_enabled": True, "prefer_loaded": True}
+    off = await put(gw, LB, {"preferLoaded": False})
+    assert off.json()["preferLoaded"] is False
+    assert on_disk(gw)["load_balancing"]["prefer_loaded"] is False
+    assert gw.gateway.ctx.config.load_balancing.prefer_loaded is False
+    assert (await put(gw, LB, {"preferLoaded": True})).status == 200
     assert gw.gateway.ctx.config.load_balancing.strategy == "fastest"  # live
     # The interval as a number of seconds, then as a string; health_check is regenerated.
     assert (await put(gw, LB, {"healthCheckInterval": 10})).json()["healthCheckInterval"] \
@@ -85,6 +90,7 @@ async def test_timeouts_get_and_partial_put(start_gateway: StartGateway) -> None
         "request": {"standard": {"first_byte": "30s", "total": "5m"},
                     "streaming": {"first_byte": "2m", "chunk_interval": "30s", "total": "10m"},
                     "image_generation": {"first_byte": "1m", "total": "3m"}},
+        "model_load": "2m",
         "health_check": {"timeout": "4s", "interval": "5s"},
     }
     changed = await put(gw, TIMEOUTS, {"connection": 12,

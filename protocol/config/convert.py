@@ -4,6 +4,7 @@ problem becomes a :class:`ConfigError` naming the dotted YAML path of the first 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final, get_args, get_origin
 
@@ -18,7 +19,7 @@ from cattrs.errors import (
 )
 from cattrs.gen import make_dict_structure_fn
 
-from protocol.config.schema import Config, Duration, Size
+from protocol.config.schema import AUTO_BUDGET, Config, Duration, KeepAlive, MemoryBudget, Size
 from protocol.durations import format_duration, format_size, parse_duration, parse_size
 from protocol.errors import ConfigError
 
@@ -95,6 +96,35 @@ def _attrs_hook_factory(cl: type[Any]) -> Callable[[object, Any], Any]:
     return structure
 
 
+def _keep_alive(value: object, _: Any) -> float:
+    """``model_loading.keep_alive``: a duration (``0s`` = after each answer) or ``forever``."""
+    if isinstance(value, str) and value.strip().lower() == "forever":
+        return math.inf
+    return parse_duration(value, "")
+
+
+def _format_keep_alive(seconds: float) -> str:
+    return "forever" if seconds == math.inf else format_duration(seconds)
+
+
+def _memory_budget(value: object, _: Any) -> int:
+    """``model_loading.memory_budget``: ``auto`` (75% of physical RAM) or a size over 0."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return AUTO_BUDGET
+    try:
+        size = parse_size(value, "")
+    except ConfigError:
+        raise ConfigError("", "expected auto or a size such as \"12GiB\", got "
+                              f"{describe(value)}") from None
+    if size <= 0:
+        raise ConfigError("", f"expected auto or a size greater than 0, got {describe(value)}")
+    return size
+
+
+def _format_memory_budget(size: int) -> str:
+    return "auto" if size == AUTO_BUDGET else format_size(size)
+
+
 _CONVERTER: Final = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
 _CONVERTER.register_structure_hook(bool, _strict(bool, "true or false"))
 _CONVERTER.register_structure_hook(int, _strict(int, "a whole number"))
@@ -105,6 +135,10 @@ _CONVERTER.register_structure_hook_func(_is_homogeneous_tuple, _structure_tuple)
 _CONVERTER.register_structure_hook_factory(attrs.has, _attrs_hook_factory)
 _CONVERTER.register_unstructure_hook_func(lambda t: t == Duration, format_duration)
 _CONVERTER.register_unstructure_hook_func(lambda t: t == Size, format_size)
+_CONVERTER.register_structure_hook_func(lambda t: t == KeepAlive, _keep_alive)
+_CONVERTER.register_structure_hook_func(lambda t: t == MemoryBudget, _memory_budget)
+_CONVERTER.register_unstructure_hook_func(lambda t: t == KeepAlive, _format_keep_alive)
+_CONVERTER.register_unstructure_hook_func(lambda t: t == MemoryBudget, _format_memory_budget)
 
 
 def _join(path: str, key: object) -> str:

@@ -13,9 +13,11 @@ from typing import Annotated, Final
 import attrs
 
 __all__ = [
-    "BACKEND_KINDS", "SOCKET_DIR_MAX_BYTES", "STRATEGIES", "ApiConfig", "BackendConfig",
+    "AUTO_BUDGET", "BACKEND_KINDS", "SOCKET_DIR_MAX_BYTES", "STRATEGIES", "ApiConfig",
+    "BackendConfig",
     "CircuitBreakerConfig", "Config", "Duration", "HealthCheckTimeouts", "HealthChecksConfig",
-    "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "ObservabilityConfig",
+    "KeepAlive", "LoadBalancingConfig", "LocalConfig", "MemoryBudget", "ModelConfig",
+    "ModelLoadingConfig", "NodeConfig", "ObservabilityConfig",
     "PhaseTimeouts",
     "RequestTimeouts", "Size", "Strategy", "StreamingTimeouts", "TimeoutsConfig", "Unit",
     "by_priority",
@@ -28,10 +30,17 @@ class Unit(enum.Enum):
 
     DURATION = "duration"
     SIZE = "size"
+    KEEP_ALIVE = "keep_alive"
+    BUDGET = "budget"
 
 
 Duration = Annotated[float, Unit.DURATION]  # seconds; "30s" in YAML
 Size = Annotated[int, Unit.SIZE]  # bytes; "32MiB" in YAML
+# Idle time before a managed model is stopped: seconds, "0s" = after each answer,
+# "forever" (inf) = never.
+KeepAlive = Annotated[float, Unit.KEEP_ALIVE]
+MemoryBudget = Annotated[int, Unit.BUDGET]  # bytes; AUTO_BUDGET (0) = "auto" in YAML
+AUTO_BUDGET: Final = 0
 
 class Strategy(enum.StrEnum):
     """The values of ``load_balancing.strategy``; how each orders the nodes is
@@ -80,6 +89,8 @@ class ModelConfig:
     context: int = 2048
     parallel: int = 2
     threads: int = 0
+    keep_alive: KeepAlive | None = None  # None: model_loading.keep_alive
+    preload: bool = False  # loaded at start, and again after an unload by idle
 
 
 @attrs.frozen
@@ -87,6 +98,7 @@ class LoadBalancingConfig:
     enabled: bool = False
     strategy: str = "priority"
     failover_enabled: bool = True
+    prefer_loaded: bool = True  # nodes that have the model loaded first (SPEC §11)
 
 
 @attrs.frozen
@@ -145,7 +157,18 @@ class HealthCheckTimeouts:
 class TimeoutsConfig:
     connection: Duration = 10.0
     request: RequestTimeouts = attrs.field(factory=RequestTimeouts)
+    model_load: Duration = 120.0  # a managed model's start must answer /health within this
     health_check: HealthCheckTimeouts = attrs.field(factory=HealthCheckTimeouts)
+
+
+@attrs.frozen
+class ModelLoadingConfig:
+    """Models on demand (SPEC §11)."""
+
+    keep_alive: KeepAlive = 300.0
+    max_loaded: int = 0  # 0 = no count limit
+    memory_budget: MemoryBudget = AUTO_BUDGET
+    dirs: tuple[str, ...] = ("models",)  # relative to the data dir
 
 
 @attrs.frozen
@@ -156,6 +179,7 @@ class Config:
     models: tuple[ModelConfig, ...] = ()
     load_balancing: LoadBalancingConfig = attrs.field(factory=LoadBalancingConfig)
     nodes: tuple[NodeConfig, ...] = ()
+    model_loading: ModelLoadingConfig = attrs.field(factory=ModelLoadingConfig)
     observability: ObservabilityConfig = attrs.field(factory=ObservabilityConfig)
     health_checks: HealthChecksConfig = attrs.field(factory=HealthChecksConfig)
     circuit_breaker: CircuitBreakerConfig = attrs.field(factory=CircuitBreakerConfig)

@@ -50,7 +50,9 @@ _SECTION_NOTES: Final = {
               "#     path: models/model.gguf        # relative to the data dir\n"
               "#     context: 2048\n"
               "#     parallel: 2                    # concurrent slots\n"
-              "#     threads: 0                     # 0 = all cores",
+              "#     threads: 0                     # 0 = all cores\n"
+              "#     keep_alive: null               # null = model_loading.keep_alive\n"
+              "#     preload: false                 # true: loaded at start and after idle",
     "nodes": "network nodes, e.g.\n"
              "#   - fingerprint: node-abc\n"
              "#     name: studio-mac\n"
@@ -69,6 +71,12 @@ _KEY_NOTES: Final = {
     ("local", "socket_dir"): "custom socket folder, at most 62 bytes, applied at restart",
     ("local", "fallback_port"): "loopback TCP port used only when no socket folder works",
     ("load_balancing", "strategy"): " | ".join(STRATEGIES),
+    ("load_balancing", "prefer_loaded"): "nodes that have the model loaded first",
+    ("model_loading", "keep_alive"): "idle time before a model stops; 0s: after each answer",
+    ("model_loading", "max_loaded"): "at most this many loaded at once; 0 = no count limit",
+    ("model_loading", "memory_budget"): "auto = 75% of physical RAM, or a size (12GiB)",
+    ("model_loading", "dirs"): "folders (relative to the data dir) scanned for *.gguf",
+    ("timeouts", "model_load"): "a model server's start must answer within this (max 10m)",
     ("observability", "request_log_size"): "finished requests kept for /api/v1/requests "
                                            "(0 = off)",
     ("timeouts", "health_check"): "generated from health_checks on every write",

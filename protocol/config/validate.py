@@ -95,6 +95,8 @@ def _check_lists(cfg: Config) -> None:
         _check_range(f"models[{i}].context", model.context, 1)
         _check_range(f"models[{i}].parallel", model.parallel, 1)
         _check_range(f"models[{i}].threads", model.threads, 0)
+        if model.keep_alive is not None:
+            _check_keep_alive(f"models[{i}].keep_alive", model.keep_alive)
     if cfg.load_balancing.strategy not in STRATEGIES:
         raise ConfigError("load_balancing.strategy",
                           f"unknown strategy {cfg.load_balancing.strategy!r}; "
@@ -110,6 +112,21 @@ def _check_lists(cfg: Config) -> None:
                               f"by nodes[{priorities[node.priority]}]; priorities (1..255) "
                               "must be unique")
         priorities[node.priority] = i
+
+
+def _check_keep_alive(path: str, value: float) -> None:
+    if value < 0:  # 0s is allowed here: "unload after each answer"
+        raise ConfigError(path, f"must be 0s or more (or forever), got {format_duration(value)}")
+
+
+def _check_model_loading(cfg: Config) -> None:
+    loading = cfg.model_loading
+    _check_keep_alive("model_loading.keep_alive", loading.keep_alive)
+    _check_range("model_loading.max_loaded", loading.max_loaded, 0)
+    for i, folder in enumerate(loading.dirs):
+        if not folder.strip() or not folder.isprintable():
+            raise ConfigError(f"model_loading.dirs[{i}]", f"invalid folder {folder!r}")
+    _check_duration("timeouts.model_load", cfg.timeouts.model_load, low="1s", high="10m")
 
 
 def _check_timeouts(cfg: Config) -> None:
@@ -141,3 +158,4 @@ def validate_config(cfg: Config) -> None:
     _check_range("observability.request_log_size", cfg.observability.request_log_size, 0,
                  MAX_REQUEST_LOG)
     _check_timeouts(cfg)
+    _check_model_loading(cfg)

@@ -25,6 +25,7 @@ LB_FIELDS: dict[str, tuple[str, str]] = {
     "enabled": ("load_balancing", "enabled"),
     "strategy": ("load_balancing", "strategy"),
     "failoverEnabled": ("load_balancing", "failover_enabled"),
+    "preferLoaded": ("load_balancing", "prefer_loaded"),
     "healthCheckInterval": ("health_checks", "interval"),
 }
 
@@ -57,7 +58,7 @@ def load_balancing_view(cfg: Config) -> dict[str, Any]:
     """The GET body (also the ``settings`` event of section ``loadBalancing``)."""
     lb = cfg.load_balancing
     return {"enabled": lb.enabled, "strategy": lb.strategy,
-            "failoverEnabled": lb.failover_enabled,
+            "failoverEnabled": lb.failover_enabled, "preferLoaded": lb.prefer_loaded,
             "healthCheckInterval": format_duration(cfg.health_checks.interval)}
 
 
