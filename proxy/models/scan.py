@@ -1,0 +1,63 @@
+"""The folder side of the managed-model catalogue (SPEC §11): find every ``*.gguf`` under
+``model_loading.dirs`` and hand the files to :func:`protocol.catalogue.build_catalogue`.
+
+Folders are relative to the data folder unless absolute. A symlinked file counts (a link to
+a GGUF is a model of its own, as a copy is); a symlinked folder is not followed (no loops),
+and a folder that cannot be read is passed over. Blocking file-system calls: run
+:func:`scan_models` in a worker thread (:func:`catalogue`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from protocol.catalogue import ConfigModel, Entry, Found, Skipped, build_catalogue
+from protocol.config import Config
+
+MAX_FILES = 10_000  # GGUF files looked at per scan; a folder tree beyond that is cut short
+
+
+def model_path(data_dir: Path, path: str) -> str:
+    """A configured or found path as the catalogue compares them: absolute, normalised,
+    symlinks kept (two links to one file are two models)."""
+    return os.path.normpath(os.path.join(data_dir, path))
+
+
+def scan_models(data_dir: Path, dirs: Sequence[str]) -> list[Found]:
+    """Every ``*.gguf`` file under ``dirs``, each folder's files in sorted path order."""
+    found: list[Found] = []
+    seen: set[str] = set()
+    for folder in dirs:
+        root = model_path(data_dir, folder)
+        files: list[Found] = []
+        for here, subdirs, names in os.walk(root, onerror=lambda _: None):
+            subdirs.sort()
+            for name in names:
+                if not name.lower().endswith(".gguf"):
+                    continue
+                path = os.path.join(here, name)
+                try:
+                    size = os.stat(path).st_size  # through a symlink: the file's size
+                except OSError:
+                    continue  # a dangling link, or gone since
+                if path not in seen and os.path.isfile(path):
+                    seen.add(path)
+                    files.append(Found(path, size))
+            if len(found) + len(files) >= MAX_FILES:
+                break
+        found += sorted(files, key=lambda f: f.path)
+    return found[:MAX_FILES]
+
+
+def build(data_dir: Path, cfg: Config) -> tuple[list[Entry], list[Skipped]]:
+    configured = [ConfigModel(m.name, model_path(data_dir, m.path)) for m in cfg.models]
+    return build_catalogue(configured, scan_models(data_dir, cfg.model_loading.dirs))
+
+
+async def catalogue(data_dir: Path, cfg: Config) -> tuple[list[Entry], list[Skipped]]:
+    """The catalogue now (the scan runs in a worker thread)."""
+    return await trio.to_thread.run_sync(build, data_dir, cfg)
