@@ -153,6 +153,24 @@ def shutting_down() -> SluiceError:
                        type="server_error", code="shutting_down", source=Source.GATEWAY)
 
 
+def model_memory_exhausted(message: str) -> SluiceError:
+    """A managed model that cannot fit the memory budget (SPEC §11)."""
+    return SluiceError(503, message, type="server_error", code="model_memory_exhausted",
+                       param="model", source=Source.GATEWAY)
+
+
+def model_load_failed(model: str, reason: str) -> SluiceError:
+    """A managed model whose server could not start; ``reason`` carries no secret."""
+    return SluiceError(503, f"model {model!r} failed to load: {reason}", type="server_error",
+                       code="model_load_failed", param="model", source=Source.UPSTREAM)
+
+
+def model_load_timeout(model: str, seconds: float) -> SluiceError:
+    return SluiceError(504, f"model {model!r} did not load within timeouts.model_load "
+                            f"({seconds:g}s)", type="server_error", code="model_load_timeout",
+                       param="model", source=Source.UPSTREAM)
+
+
 def upstream_unreachable(message: str) -> SluiceError:
     return SluiceError(502, message, type="server_error", code="upstream_connection_error",
                        source=Source.UPSTREAM)

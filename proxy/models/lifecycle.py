@@ -1,0 +1,309 @@
+"""Models on demand (SPEC §11): the one owner of every managed model's state, and the only
+one that starts or stops a model server.
+
+A request for a model pins it (:meth:`Lifecycle.acquire`, ended by :meth:`Lifecycle.release`).
+A loaded model is taken at once, with no await: the warm path pays nothing. Otherwise the
+request starts its load, or joins the one under way: the load runs in the lifecycle's own
+task, so a client that leaves does not cancel it, and every request waiting for it shares
+it. To make room, idle loaded models are unloaded least recently used first, as
+:func:`protocol.model_room.make_room` decides; a model that cannot fit is refused with 503
+``model_memory_exhausted``. A model idle for its ``keep_alive`` is unloaded by the idle
+watcher; one with a request in flight never is. A request that comes while its model unloads
+waits for the server to go and loads it again.
+
+The states and their moves are :mod:`protocol.model_state`; what starts and stops a server
+is a :class:`Servers` (llama.cpp processes in the gateway, fakes in tests). Time comes from
+``trio.current_time()``, so the timers are tested on trio's MockClock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from protocol.errors import (
+    SluiceError,
+    model_load_failed,
+    model_load_timeout,
+    model_memory_exhausted,
+)
+from protocol.model_room import Loaded, NoRoom, make_room, no_room_message
+from protocol.model_state import ModelState, Move, may_retry, move
+
+log = logging.getLogger("sluice.models")
+
+
+class Server(Protocol):
+    """A running model server."""
+
+    url: str
+    pid: int | None
+
+    def memory(self) -> int:
+        """Its measured memory (RSS) in bytes."""
+        ...
+
+    async def wait(self) -> None:
+        """Until it exits by itself."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop it (SIGTERM, then SIGKILL after a grace) and wait until it is gone."""
+        ...
+
+
+class LoadFailed(Exception):
+    """A server could not start; the message is the reason shown to clients (no secret)."""
+
+
+class Servers(Protocol):
+    def start(self, spec: ModelSpec) -> Any:
+        """An awaitable that returns a :class:`Server` once it answers /health, or raises
+        LoadFailed."""
+        ...
+
+
+@attrs.frozen
+class ModelSpec:
+    """What the lifecycle needs of a catalogue entry."""
+
+    name: str
+    path: str
+    estimate: int  # bytes before it is loaded: file size + KV cache
+    keep_alive: float  # seconds idle before it is unloaded; inf = never
+    context: int = 2048
+    parallel: int = 2
+    threads: int = 0
+    preload: bool = False
+
+
+@attrs.define
+class Managed:
+    """One managed model and what the lifecycle knows of it."""
+
+    spec: ModelSpec
+    state: ModelState = ModelState.UNLOADED
+    in_flight: int = 0
+    last_used: float = -math.inf
+    loaded_at: float | None = None
+    memory: int = 0  # measured once loaded
+    failure: str | None = None
+    failed_at: float = -math.inf
+    server: Server | None = None
+    changed: trio.Event = attrs.field(factory=trio.Event)  # set at its next state change
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def held(self) -> int:
+        """Bytes it holds or will hold: measured when loaded, else its estimate."""
+        return self.memory if self.state is ModelState.LOADED else self.spec.estimate
+
+    def unloads_at(self) -> float:
+        """When it is unloaded if nothing uses it (inf: in use, or kept forever)."""
+        if self.state is not ModelState.LOADED or self.in_flight:
+            return math.inf
+        return self.last_used + self.spec.keep_alive
+
+
+class Lifecycle:
+    """Every managed model's state. ``budget`` (bytes) and ``max_loaded`` (0 = no limit)
+    bound what is loaded; ``load_timeout()`` is timeouts.model_load, read at each wait;
+    ``on_change`` is told of every state change (events, metrics)."""
+
+    def __init__(self, specs: Iterable[ModelSpec], servers: Servers, *, budget: int,
+                 max_loaded: int, load_timeout: Callable[[], float],
+                 on_change: Callable[[Managed], None] = lambda m: None) -> None:
+        self.models: dict[str, Managed] = {s.name: Managed(s) for s in specs}
+        self.servers = servers
+        self.budget = budget
+        self.max_loaded = max_loaded
+        self.load_timeout = load_timeout
+        self.on_change = on_change
+        self._tasks: trio.Nursery | None = None
+        self._wake = trio.Event()  # the idle watcher looks again
+
+    def __repr__(self) -> str:
+        states = ", ".join(f"{m.name}={m.state.value}" for m in self.models.values())
+        return f"Lifecycle({states})"
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Loads, unloads and the idle watcher run here until cancelled; then every model
+        server is stopped."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._tasks = nursery
+                for model in self.models.values():
+                    if model.spec.preload:
+                        self._start_load(model)
+                nursery.start_soon(self._watch_idle)
+                task_status.started()
+        finally:
+            self._tasks = None
+            with trio.CancelScope(shield=True):
+                for model in self.models.values():
+                    if model.server is not None:
+                        await model.server.stop()
+
+    # ------------------------------------------------------------------ requests
+
+    async def acquire(self, name: str) -> Managed:
+        """Pin model ``name`` for a request, loading it first if need be (up to
+        timeouts.model_load). Raises SluiceError: 503 model_load_failed or
+        model_memory_exhausted, 504 model_load_timeout. Pair with :meth:`release`."""
+        model = self.models[name]
+        model.in_flight += 1
+        if model.state is ModelState.LOADED:  # the warm path: no await
+            return model
+        try:
+            limit = self.load_timeout()
+            with trio.fail_after(limit):
+                await self._until_loaded(model)
+        except trio.TooSlowError:
+            self.release(model)
+            raise model_load_timeout(name, limit) from None
+        except BaseException:
+            self.release(model)
+            raise
+        return model
+
+    def release(self, model: Managed) -> None:
+        """A request for it ended (answered, failed or its client left)."""
+        model.in_flight -= 1
+        model.last_used = trio.current_time()
+        if model.in_flight == 0:
+            self._poke()
+
+    async def _until_loaded(self, model: Managed) -> None:
+        while True:
+            state = model.state
+            if state is ModelState.LOADED:
+                return
+            if state is ModelState.FAILED and not may_retry(model.failed_at,
+                                                             trio.current_time()):
+                raise model_load_failed(model.name, model.failure or "unknown")
+            if state in (ModelState.UNLOADED, ModelState.FAILED):
+                error = self._start_load(model)
+                if error is not None:
+                    raise error
+            changed = model.changed
+            await changed.wait()
+            if model.state is ModelState.FAILED:
+                raise model_load_failed(model.name, model.failure or "unknown")
+
+    # ------------------------------------------------------------------ loads and unloads
+
+    def _set(self, model: Managed, how: Move) -> None:
+        model.state = move(model.state, how)
+        changed, model.changed = model.changed, trio.Event()
+        changed.set()
+        self.on_change(model)
+        self._poke()
+
+    def _start_load(self, model: Managed) -> SluiceError | None:
+        """Begin loading (in the lifecycle's own task), making room first; a refusal is
+        returned when the model cannot fit."""
+        room = make_room(model.name, model.spec.estimate, self._holding(), budget=self.budget,
+                         max_loaded=self.max_loaded)
+        if isinstance(room, NoRoom):
+            return model_memory_exhausted(no_room_message(room))
+        if self._tasks is None:
+            return SluiceError(503, "the gateway is stopping", type="server_error",
+                               code="shutting_down")
+        self._set(model, Move.LOAD)
+        victims = [self.models[name] for name in room.unload]
+        for victim in victims:
+            self._set(victim, Move.UNLOAD)
+        self._tasks.start_soon(self._load, model, victims)
+        return None
+
+    def _holding(self) -> list[Loaded]:
+        """The models that hold memory now, as the room decision sees them."""
+        return [Loaded(m.name, m.held, m.in_flight, m.last_used,
+                       busy=m.state is not ModelState.LOADED)
+                for m in self.models.values()
+                if m.state in (ModelState.LOADED, ModelState.LOADING, ModelState.UNLOADING)]
+
+    async def _load(self, model: Managed, victims: list[Managed]) -> None:
+        for victim in victims:
+            await self._stop(victim)
+        started = trio.current_time()
+        try:
+            with trio.fail_after(self.load_timeout()):
+                server = await self.servers.start(model.spec)
+        except (LoadFailed, trio.TooSlowError) as exc:
+            reason = str(exc) if isinstance(exc, LoadFailed) else \
+                f"it did not answer within timeouts.model_load ({self.load_timeout():g}s)"
+            model.failure = reason
+            model.failed_at = trio.current_time()
+            log.warning("model %s failed to load: %s", model.name, reason)
+            self._set(model, Move.START_FAILED)
+            return
+        model.server = server
+        model.memory = server.memory()
+        model.loaded_at = trio.current_time()
+        model.last_used = model.loaded_at
+        model.failure = None
+        log.info("model %s loaded in %.2fs (pid %s)", model.name,
+                 model.loaded_at - started, server.pid)
+        self._set(model, Move.READY)
+        assert self._tasks is not None
+        self._tasks.start_soon(self._watch_exit, model, server)
+
+    async def _stop(self, model: Managed, reload: bool = False) -> None:
+        server, model.server = model.server, None
+        if server is not None:
+            await server.stop()
+        model.memory = 0
+        model.loaded_at = None
+        self._set(model, Move.STOPPED)
+        if reload and model.state is ModelState.UNLOADED:
+            self._start_load(model)  # no room now: it loads with its next request
+
+    async def _watch_exit(self, model: Managed, server: Server) -> None:
+        """A loaded server that exits by itself: the model is unloaded (the next request
+        loads it again)."""
+        await server.wait()
+        if model.server is server and model.state is ModelState.LOADED:
+            model.server = None
+            model.memory = 0
+            model.loaded_at = None
+            model.failure = "its server exited"
+            log.warning("model %s: its server exited", model.name)
+            self._set(model, Move.CRASHED)
+
+    # ------------------------------------------------------------------ idle
+
+    def _poke(self) -> None:
+        wake, self._wake = self._wake, trio.Event()
+        wake.set()
+
+    async def _watch_idle(self) -> None:
+        """Unload each model once it has been idle for its keep_alive."""
+        while True:
+            wake = self._wake
+            now = trio.current_time()
+            for model in self.models.values():
+                if model.unloads_at() <= now:
+                    self.unload(model.name, reload=model.spec.preload)
+            due = min((m.unloads_at() for m in self.models.values()), default=math.inf)
+            with trio.move_on_at(due):
+                await wake.wait()
+
+    def unload(self, name: str, *, reload: bool = False) -> bool:
+        """Unload a loaded model with no request in flight (False: nothing to do now);
+        ``reload``: load it again once it is gone (a ``preload`` model unloaded by idle)."""
+        model = self.models[name]
+        if model.state is not ModelState.LOADED or model.in_flight or self._tasks is None:
+            return False
+        self._set(model, Move.UNLOAD)
+        self._tasks.start_soon(self._stop, model, reload)
+        return True
