@@ -17,9 +17,6 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import re
-import signal
-import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -32,6 +29,14 @@ from protocol.config import BackendConfig, ModelConfig
 from protocol.upstream_url import parse_upstream_url
 from proxy.listeners import MAX_SOCKET_PATH
 from proxy.models.logs import RotatingLog
+from proxy.models.process import (
+    file_safe,
+    pump,
+    read_line,
+    remove_leftover_socket,
+    socket_file_name,
+    stop_process,
+)
 from proxy.observe.hub import Hub
 from proxy.pool.backends import BackendRegistry, LocalBackend
 from proxy.upstream import UpstreamFailure
@@ -41,7 +46,6 @@ log = logging.getLogger("sluice.models")
 
 START_TIMEOUT = 120.0  # a server must load its model and answer /health within this
 HEALTH_POLL = 0.1  # seconds between /health tries while starting
-STOP_TIMEOUT = 10.0  # SIGTERM grace before SIGKILL
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
 STABLE_AFTER = 60.0  # a server that ran this long restarts with the first back-off again
@@ -59,25 +63,6 @@ def next_backoff(previous: float | None, ran_for: float) -> float:
     if previous is None or ran_for >= STABLE_AFTER:
         return BACKOFF_FIRST
     return min(previous * 2, BACKOFF_MAX)
-
-
-def file_safe(name: str) -> str:
-    """A model name as a file name: anything but letters, digits and ``._-`` becomes ``_``."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
-
-
-def socket_file_name(model: str) -> str:
-    return f"m-{file_safe(model)}.sock"
-
-
-def remove_leftover_socket(path: Path) -> None:
-    """llama.cpp leaves its socket file behind, and a stale one makes the next bind fail.
-    Only a socket is ever removed."""
-    try:
-        if stat.S_ISSOCK(os.lstat(path).st_mode):
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 class ManagedModel:
@@ -205,7 +190,7 @@ class Supervisor:
         try:
             async with trio.open_nursery() as nursery:
                 assert proc.stderr is not None
-                nursery.start_soon(_pump, proc.stderr, logfile)
+                nursery.start_soon(pump, proc.stderr, logfile)
                 with trio.move_on_after(START_TIMEOUT) as starting:
                     url = await self._wait_until_healthy(model, proc)
                 if starting.cancelled_caught:
@@ -216,14 +201,14 @@ class Supervisor:
                     await proc.wait()
                     model.last_error = f"exited with status {proc.returncode}"
                 else:
-                    await _stop(proc)
+                    await stop_process(proc)
                     tail = logfile.tail(3)
                     if tail and model.last_error and model.last_error.startswith("exited"):
                         model.last_error += f": {tail}"
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
-                await _stop(proc)
+                await stop_process(proc)
                 self._set_down(model)
                 logfile.close()
                 if model.socket_path is not None:
@@ -233,7 +218,7 @@ class Supervisor:
                                   proc: trio.Process) -> str | None:
         """The server's URL once it listens and /health says ok; None if it exits first."""
         assert proc.stdout is not None
-        line = await _read_line(proc.stdout)
+        line = await read_line(proc.stdout)
         if not line.startswith("listening "):
             await proc.wait()
             model.last_error = f"exited with status {proc.returncode} before listening"
@@ -259,29 +244,3 @@ class Supervisor:
         self.registry.server_up(model.backend, url,
                                 [{"id": model.name, "object": "model", "owned_by": "llamacpp"}])
         log.info("model server %s running (pid %s) on %s", model.name, model.pid, url)
-
-
-async def _read_line(stream: trio.abc.ReceiveStream, cap: int = 4096) -> str:
-    data = b""
-    while b"\n" not in data and len(data) < cap:
-        chunk = await stream.receive_some(cap)
-        if not chunk:
-            break
-        data += chunk
-    return data.split(b"\n", 1)[0].decode("utf-8", "replace")
-
-
-async def _pump(stream: trio.abc.ReceiveStream, logfile: RotatingLog) -> None:
-    while chunk := await stream.receive_some(65536):
-        logfile.write(chunk)
-
-
-async def _stop(proc: trio.Process) -> None:
-    """SIGTERM, then SIGKILL after STOP_TIMEOUT; always reaps the child."""
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-        with trio.move_on_after(STOP_TIMEOUT):
-            await proc.wait()
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()

@@ -1,0 +1,78 @@
+"""A model server's process, whoever runs it (the supervisor of always-on ``models:``, the
+lifecycle of models on demand): its socket file, its log, its first line, its stop.
+
+llama.cpp leaves its socket file behind and a stale one makes the next bind fail, so the file
+is removed before a start and after a stop (only a socket is ever removed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+from pathlib import Path
+
+import trio
+
+from proxy.models.logs import RotatingLog
+
+STOP_TIMEOUT = 10.0  # SIGTERM grace before SIGKILL
+
+
+def file_safe(name: str) -> str:
+    """A model name as a file name: anything but letters, digits and ``._-`` becomes ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def socket_file_name(model: str) -> str:
+    return f"m-{file_safe(model)}.sock"
+
+
+def remove_leftover_socket(path: Path) -> None:
+    """Remove a socket file left by an earlier server (nothing that is not a socket)."""
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+async def read_line(stream: trio.abc.ReceiveStream, cap: int = 4096) -> str:
+    """The first line a process writes (the launcher's ``listening <url>``)."""
+    data = b""
+    while b"\n" not in data and len(data) < cap:
+        chunk = await stream.receive_some(cap)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+
+async def pump(stream: trio.abc.ReceiveStream, logfile: RotatingLog) -> None:
+    """Copy a process's output into its log until it closes."""
+    while chunk := await stream.receive_some(65536):
+        logfile.write(chunk)
+
+
+async def stop_process(proc: trio.Process) -> None:
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT; always reaps the child."""
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        with trio.move_on_after(STOP_TIMEOUT):
+            await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def rss_bytes(pid: int) -> int:
+    """A process's resident memory (VmRSS), 0 when it cannot be read (gone, not Linux)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0

@@ -1,0 +1,180 @@
+"""Real model servers for models on demand (:mod:`proxy.models.lifecycle`): llama.cpp in a
+child process (:mod:`proxy.models.launcher`), started on a request's need and stopped when
+the lifecycle says so; and a model's memory estimate from its GGUF file.
+
+A start is over when the server's ``/health`` answers 200 (llama.cpp answers 503 while it
+loads). A server that exits first, or a file that is missing or not a usable GGUF, is a
+:class:`~proxy.models.lifecycle.LoadFailed` whose message is the reason: the last line of the
+server's log, never a secret. The caller bounds a start with timeouts.model_load; cancelled,
+the process is stopped (SIGTERM, then SIGKILL) before the cancel goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from protocol.gguf import GgufError, kv_cache_bytes, parse_gguf_header
+from protocol.upstream_url import parse_upstream_url
+from proxy.listeners import MAX_SOCKET_PATH
+from proxy.models.lifecycle import LoadFailed, ModelSpec
+from proxy.models.logs import RotatingLog
+from proxy.models.process import (
+    file_safe,
+    pump,
+    read_line,
+    remove_leftover_socket,
+    rss_bytes,
+    socket_file_name,
+    stop_process,
+)
+from proxy.upstream import UpstreamFailure
+from proxy.upstream_pool import ConnectionPool, fetch
+
+HEALTH_POLL = 0.1  # seconds between /health tries while a server loads
+HEADER_READS = (2 << 20, 64 << 20)  # bytes of a GGUF read for its header: first, at most
+LOG_DRAIN = 1.0  # seconds a failed start's reason waits for the rest of its log
+
+
+def read_estimate(path: str, context: int) -> tuple[int, str | None]:
+    """A model's memory before it is loaded: file size + KV cache for ``context`` tokens,
+    and the reason when the file cannot be used (blocking: run in a worker thread)."""
+    try:
+        size = os.stat(path).st_size
+        with open(path, "rb") as file:
+            for cap in HEADER_READS:
+                file.seek(0)
+                try:
+                    info = parse_gguf_header(file.read(cap), size)
+                    return size + kv_cache_bytes(info, context), None
+                except GgufError as exc:
+                    if not exc.truncated or cap == HEADER_READS[-1]:
+                        return size, f"{path}: {exc}"
+    except OSError as exc:
+        return 0, f"cannot read {path}: {exc.strerror or exc}"
+    return size, None  # pragma: no cover (the loop always returns)
+
+
+class LlamaServer:
+    """A running llama.cpp server (the lifecycle's Server)."""
+
+    def __init__(self, proc: trio.Process, url: str, socket_path: Path | None,
+                 logfile: RotatingLog) -> None:
+        self.proc = proc
+        self.pid: int | None = proc.pid
+        self.url = url
+        self._socket_path = socket_path
+        self._logfile = logfile
+
+    def __repr__(self) -> str:
+        return f"LlamaServer(pid={self.pid}, {self.url})"
+
+    def memory(self) -> int:
+        return rss_bytes(self.proc.pid)
+
+    async def wait(self) -> None:
+        await self.proc.wait()
+
+    async def stop(self) -> None:
+        with trio.CancelScope(shield=True):
+            await stop_process(self.proc)
+        if self._socket_path is not None:
+            remove_leftover_socket(self._socket_path)
+
+
+class LlamaServers:
+    """Starts llama.cpp servers; their log pumps run in :meth:`run`'s nursery."""
+
+    def __init__(self, data_dir: Path, socket_dir: Path | None,
+                 connections: ConnectionPool) -> None:
+        self.data_dir = data_dir
+        self.socket_dir = socket_dir
+        self.connections = connections
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    def _socket_path(self, name: str) -> Path | None:
+        if self.socket_dir is None:
+            return None
+        path = self.socket_dir / socket_file_name(name)
+        return path if len(os.fsencode(path)) <= MAX_SOCKET_PATH else None
+
+    async def start(self, spec: ModelSpec) -> LlamaServer:
+        if self._nursery is None:
+            raise LoadFailed("the gateway is stopping")
+        _, problem = await trio.to_thread.run_sync(read_estimate, spec.path, spec.context)
+        if problem is not None:
+            raise LoadFailed(problem)
+        socket_path = self._socket_path(spec.name)
+        if socket_path is not None:
+            remove_leftover_socket(socket_path)
+        listen = os.fspath(socket_path) if socket_path is not None else "127.0.0.1:0"
+        logfile = RotatingLog(self.data_dir / "logs" / f"{file_safe(spec.name)}.log")
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "proxy.models.launcher", "--model", spec.path,
+             "--alias", spec.name, "--listen", listen, "--context", str(spec.context),
+             "--parallel", str(spec.parallel), "--threads", str(spec.threads),
+             "--parent", str(os.getpid())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True)
+        assert proc.stderr is not None
+        logged = trio.Event()
+        self._nursery.start_soon(_log_until_closed, proc.stderr, logfile, logged)
+        try:
+            url = await self._until_healthy(proc)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await stop_process(proc)
+            if socket_path is not None:
+                remove_leftover_socket(socket_path)
+            raise
+        if url is None:
+            await stop_process(proc)
+            with trio.move_on_after(LOG_DRAIN):  # its last words, for the reason
+                await logged.wait()
+            last = logfile.tail(1).strip()
+            raise LoadFailed(f"its server exited with status {proc.returncode}"
+                             + (f": {last}" if last else ""))
+        return LlamaServer(proc, url, socket_path, logfile)
+
+    async def _until_healthy(self, proc: trio.Process) -> str | None:
+        """The server's URL once /health says ok; None when it exits first."""
+        assert proc.stdout is not None
+        line = await read_line(proc.stdout)
+        if not line.startswith("listening "):
+            await proc.wait()
+            return None
+        url = line[len("listening "):].strip()
+        address = parse_upstream_url(url)
+        while proc.poll() is None:
+            try:
+                status, _ = await fetch(self.connections, address, b"/health")
+                if status == 200:
+                    return url
+            except UpstreamFailure:
+                pass
+            await trio.sleep(HEALTH_POLL)
+        return None
+
+
+async def _log_until_closed(stream: trio.abc.ReceiveStream, logfile: RotatingLog,
+                            done: trio.Event) -> None:
+    """A server's output into its log until the server exits; then the log is closed."""
+    try:
+        await pump(stream, logfile)
+    finally:
+        logfile.close()
+        done.set()
