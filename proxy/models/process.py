@@ -15,9 +15,13 @@ from pathlib import Path
 
 import trio
 
+from protocol.upstream_url import parse_upstream_url
 from proxy.models.logs import RotatingLog
+from proxy.upstream import UpstreamFailure
+from proxy.upstream_pool import ConnectionPool, fetch
 
 STOP_TIMEOUT = 10.0  # SIGTERM grace before SIGKILL
+HEALTH_POLL = 0.1  # seconds between /health tries while a server loads its model
 
 
 def file_safe(name: str) -> str:
@@ -76,3 +80,25 @@ def rss_bytes(pid: int) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+async def until_healthy(connections: ConnectionPool, proc: trio.Process
+                        ) -> tuple[str | None, str]:
+    """The launcher's server URL once it listens and its /health answers 200 (llama.cpp
+    answers 503 while it loads); else None and why: it exited before that."""
+    assert proc.stdout is not None
+    line = await read_line(proc.stdout)
+    if not line.startswith("listening "):
+        await proc.wait()
+        return None, f"exited with status {proc.returncode} before listening"
+    url = line[len("listening "):].strip()
+    address = parse_upstream_url(url)
+    while proc.poll() is None:
+        try:
+            status, _ = await fetch(connections, address, b"/health")
+            if status == 200:
+                return url, ""
+        except UpstreamFailure:
+            pass
+        await trio.sleep(HEALTH_POLL)
+    return None, f"exited with status {proc.returncode} while loading"

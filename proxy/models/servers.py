@@ -19,23 +19,20 @@ from pathlib import Path
 import trio
 
 from protocol.gguf import GgufError, kv_cache_bytes, parse_gguf_header
-from protocol.upstream_url import parse_upstream_url
 from proxy.listeners import MAX_SOCKET_PATH
 from proxy.models.lifecycle import LoadFailed, ModelSpec
 from proxy.models.logs import RotatingLog
 from proxy.models.process import (
     file_safe,
     pump,
-    read_line,
     remove_leftover_socket,
     rss_bytes,
     socket_file_name,
     stop_process,
+    until_healthy,
 )
-from proxy.upstream import UpstreamFailure
-from proxy.upstream_pool import ConnectionPool, fetch
+from proxy.upstream_pool import ConnectionPool
 
-HEALTH_POLL = 0.1  # seconds between /health tries while a server loads
 HEADER_READS = (2 << 20, 64 << 20)  # bytes of a GGUF read for its header: first, at most
 LOG_DRAIN = 1.0  # seconds a failed start's reason waits for the rest of its log
 
@@ -134,7 +131,7 @@ class LlamaServers:
         logged = trio.Event()
         self._nursery.start_soon(_log_until_closed, proc.stderr, logfile, logged)
         try:
-            url = await self._until_healthy(proc)
+            url, why = await until_healthy(self.connections, proc)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await stop_process(proc)
@@ -146,28 +143,8 @@ class LlamaServers:
             with trio.move_on_after(LOG_DRAIN):  # its last words, for the reason
                 await logged.wait()
             last = logfile.tail(1).strip()
-            raise LoadFailed(f"its server exited with status {proc.returncode}"
-                             + (f": {last}" if last else ""))
+            raise LoadFailed(f"its server {why}" + (f": {last}" if last else ""))
         return LlamaServer(proc, url, socket_path, logfile)
-
-    async def _until_healthy(self, proc: trio.Process) -> str | None:
-        """The server's URL once /health says ok; None when it exits first."""
-        assert proc.stdout is not None
-        line = await read_line(proc.stdout)
-        if not line.startswith("listening "):
-            await proc.wait()
-            return None
-        url = line[len("listening "):].strip()
-        address = parse_upstream_url(url)
-        while proc.poll() is None:
-            try:
-                status, _ = await fetch(self.connections, address, b"/health")
-                if status == 200:
-                    return url
-            except UpstreamFailure:
-                pass
-            await trio.sleep(HEALTH_POLL)
-        return None
 
 
 async def _log_until_closed(stream: trio.abc.ReceiveStream, logfile: RotatingLog,

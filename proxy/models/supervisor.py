@@ -26,26 +26,23 @@ from typing import Any
 import trio
 
 from protocol.config import BackendConfig, ModelConfig
-from protocol.upstream_url import parse_upstream_url
 from proxy.listeners import MAX_SOCKET_PATH
 from proxy.models.logs import RotatingLog
 from proxy.models.process import (
     file_safe,
     pump,
-    read_line,
     remove_leftover_socket,
     socket_file_name,
     stop_process,
+    until_healthy,
 )
 from proxy.observe.hub import Hub
 from proxy.pool.backends import BackendRegistry, LocalBackend
-from proxy.upstream import UpstreamFailure
-from proxy.upstream_pool import ConnectionPool, fetch
+from proxy.upstream_pool import ConnectionPool
 
 log = logging.getLogger("sluice.models")
 
 START_TIMEOUT = 120.0  # a server must load its model and answer /health within this
-HEALTH_POLL = 0.1  # seconds between /health tries while starting
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
 STABLE_AFTER = 60.0  # a server that ran this long restarts with the first back-off again
@@ -217,24 +214,10 @@ class Supervisor:
     async def _wait_until_healthy(self, model: ManagedModel,
                                   proc: trio.Process) -> str | None:
         """The server's URL once it listens and /health says ok; None if it exits first."""
-        assert proc.stdout is not None
-        line = await read_line(proc.stdout)
-        if not line.startswith("listening "):
-            await proc.wait()
-            model.last_error = f"exited with status {proc.returncode} before listening"
-            return None
-        url = line[len("listening "):].strip()
-        address = parse_upstream_url(url)
-        while proc.poll() is None:
-            try:
-                status, _ = await fetch(self.connections, address, b"/health")
-                if status == 200:
-                    return url
-            except UpstreamFailure:
-                pass
-            await trio.sleep(HEALTH_POLL)
-        model.last_error = f"exited with status {proc.returncode} while loading"
-        return None
+        url, why = await until_healthy(self.connections, proc)
+        if url is None:
+            model.last_error = why
+        return url
 
     def _set_running(self, model: ManagedModel, url: str) -> None:
         model.url = url
