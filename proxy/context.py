@@ -13,7 +13,7 @@ passed explicitly (no module-level singletons). Each part has its own owner:
   ``metrics``, what ``/metrics`` shows (:mod:`proxy.observe.metrics`), and ``events``, the
   live events subscribers (:mod:`proxy.observe.feed`), and ``reports``, the report phase
   of each request: its access-log line and its record (:mod:`proxy.observe.reports`);
-- ``notifications``, ``supervisor`` (managed model servers, when there are any).
+- ``notifications``, ``ondemand`` (managed models on demand, when there are any).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from proxy.routing.router import Router
 from proxy.upstream_pool import ConnectionPool
 
 if TYPE_CHECKING:
-    from proxy.models.supervisor import Supervisor
+    from proxy.models.ondemand import OnDemand
     from proxy.settings import Settings
 
 
@@ -128,7 +128,7 @@ class GatewayContext:
     hub: Hub
     request_log: RequestLog
     metrics: Metrics
-    supervisor: Supervisor | None = None
+    ondemand: OnDemand | None = None
     events: EventFeed = attrs.field(
         default=attrs.Factory(lambda ctx: EventFeed(ctx.hub), takes_self=True))
     reports: Reports = attrs.field(factory=lambda: Reports(AccessLog()))

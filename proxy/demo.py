@@ -30,7 +30,7 @@ class DemoError(Exception):
 
 def demo_model_config() -> ModelConfig:
     return ModelConfig(name=DEMO_MODEL, path=f"models/{FILE_NAME}", context=2048, parallel=2,
-                       threads=0)
+                       threads=0, preload=True)
 
 
 def _sha256(path: Path) -> str:

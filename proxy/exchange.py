@@ -177,6 +177,25 @@ class Exchange:
             return
         self.info = info = parse_request_body(path, body)
         ctx = self.ctx
+        ondemand = ctx.ondemand
+        if ondemand is None or not ondemand.holds(info.model):
+            await self.relay_to(ctx, request, path, headers, body, info)
+            return
+        # A managed model on demand (SPEC §11): loaded (or its load joined) first, pinned
+        # while the request runs. No await when it is loaded already.
+        managed = ondemand.take(info.model)
+        if managed is None:
+            with self.scope.open():
+                managed = await ondemand.acquire(info.model)
+            if managed is None:  # the client left while it loaded (the load goes on)
+                raise ClientGone
+        try:
+            await self.relay_to(ctx, request, path, headers, body, info)
+        finally:
+            ondemand.release(managed)
+
+    async def relay_to(self, ctx: GatewayContext, request: h11.Request, path: str,
+                       headers: list[Header], body: bytes, info: RequestInfo) -> None:
         plan = await ctx.router.plan(info, headers)
         self.relay = relay = Relay(plan, request.method, request.target, path, headers, body,
                                    info, out=self.out, scope=self.scope,

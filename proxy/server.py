@@ -35,7 +35,7 @@ from proxy.listeners import (
     tcp_port_is_live,
 )
 from proxy.models.launcher import INSTALL_HINT, llama_available
-from proxy.models.supervisor import Supervisor
+from proxy.models.ondemand import OnDemand, prepare
 from proxy.notifications import Notifications
 from proxy.observe.access_log import AccessLog
 from proxy.observe.hub import Hub
@@ -112,25 +112,29 @@ class Gateway:
         for path in (self.settings.config_path, self.settings.secrets_path):
             remove_leftovers(path)
         try:
-            supervisor = None
-            if self.models:
-                supervisor = Supervisor(
-                    self.models, self.settings.data_dir,
+            config = self.settings.config
+            prepared = await trio.to_thread.run_sync(prepare, self.models, config,
+                                                     self.settings.data_dir)
+            ondemand = None
+            if prepared:
+                ondemand = OnDemand(
+                    prepared, config, self.settings.data_dir,
                     None if self._socket_path is None else self._socket_path.parent,
-                    self.backends, self.connections, self.hub)
+                    self.backends, self.connections, self.hub,
+                    load_timeout=lambda: self.settings.config.timeouts.model_load)
             self.ctx = GatewayContext(
                 settings=self.settings, connections=self.connections, backends=self.backends,
                 nodes=self.nodes, router=self.router, notifications=self.notifications,
                 clients=self.clients, listening=listening, hub=self.hub,
-                request_log=self.request_log, metrics=self.metrics, supervisor=supervisor,
+                request_log=self.request_log, metrics=self.metrics, ondemand=ondemand,
                 reports=Reports(AccessLog(logsetup.line_sink()), self.hub))
             async with trio.open_nursery() as background:
                 if handle_signals:  # the real process: sluice serve
                     background.start_soon(self._watch_signals, background.cancel_scope)
                     background.start_soon(logsetup.flush_periodically)
                 await background.start(self.connections.run)  # probes after streams
-                if supervisor is not None:
-                    background.start_soon(supervisor.run)
+                if ondemand is not None:
+                    await background.start(ondemand.run)
                 # Requests that come before a backend's first check wait for it
                 # (BackendRegistry.wait_for_holder), so the first request finds its model.
                 await background.start(run_health_checks, self.backends, self.connections,

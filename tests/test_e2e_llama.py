@@ -38,7 +38,7 @@ async def llama_gateway(nursery: trio.Nursery, short_tmp: Path, gguf: Path,
     parallel = getattr(request, "param", 2)
     cfg = gateway_config([], socket_dir=short_tmp / "s")
     cfg = attrs.evolve(cfg, models=(ModelConfig(name=DEMO_MODEL, path=str(gguf), context=1024,
-                                                parallel=parallel, threads=1),))
+                                                parallel=parallel, threads=1, preload=True),))
     gateway = Gateway(open_settings(short_tmp / "data", cfg))
     await nursery.start(gateway.run)
     with trio.fail_after(120):
@@ -47,14 +47,14 @@ async def llama_gateway(nursery: trio.Nursery, short_tmp: Path, gguf: Path,
 
 
 def managed(gateway: Gateway) -> dict[str, Any]:
-    assert gateway.ctx.supervisor is not None
-    return gateway.ctx.supervisor.status()[0]
+    assert gateway.ctx.ondemand is not None
+    return gateway.ctx.ondemand.status()[0]
 
 
 async def wait_running(gateway: Gateway, restarts: int) -> dict[str, Any]:
     while True:
         status = managed(gateway)
-        if status["state"] == "running" and status["restarts"] == restarts:
+        if status["state"] == "loaded" and status["restarts"] == restarts:
             return status
         await trio.sleep(0.05)
 
@@ -155,21 +155,26 @@ async def test_client_disconnect_frees_the_slot(llama_gateway: RunningGateway) -
     assert reply.json()["usage"]["completion_tokens"] <= 8
 
 
-async def test_killed_model_server_is_restarted(llama_gateway: RunningGateway) -> None:
+async def test_a_killed_model_server_is_loaded_again_by_the_next_request(
+        llama_gateway: RunningGateway) -> None:
     before = managed(llama_gateway.gateway)
     os.kill(before["pid"], signal.SIGKILL)
+    with trio.fail_after(30):
+        while managed(llama_gateway.gateway)["state"] != "unloaded":
+            await trio.sleep(0.05)
+    assert managed(llama_gateway.gateway)["lastError"] == "its server exited"
     with trio.fail_after(60):
-        after = await wait_running(llama_gateway.gateway, restarts=1)
+        reply = await request(llama_gateway.unix, "POST", CHAT,
+                              chat_body(DEMO_MODEL, max_tokens=8, temperature=0))
+    assert reply.status == 200
+    after = managed(llama_gateway.gateway)
+    assert (after["state"], after["restarts"]) == ("loaded", 1)
     assert after["pid"] != before["pid"]
     status = (await request(llama_gateway.tcp, "GET", "/api/v1/inference/status")).json()
     assert status["loadedModels"] == 1
     assert status["llmModels"] == 1
     assert status["models"] == [DEMO_MODEL]
     assert status["managedModels"][0]["restarts"] == 1
-    with trio.fail_after(60):
-        reply = await request(llama_gateway.unix, "POST", CHAT,
-                              chat_body(DEMO_MODEL, max_tokens=8, temperature=0))
-    assert reply.status == 200
 
 
 async def test_launcher_stops_cleanly_on_sigterm(gguf: Path, short_tmp: Path) -> None:
@@ -200,7 +205,7 @@ async def test_model_server_falls_back_to_loopback_tcp(nursery: trio.Nursery, sh
     name = "smollm2-" + "x" * 100  # <socket dir>/m-<name>.sock would pass 103 bytes
     cfg = gateway_config([], socket_dir=short_tmp / "s")
     cfg = attrs.evolve(cfg, models=(ModelConfig(name=name, path=str(gguf), context=512,
-                                                parallel=1, threads=1),))
+                                                parallel=1, threads=1, preload=True),))
     gateway = Gateway(open_settings(short_tmp / "data", cfg))
     await nursery.start(gateway.run)
     with trio.fail_after(120):

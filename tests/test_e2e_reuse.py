@@ -59,7 +59,7 @@ async def managed_gateway(nursery: trio.Nursery, folder: Path, gguf: Path,  # no
                           **options: object) -> RunningGateway:
     cfg = gateway_config([], socket_dir=folder / "s", **options)  # type: ignore[arg-type]
     cfg = attrs.evolve(cfg, models=(ModelConfig(name=DEMO_MODEL, path=str(gguf), context=1024,
-                                                parallel=3, threads=2),))
+                                                parallel=3, threads=2, preload=True),))
     gateway = Gateway(open_settings(folder / "data", cfg))
     await nursery.start(gateway.run)
     with trio.fail_after(120):

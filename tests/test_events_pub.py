@@ -23,8 +23,9 @@ import trio
 import trio.testing
 import trio_websocket
 
-from protocol.config import Config, ModelConfig, NodeConfig
-from proxy.models.supervisor import BACKOFF_FIRST, Supervisor
+from protocol.config import Config, ModelConfig, NodeConfig, default_config
+from protocol.errors import SluiceError
+from proxy.models.ondemand import OnDemand, prepare
 from proxy.notifications import Notifications
 from proxy.observe.hub import TYPES, Hub
 from proxy.observe.state_events import LATENCY_STEP_MS, NodeFeed, latency_moved
@@ -361,23 +362,27 @@ async def test_backend_down_and_up(autojump_clock: trio.testing.MockClock,
                                      "address": f"unix:{short_tmp / 'local.sock'}"}]
 
 
-async def test_managed_server_states(autojump_clock: trio.testing.MockClock,
-                                     short_tmp: Path) -> None:
+async def test_managed_model_states(short_tmp: Path) -> None:
+    """Each state change of a model on demand is a model event with its entry."""
     hub = Hub()
     seen = Recorder(hub, ("model",))
     registry = BackendRegistry([], {})
-    supervisor = Supervisor([ModelConfig(name="ghost", path="none.gguf")], short_tmp, None,
-                            registry, ConnectionPool(), hub)
+    cfg = default_config()
+    prepared = prepare([ModelConfig(name="ghost", path="none.gguf")], cfg, short_tmp)
+    ondemand = OnDemand(prepared, cfg, short_tmp, None, registry, ConnectionPool(), hub)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(supervisor.run)
-        await trio.sleep(BACKOFF_FIRST * 3 + 0.5)  # failed at 0, 1 and 3 s: no model file
+        await nursery.start(ondemand.run)
+        with pytest.raises(SluiceError):
+            await ondemand.acquire("ghost")
         nursery.cancel_scope.cancel()
     events = seen.of("model")
-    assert [(e["source"], e["name"], e["state"], e["restarts"]) for e in events] == [
-        ("managed", "ghost", "backoff", 0), ("managed", "ghost", "backoff", 1),
-        ("managed", "ghost", "backoff", 2), ("managed", "ghost", "stopped", 2)]
-    assert "model file not found" in events[0]["lastError"]
-    assert events[-1] == {"source": "managed", **supervisor.status()[0]}
+    assert [(e["source"], e["name"], e["state"]) for e in events] == [
+        ("managed", "ghost", "loading"), ("managed", "ghost", "failed")]
+    assert "cannot read" in events[-1]["lastError"]
+    # The failed event came while the request was still waiting for the load.
+    now = {**ondemand.status()[0], "source": "managed", "origin": "config", "activeRequests": 1}
+    assert {k: v for k, v in events[-1].items() if not k.endswith("At")} == {
+        k: v for k, v in now.items() if not k.endswith("At")}
 
 
 # ---------------------------------------------------------------------------- stats

@@ -594,18 +594,3 @@ async def test_a_4xx_moves_no_breaker(
     switch(json_completion())
     assert (await chat(gw)).status == 200  # the next probe closes it
     assert (await stats(gw))["nodes"][0]["circuitState"] == "closed"
-
-
-async def test_a_local_server_still_starting_does_not_hold_up_a_node_that_has_the_model(
-        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
-        start_gateway: StartGateway) -> None:
-    gw, _ = await pool(nursery, start_gateway, short_tmp, json_completion("from a"))
-    gw.gateway.backends.starting.add(MODEL)  # as a managed server on its first start
-    with trio.fail_after(1):
-        reply = await chat(gw)
-    assert reply.header("x-sluice-served-by") == "node:node-a"
-    configure(gw, enabled=False)  # no node to go to: the request waits for the local one
-    await trio.sleep(0.1)
-    with trio.move_on_after(30) as waited:
-        await chat(gw)
-    assert waited.cancelled_caught

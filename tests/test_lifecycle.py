@@ -129,6 +129,18 @@ async def test_the_warm_path_does_not_wait(autojump_clock: trio.testing.MockCloc
     assert servers.started == ["a"]
 
 
+async def test_take_pins_only_a_loaded_model(autojump_clock: trio.testing.MockClock,
+                                             start: StartLifecycle) -> None:
+    life, _, _ = await start([spec("a")])
+    assert life.take("a") is None
+    await use(life, "a")
+    model = life.take("a")
+    assert model is not None
+    assert model.in_flight == 1
+    assert not life.unload("a")
+    life.release(model)
+
+
 async def test_concurrent_requests_share_one_load(autojump_clock: trio.testing.MockClock,
                                                   start: StartLifecycle) -> None:
     life, servers, _ = await start([spec("a")])

@@ -23,9 +23,9 @@ from tests.gateways import GatewayProcess
 
 
 class ManagedGateway:
-    """A gateway process with one local backend (a fake model server) and one managed
-    llama.cpp server whose model file is missing, so it keeps failing and restarting: the
-    states the screen must show, without llama.cpp."""
+    """A gateway process with one local backend (a fake model server) and one managed model
+    whose file is missing, so its load fails: the states the screen must show, without
+    llama.cpp."""
 
     def __init__(self, folder: Path) -> None:
         self.model = FakeUpstream(models=("local-m",))
@@ -104,7 +104,7 @@ def test_backends_show_their_models_live(console_gateway: ConsoleGateway, consol
     screenshot(page, "local")
 
 
-def test_managed_servers_show_state_restarts_and_errors(
+def test_managed_models_show_their_state_and_errors(
         managed_gateway: ManagedGateway, console_page: Any, axe: Any, screenshot: Any) -> None:
     from playwright.sync_api import expect
 
@@ -112,12 +112,17 @@ def test_managed_servers_show_state_restarts_and_errors(
     page = console_page(gw, "/local")
     managed = page.get_by_role("region", name="Managed model servers")
     row = card(managed, "broken-m")
-    expect(row).to_contain_text("model file not found")
-    expect(row.get_by_text("backoff").or_(row.get_by_text("starting"))).to_be_visible()
+    expect(row).to_contain_text("cannot read")  # found when the catalogue was made
+    expect(row.get_by_text("unloaded")).to_be_visible()
+    # A request for it: the load fails at once, and the card says so, live.
+    code, body = gw.gw.call_sync("POST", "/v1/chat/completions",
+                                 {"model": "broken-m", "messages": [{"role": "user",
+                                                                      "content": "hi"}]})
+    assert (code, body["error"]["code"]) == (503, "model_load_failed")
+    expect(row.get_by_text("failed")).to_be_visible(timeout=10_000)
     entry = next(m for m in gw.status()["managedModels"] if m["name"] == "broken-m")
-    assert entry["lastError"].startswith("model file not found")
-    # It keeps trying: restarts go up (back-off 1 s, 2 s, ...), live.
-    expect(row.locator("dd").nth(2)).not_to_have_text("0", timeout=10_000)
+    assert entry["state"] == "failed"
+    assert entry["lastError"].startswith("cannot read")
     # The managed server is not listed again among the backends.
     backends = page.get_by_role("region", name="Local backends")
     expect(card(backends, "broken-m")).to_have_count(0)
@@ -141,7 +146,7 @@ def test_local_narrow_and_dark(managed_gateway: ManagedGateway, console_page: An
     from playwright.sync_api import expect
 
     page = console_page(managed_gateway, "/local", width=width, color_scheme=scheme)
-    expect(page.get_by_text("model file not found").first).to_be_visible()
+    expect(page.get_by_text("cannot read").first).to_be_visible()
     assert page.evaluate("document.documentElement.scrollWidth") <= width
     axe(page, f"local {width}px {scheme}")
     screenshot(page, f"local-{width}-{scheme}")

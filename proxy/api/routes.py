@@ -47,6 +47,8 @@ def health(call: Call) -> tuple[int, Any]:
 def model_entries(ctx: GatewayContext) -> list[dict[str, Any]]:
     """SPEC §7.5: local models, then (load balancing on) the nodes' as ``remote``."""
     local = ctx.backends.model_entries()
+    if ctx.ondemand is not None:
+        local = ctx.ondemand.listed(local)
     if not ctx.config.load_balancing.enabled:
         return local
     return merge_model_lists([("", local)], ctx.nodes.remote_models())
@@ -100,7 +102,7 @@ def inference_status(call: Call) -> tuple[int, Any]:
         body["distributed"] = pool_status.summary(ctx.nodes, ctx.config)
     body["models"] = loaded
     body["backends"] = backends
-    body["managedModels"] = ctx.supervisor.status() if ctx.supervisor else []
+    body["managedModels"] = ctx.ondemand.status() if ctx.ondemand else []
     return 200, body
 
 

@@ -37,6 +37,8 @@ from protocol.model_state import ModelState, Move, may_retry, move
 
 log = logging.getLogger("sluice.models")
 
+EXITED = "its server exited"  # lastError of a model whose loaded server exited by itself
+
 
 class Server(Protocol):
     """A running model server."""
@@ -94,6 +96,7 @@ class Managed:
     memory: int = 0  # measured once loaded
     failure: str | None = None
     failed_at: float = -math.inf
+    restarts: int = 0  # times its server exited by itself and it was loaded again
     server: Server | None = None
     changed: trio.Event = attrs.field(factory=trio.Event)  # set at its next state change
 
@@ -154,6 +157,14 @@ class Lifecycle:
                         await model.server.stop()
 
     # ------------------------------------------------------------------ requests
+
+    def take(self, name: str) -> Managed | None:
+        """Pin model ``name`` if it is loaded (the warm path: nothing else), else None."""
+        model = self.models[name]
+        if model.state is not ModelState.LOADED:
+            return None
+        model.in_flight += 1
+        return model
 
     async def acquire(self, name: str) -> Managed:
         """Pin model ``name`` for a request, loading it first if need be (up to
@@ -247,6 +258,8 @@ class Lifecycle:
             log.warning("model %s failed to load: %s", model.name, reason)
             self._set(model, Move.START_FAILED)
             return
+        if model.failure == EXITED:
+            model.restarts += 1
         model.server = server
         model.memory = server.memory()
         model.loaded_at = trio.current_time()
@@ -276,7 +289,7 @@ class Lifecycle:
             model.server = None
             model.memory = 0
             model.loaded_at = None
-            model.failure = "its server exited"
+            model.failure = EXITED
             log.warning("model %s: its server exited", model.name)
             self._set(model, Move.CRASHED)
 

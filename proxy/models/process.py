@@ -1,5 +1,5 @@
-"""A model server's process, whoever runs it (the supervisor of always-on ``models:``, the
-lifecycle of models on demand): its socket file, its log, its first line, its stop.
+"""A model server's process (:mod:`proxy.models.servers`): its socket file, its log, its
+first line, its health, its stop.
 
 llama.cpp leaves its socket file behind and a stale one makes the next bind fail, so the file
 is removed before a start and after a stop (only a socket is ever removed).

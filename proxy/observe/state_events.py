@@ -3,7 +3,8 @@ already announces: ``node`` (from :attr:`NodeIndex.changes`), ``model`` for loca
 (from :attr:`BackendRegistry.changes`), ``settings`` (from :meth:`Settings.subscribe`) and
 ``stats`` (a once-a-second look at the router's counters). The other owners publish their
 own: the router its ``circuit`` events, :class:`~proxy.notifications.Notifications` its
-``notification`` events, the supervisor the ``model`` events of managed servers, and the
+``notification`` events, :mod:`proxy.models.ondemand` the ``model`` events of managed
+models, and the
 settle step of each request its ``request`` event.
 
 Every payload is the body (or the entry) of the matching GET endpoint, built by the same

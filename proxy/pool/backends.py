@@ -1,10 +1,11 @@
 """Local model servers (``backends:``): their model lists and the health poll that keeps
 them current. Routing asks :meth:`BackendRegistry.holder_of` which backend serves a model.
 
-The registry is the one owner of a backend's state: the health poll and the supervisor of
-managed servers report what they found through its methods (:meth:`~BackendRegistry.checked`,
-:meth:`~BackendRegistry.server_up`, :meth:`~BackendRegistry.server_down`), which change the
-backend and re-index the models in one step."""
+The registry is the one owner of a backend's state: the health poll and the models on
+demand (:mod:`proxy.models.ondemand`) report what they found through its methods
+(:meth:`~BackendRegistry.checked`, :meth:`~BackendRegistry.server_up`,
+:meth:`~BackendRegistry.server_down`), which change the backend and re-index the models in
+one step."""
 
 from __future__ import annotations
 
@@ -78,7 +79,6 @@ class BackendRegistry:
         self._by_model: dict[str, LocalBackend] = {}
         self.changes: Subscribers[BackendRegistry] = Subscribers()  # after each re-index
         self.ready = trio.Event()  # every backend has been checked once
-        self.starting: set[str] = set()  # models of managed servers on their first start
         self._changed = trio.Event()  # replaced on every reindex
 
     def __repr__(self) -> str:
@@ -90,8 +90,7 @@ class BackendRegistry:
     async def wait_for_holder(self, model: str) -> LocalBackend | None:
         """Like holder_of, but right after start waits for the backends' first checks (each
         bounded by the health-check timeout) before saying nobody holds the model."""
-        while (backend := self._by_model.get(model)) is None and (
-                not self.ready.is_set() or model in self.starting):
+        while (backend := self._by_model.get(model)) is None and not self.ready.is_set():
             await self._changed.wait()
         return backend
 
@@ -124,7 +123,6 @@ class BackendRegistry:
         backend.online = True
         backend.last_error = None
         backend.models = models
-        self.starting.discard(backend.name)
         self.reindex()
 
     def server_down(self, backend: LocalBackend, error: str | None) -> None:
@@ -134,12 +132,6 @@ class BackendRegistry:
         backend.last_error = error
         backend.models = []
         self.reindex()
-
-    def first_start_over(self, name: str) -> None:
-        """A managed server's first start ended (up or failed): stop waiting for it."""
-        if name in self.starting:
-            self.starting.discard(name)
-            self.reindex()
 
     def reindex(self) -> None:
         index: dict[str, LocalBackend] = {}

@@ -132,9 +132,9 @@ class Router:
         """Where this request goes: a local backend that lists the model (asked first, and
         all a local hit costs), else a node that holds it, else 503 (raised). A request that
         came from another gateway (``x-sluice-forwarded`` in ``headers``) is never sent on.
-        When no node could take it either, waits for the local backends' first checks
-        and for managed servers still starting, so a request right after start is not
-        refused only because nobody has been asked yet."""
+        When no node could take it either, waits for the local backends' first checks, so a
+        request right after start is not refused only because nobody has been asked yet.
+        (A managed model on demand is loaded before this: ``Exchange.answer``.)"""
         backend = self.backends.holder_of(info.model)
         if backend is None:
             config = self.settings.config

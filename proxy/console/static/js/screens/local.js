@@ -1,10 +1,11 @@
-// Local models: the managed llama.cpp servers (state, pid, address, restarts, last error)
+// Local models: the managed llama.cpp models on demand (state, pid, address, restarts, last
+// error)
 // and the local backends (kind, online, models, last error), from /api/v1/inference/status
 // (or the feed's hello), kept current by the feed's `model` events.
 
 import { breakable, el, errorText, fact, fill, screen, wide } from './common.js';
 
-const STATE_BADGE = { running: 'ok', starting: 'warn', backoff: 'bad', stopped: 'muted' };
+const STATE_BADGE = { loaded: 'ok', loading: 'warn', unloading: 'warn', failed: 'bad', unloaded: 'muted' };
 
 function badge(text, kind) {
   return el('span', { class: `badge ${kind ?? ''}`.trim(), text });

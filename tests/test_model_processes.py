@@ -1,5 +1,5 @@
-"""The model supervisor's parts that need no model: back-off, socket hygiene, log rotation,
-the launcher's exit on SIGTERM, a missing model file, a missing llama.cpp install."""
+"""The model servers' parts that need no model: socket hygiene, log rotation, the launcher's
+parent watch, a missing model file, a missing llama.cpp install."""
 
 from __future__ import annotations
 
@@ -18,29 +18,10 @@ import trio.testing
 
 from protocol.config import ModelConfig
 from proxy.models.logs import RotatingLog
-from proxy.models.supervisor import (
-    BACKOFF_FIRST,
-    BACKOFF_MAX,
-    STABLE_AFTER,
-    ModelState,
-    next_backoff,
-    remove_leftover_socket,
-    socket_file_name,
-)
+from proxy.models.process import remove_leftover_socket, socket_file_name
 from proxy.server import Gateway, StartupError
 from tests.client import chat_body, request
 from tests.conftest import RunningGateway, gateway_config, open_settings
-
-
-def test_backoff_doubles_caps_and_resets() -> None:
-    waits = []
-    wait = None
-    for _ in range(10):
-        wait = next_backoff(wait, ran_for=0.5)
-        waits.append(wait)
-    assert waits[:4] == [BACKOFF_FIRST, 2 * BACKOFF_FIRST, 4 * BACKOFF_FIRST, 8 * BACKOFF_FIRST]
-    assert max(waits) == BACKOFF_MAX
-    assert next_backoff(BACKOFF_MAX, ran_for=STABLE_AFTER) == BACKOFF_FIRST
 
 
 def test_socket_names_are_safe() -> None:
@@ -97,8 +78,8 @@ def test_launcher_without_llama_cpp_says_how_to_install(short_tmp: Path) -> None
     assert "pip install 'sluice[llama]'" in result.stderr
 
 
-async def test_missing_model_file_backs_off_and_reports(
-        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Path) -> None:
+async def test_a_missing_model_file_fails_at_once_and_says_why(
+        nursery: trio.Nursery, short_tmp: Path) -> None:
     if importlib.util.find_spec("xllamacpp") is None:
         pytest.skip("the gateway refuses managed models without llama.cpp installed")
     cfg = gateway_config([], socket_dir=short_tmp / "s")
@@ -106,17 +87,20 @@ async def test_missing_model_file_backs_off_and_reports(
     gateway = Gateway(open_settings(short_tmp / "data", cfg))
     await nursery.start(gateway.run)
     gw = RunningGateway(gateway)
-    reply = await request(gw.unix, "POST", "/v1/chat/completions", chat_body("ghost"))
-    assert reply.status == 503  # no waiting forever for a server that cannot start
-    assert gateway.ctx.supervisor is not None
-    await trio.sleep(BACKOFF_FIRST + 2 * BACKOFF_FIRST + 0.5)
-    status = gateway.ctx.supervisor.status()[0]
-    assert status["state"] in (ModelState.BACKOFF.value, ModelState.STARTING.value)
-    assert status["restarts"] >= 2
-    assert "model file not found" in status["lastError"]
+    listed = (await request(gw.unix, "GET", "/v1/models")).json()["data"]
+    assert [(m["id"], m["sluice"]) for m in listed] == [("ghost", {"state": "unloaded"})]
+    for _ in range(2):  # the second within the back-off: at once, the same reason
+        reply = await request(gw.unix, "POST", "/v1/chat/completions", chat_body("ghost"))
+        assert reply.status == 503
+        error = reply.json()["error"]
+        assert error["code"] == "model_load_failed"
+        assert "cannot read" in error["message"]
+        assert "none.gguf" in error["message"]
     info = (await request(gw.unix, "GET", "/api/v1/inference/status")).json()
     assert info["available"] is False
-    assert info["managedModels"][0]["name"] == "ghost"
+    entry = info["managedModels"][0]
+    assert (entry["name"], entry["state"], entry["pid"]) == ("ghost", "failed", None)
+    assert "cannot read" in entry["lastError"]
 
 
 # A stand-in for the launcher's wait: the real parent watch, then the stop signal.
