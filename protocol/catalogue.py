@@ -123,16 +123,16 @@ def build_catalogue(configured: Sequence[ConfigModel], found: Sequence[Found]
     entries: list[Entry] = []
     skipped: list[Skipped] = []
     names: set[str] = set()
-    by_path: dict[str, str] = {}
+    config_paths: set[str] = set()
     for model in configured:
         if model.name in names:
             skipped.append(Skipped(model.path, f"the name {model.name!r} is used twice"))
             continue
         names.add(model.name)
-        by_path[model.path] = model.name
+        config_paths.add(model.path)
         entries.append(Entry(model.name, model.path, sizes.get(model.path, 0), "config"))
     for file in _group(found):
-        if file.path in by_path:  # the config entry for this file wins
+        if file.path in config_paths:  # the config entry for this file wins
             if file.parts > 1:  # its size is the whole set's
                 entries = [Entry(e.name, e.path, file.size, e.source, file.parts,
                                  file.missing) if e.path == file.path else e

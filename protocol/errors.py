@@ -147,6 +147,12 @@ def overloaded(message: str) -> SluiceError:
                        source=Source.GATEWAY)
 
 
+def gateway_stopping() -> SluiceError:
+    """A request that needs something started while the gateway stops."""
+    return SluiceError(503, "the gateway is stopping", type="server_error",
+                       code="shutting_down", source=Source.GATEWAY)
+
+
 def shutting_down() -> SluiceError:
     """A streamed answer cut at the drain deadline of a stopping gateway."""
     return SluiceError(503, "the gateway is stopping: the answer was cut at its drain deadline",

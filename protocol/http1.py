@@ -173,9 +173,24 @@ def _framed(match: re.Match[bytes], headers: list[Header], request_method: bytes
             minor == 0 and b"keep-alive" in tokens)
     if not chunked and content_length is None:
         keep_alive = False  # the body ends when the connection does
-    idle_timeout = None if keep_alive_value is None else keep_alive_timeout(keep_alive_value)
+    idle_timeout = None if keep_alive_value is None else _idle_timeout(keep_alive_value)
     return ResponseHead(status, reason, headers, minor, content_length, chunked, keep_alive,
                         idle_timeout)
+
+
+def _idle_timeout(value: bytes) -> float | None:
+    """:func:`keep_alive_timeout`, looked up for a value seen lately (a server sends the
+    same one with every answer)."""
+    seen = _SEEN_KEEP_ALIVE
+    if value in seen:
+        return seen[value]
+    if len(seen) >= _SEEN_MAX:
+        seen.clear()
+    timeout = seen[value] = keep_alive_timeout(value)
+    return timeout
+
+
+_SEEN_KEEP_ALIVE: dict[bytes, float | None] = {}
 
 
 def keep_alive_timeout(value: bytes) -> float | None:

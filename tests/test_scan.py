@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import attrs
-
-from protocol.config import ModelConfig, default_config
-from proxy.models.scan import catalogue, scan_models
+from protocol.config import ModelConfig
+from proxy.models.scan import build, scan_models
 
 
 def write(path: Path, size: int) -> None:
@@ -16,7 +14,7 @@ def write(path: Path, size: int) -> None:
     path.write_bytes(b"G" * size)
 
 
-async def test_a_folder_tree_becomes_the_catalogue(tmp_path: Path) -> None:
+def test_a_folder_tree_becomes_the_catalogue(tmp_path: Path) -> None:
     data = tmp_path / "data"
     models = data / "models"
     write(models / "B.gguf", 3)
@@ -33,12 +31,8 @@ async def test_a_folder_tree_becomes_the_catalogue(tmp_path: Path) -> None:
     write(models / "locked" / "hidden.gguf", 1)
     os.chmod(models / "locked", 0)
     try:
-        cfg = attrs.evolve(
-            default_config(),
-            models=(ModelConfig(name="chat", path="models/B.gguf"),),
-            model_loading=attrs.evolve(default_config().model_loading,
-                                       dirs=("models", str(tmp_path / "outside"), "nowhere")))
-        entries, skipped = await catalogue(data, cfg)
+        entries, skipped = build(data, [ModelConfig(name="chat", path="models/B.gguf")],
+                                 ["models", str(tmp_path / "outside"), "nowhere"])
     finally:
         os.chmod(models / "locked", 0o700)
     got = [(e.name, str(Path(e.path).relative_to(tmp_path)), e.size, e.source, e.parts)

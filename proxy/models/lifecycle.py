@@ -28,6 +28,7 @@ import trio
 
 from protocol.errors import (
     SluiceError,
+    gateway_stopping,
     model_load_failed,
     model_load_timeout,
     model_memory_exhausted,
@@ -82,6 +83,7 @@ class ModelSpec:
     parallel: int = 2
     threads: int = 0
     preload: bool = False
+    problem: str | None = None  # why its file cannot be loaded (a load then fails with it)
 
 
 @attrs.define
@@ -124,7 +126,8 @@ class Lifecycle:
     def __init__(self, specs: Iterable[ModelSpec], servers: Servers, *, budget: int,
                  max_loaded: int, load_timeout: Callable[[], float],
                  on_change: Callable[[Managed], None] = lambda m: None) -> None:
-        self.models: dict[str, Managed] = {s.name: Managed(s) for s in specs}
+        self.models: dict[str, Managed] = {s.name: Managed(s, failure=s.problem)
+                                           for s in specs}
         self.servers = servers
         self.budget = budget
         self.max_loaded = max_loaded
@@ -170,10 +173,11 @@ class Lifecycle:
         """Pin model ``name`` for a request, loading it first if need be (up to
         timeouts.model_load). Raises SluiceError: 503 model_load_failed or
         model_memory_exhausted, 504 model_load_timeout. Pair with :meth:`release`."""
+        taken = self.take(name)
+        if taken is not None:
+            return taken
         model = self.models[name]
         model.in_flight += 1
-        if model.state is ModelState.LOADED:  # the warm path: no await
-            return model
         try:
             limit = self.load_timeout()
             with trio.fail_after(limit):
@@ -227,8 +231,7 @@ class Lifecycle:
         if isinstance(room, NoRoom):
             return model_memory_exhausted(no_room_message(room))
         if self._tasks is None:
-            return SluiceError(503, "the gateway is stopping", type="server_error",
-                               code="shutting_down")
+            return gateway_stopping()
         self._set(model, Move.LOAD)
         victims = [self.models[name] for name in room.unload]
         for victim in victims:

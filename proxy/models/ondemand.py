@@ -21,14 +21,14 @@ from typing import Any
 
 import trio
 
-from protocol.catalogue import ConfigModel, Entry, build_catalogue
+from protocol.catalogue import Entry
 from protocol.config import BackendConfig, Config, ModelConfig
 from protocol.model_room import memory_budget_bytes
 from protocol.model_state import ModelState
 from protocol.request_record import iso_utc
 from proxy.models.lifecycle import Lifecycle, Managed, ModelSpec
 from proxy.models.process import file_safe
-from proxy.models.scan import model_path, scan_models
+from proxy.models.scan import build
 from proxy.models.servers import LlamaServers, read_estimate
 from proxy.observe.hub import Hub
 from proxy.pool.backends import BackendRegistry, LocalBackend
@@ -44,11 +44,17 @@ def physical_memory() -> int:
         return 8 << 30
 
 
-def specs_for(entries: Sequence[Entry], configured: Sequence[ModelConfig],
-              cfg: Config) -> list[tuple[ModelSpec, Entry, str | None]]:
-    """Each catalogue entry's spec (its config entry's settings, else the defaults), and
-    why its file cannot be used, if it cannot (blocking: reads GGUF headers)."""
-    by_name = {m.name: m for m in configured}
+Prepared = list[tuple[ModelSpec, Entry]]
+
+
+def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path) -> Prepared:
+    """The catalogue's models as specs: a config entry's settings, else the defaults; each
+    with why its file cannot be used, if it cannot (blocking: the folder scan and the GGUF
+    headers; run it in a worker thread)."""
+    entries, skipped = build(data_dir, models, cfg.model_loading.dirs)
+    for item in skipped:
+        log.warning("model file %s left out: %s", item.path, item.reason)
+    by_name = {m.name: m for m in models}
     out = []
     for entry in entries:
         model = by_name.get(entry.name) or ModelConfig(name=entry.name, path=entry.path)
@@ -60,24 +66,8 @@ def specs_for(entries: Sequence[Entry], configured: Sequence[ModelConfig],
         out.append((ModelSpec(name=entry.name, path=entry.path, estimate=estimate,
                               keep_alive=keep_alive, context=model.context,
                               parallel=model.parallel, threads=model.threads,
-                              preload=model.preload), entry, problem))
+                              preload=model.preload, problem=problem), entry))
     return out
-
-
-Prepared = list[tuple[ModelSpec, Entry, str | None]]
-
-
-def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path) -> Prepared:
-    """The catalogue's models as specs, with their problems (blocking: the folder scan and
-    the GGUF headers; run it in a worker thread)."""
-    configured = [ModelConfig(name=m.name, path=model_path(data_dir, m.path),
-                              context=m.context, parallel=m.parallel, threads=m.threads,
-                              keep_alive=m.keep_alive, preload=m.preload) for m in models]
-    entries, skipped = build_catalogue([ConfigModel(m.name, m.path) for m in configured],
-                                       scan_models(data_dir, cfg.model_loading.dirs))
-    for item in skipped:
-        log.warning("model file %s left out: %s", item.path, item.reason)
-    return specs_for(entries, configured, cfg)
 
 
 class OnDemand:
@@ -87,25 +77,23 @@ class OnDemand:
                  socket_dir: Path | None, registry: BackendRegistry,
                  connections: ConnectionPool, hub: Hub | None = None, *,
                  load_timeout: Callable[[], float] | None = None) -> None:
-        self.entries = {entry.name: entry for _, entry, _ in prepared}
+        self.entries = {entry.name: entry for _, entry in prepared}
         self.registry = registry
         self.hub = hub
         self.data_dir = data_dir
         self.servers = LlamaServers(data_dir, socket_dir, connections)
         self.lifecycle = Lifecycle(
-            [spec for spec, _, _ in prepared], self.servers,
+            [spec for spec, _ in prepared], self.servers,
             budget=memory_budget_bytes(cfg.model_loading.memory_budget, physical_memory()),
             max_loaded=cfg.model_loading.max_loaded,
             load_timeout=load_timeout or (lambda: cfg.timeouts.model_load),
             on_change=self._changed)
         self.backends: dict[str, LocalBackend] = {}
-        for spec, _, problem in prepared:
+        for spec, _ in prepared:
             backend = LocalBackend(BackendConfig(name=spec.name, url="", kind="llm"), None,
                                    pinned_model=spec.name)
             self.backends[spec.name] = backend
             registry.add(backend)
-            if problem is not None:
-                self.lifecycle.models[spec.name].failure = problem
 
     def __repr__(self) -> str:
         return f"OnDemand({self.lifecycle!r})"

@@ -3,8 +3,8 @@
 
 Folders are relative to the data folder unless absolute. A symlinked file counts (a link to
 a GGUF is a model of its own, as a copy is); a symlinked folder is not followed (no loops),
-and a folder that cannot be read is passed over. Blocking file-system calls: run
-:func:`scan_models` in a worker thread (:func:`catalogue`).
+and a folder that cannot be read is passed over. Blocking file-system calls: the gateway
+runs them in a worker thread (:func:`proxy.models.ondemand.prepare`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import trio
-
 from protocol.catalogue import ConfigModel, Entry, Found, Skipped, build_catalogue
-from protocol.config import Config
+from protocol.config import ModelConfig
 
 MAX_FILES = 10_000  # GGUF files looked at per scan; a folder tree beyond that is cut short
 
@@ -53,11 +51,8 @@ def scan_models(data_dir: Path, dirs: Sequence[str]) -> list[Found]:
     return found[:MAX_FILES]
 
 
-def build(data_dir: Path, cfg: Config) -> tuple[list[Entry], list[Skipped]]:
-    configured = [ConfigModel(m.name, model_path(data_dir, m.path)) for m in cfg.models]
-    return build_catalogue(configured, scan_models(data_dir, cfg.model_loading.dirs))
-
-
-async def catalogue(data_dir: Path, cfg: Config) -> tuple[list[Entry], list[Skipped]]:
-    """The catalogue now (the scan runs in a worker thread)."""
-    return await trio.to_thread.run_sync(build, data_dir, cfg)
+def build(data_dir: Path, models: Sequence[ModelConfig], dirs: Sequence[str]
+          ) -> tuple[list[Entry], list[Skipped]]:
+    """The catalogue: ``models`` (their paths resolved) and the files under ``dirs``."""
+    configured = [ConfigModel(m.name, model_path(data_dir, m.path)) for m in models]
+    return build_catalogue(configured, scan_models(data_dir, dirs))

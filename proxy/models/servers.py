@@ -112,6 +112,8 @@ class LlamaServers:
     async def start(self, spec: ModelSpec) -> LlamaServer:
         if self._nursery is None:
             raise LoadFailed("the gateway is stopping")
+        if spec.problem is not None:  # found when the catalogue was made
+            raise LoadFailed(spec.problem)
         _, problem = await trio.to_thread.run_sync(read_estimate, spec.path, spec.context)
         if problem is not None:
             raise LoadFailed(problem)
