@@ -110,7 +110,8 @@ def token_counts(usage: dict[str, Any] | None) -> tuple[int, int] | None:
 class RequestRecord:
     """One finished request (SPEC §9.1). Times are seconds; ``started_at`` is wall-clock.
     ``attempts`` are (upstream, outcome) for each upstream tried, for the metrics;
-    ``routed`` says the model id was one the gateway routed (so it may be a metric label)."""
+    ``routed`` says the model id was one the gateway routed (so it may be a metric label);
+    ``load`` is the wait for a managed model's load (``loadMs``, null when none)."""
 
     id: str
     started_at: float
@@ -132,6 +133,7 @@ class RequestRecord:
     attempts: tuple[tuple[str, str], ...] = ()
     routed: bool = False
     usage_in: bytes | None = None  # where ``usage`` is still to be found (see find_usage)
+    load: float | None = None  # seconds it waited for its managed model to load (SPEC §11)
 
     def __repr__(self) -> str:
         return (f"RequestRecord({self.id} {self.method} {self.path} {self.status} "
@@ -166,6 +168,7 @@ class RequestRecord:
             "events": self.events,
             "usage": self.usage,
             "error": self.error,
+            "loadMs": None if self.load is None else round(self.load * 1000, 3),
         }
 
     def json_text(self) -> str:
@@ -174,7 +177,7 @@ class RequestRecord:
         because a live feed sends one for every request and the json module's walk of the
         dict cost three times this."""
         self.find_usage()
-        usage, ttfb, events = self.usage, self.ttfb, self.events
+        usage, ttfb, events, load = self.usage, self.ttfb, self.events, self.load
         route = _route_json(self.method, self.path, self.model, self.stream, self.transport,
                             self.served_by)
         return (f'{{"id":{encode_basestring(self.id)},'
@@ -185,7 +188,8 @@ class RequestRecord:
                 f'"durationMs":{_millis(self.duration)},"bytesOut":{self.bytes_out:d},'
                 f'"events":{"null" if events is None else format(events, "d")},'
                 f'"usage":{"null" if usage is None else compact_json(usage)},'
-                f'"error":{_string_or_null(self.error)}}}')
+                f'"error":{_string_or_null(self.error)},'
+                f'"loadMs":{"null" if load is None else _millis(load)}}}')
 
 
 def _string_or_null(value: str | None) -> str:

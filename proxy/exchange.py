@@ -89,7 +89,8 @@ def _small_body(headers: list[Header]) -> bool:
 class Exchange:
     """One request (see the module docstring)."""
 
-    __slots__ = ("ctx", "info", "out", "outcome", "peer", "relay", "request", "scope", "source",
+    __slots__ = ("ctx", "info", "load_wait", "out", "outcome", "peer", "relay", "request",
+                 "scope", "source",
                  "started", "wall")
 
     def __init__(self, ctx: GatewayContext, source: RequestSource, out: Downstream,
@@ -105,6 +106,7 @@ class Exchange:
         self.info: RequestInfo | None = None  # an OpenAI call's model and stream
         self.relay: Relay | None = None
         self.outcome: Outcome | None = None  # the last attempt's, once settled
+        self.load_wait: float | None = None  # seconds it waited for its model to load
 
     def __repr__(self) -> str:
         return f"Exchange({self.peer.transport}, {self.out!r})"
@@ -185,8 +187,12 @@ class Exchange:
         # while the request runs. No await when it is loaded already.
         managed = ondemand.take(info.model)
         if managed is None:
-            with self.scope.open():
-                managed = await ondemand.acquire(info.model)
+            began = trio.current_time()
+            try:
+                with self.scope.open():
+                    managed = await ondemand.acquire(info.model)
+            finally:
+                self.load_wait = trio.current_time() - began
             if managed is None:  # the client left while it loaded (the load goes on)
                 raise ClientGone
         try:

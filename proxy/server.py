@@ -35,7 +35,7 @@ from proxy.listeners import (
     tcp_port_is_live,
 )
 from proxy.models.launcher import INSTALL_HINT, llama_available
-from proxy.models.ondemand import OnDemand, prepare
+from proxy.models.ondemand import Estimates, OnDemand, prepare
 from proxy.notifications import Notifications
 from proxy.observe.access_log import AccessLog
 from proxy.observe.hub import Hub
@@ -113,15 +113,19 @@ class Gateway:
             remove_leftovers(path)
         try:
             config = self.settings.config
+            estimates: Estimates = {}  # GGUF headers read, kept for the rescans
             prepared = await trio.to_thread.run_sync(prepare, self.models, config,
-                                                     self.settings.data_dir)
+                                                     self.settings.data_dir, estimates)
             ondemand = None
-            if prepared:
+            if prepared or config.model_loading.dirs:  # a folder may get models later
                 ondemand = OnDemand(
                     prepared, config, self.settings.data_dir,
                     None if self._socket_path is None else self._socket_path.parent,
                     self.backends, self.connections, self.hub,
-                    load_timeout=lambda: self.settings.config.timeouts.model_load)
+                    load_timeout=lambda: self.settings.config.timeouts.model_load,
+                    models=lambda: self.models, config=lambda: self.settings.config,
+                    estimates=estimates)
+            self.metrics.ondemand = ondemand
             self.ctx = GatewayContext(
                 settings=self.settings, connections=self.connections, backends=self.backends,
                 nodes=self.nodes, router=self.router, notifications=self.notifications,

@@ -20,6 +20,7 @@ from proxy.api import (
     access_keys,
     console,
     metrics_api,
+    models_local,
     nodes,
     pool_status,
     requests_api,
@@ -142,6 +143,8 @@ ROUTES: dict[str, dict[bytes, AnyHandler]] = {
     "/api/v1/settings/timeouts": {b"GET": settings_lb.get_timeouts,
                                   b"PUT": settings_lb.put_timeouts},
     "/api/v1/node/identity": {b"GET": nodes.identity},
+    models_local.PATH: {b"GET": models_local.list_local},
+    models_local.PREFIX + "rescan": {b"POST": models_local.rescan},
     "/api/v1/nodes": {b"GET": nodes.list_nodes, b"POST": nodes.add_node},
     "/api/v1/nodes/order": {b"PUT": nodes.put_order},
     "/ui": {b"GET": console.redirect, b"HEAD": console.redirect},
@@ -152,6 +155,7 @@ ROUTES: dict[str, dict[bytes, AnyHandler]] = {
 PREFIXES: dict[str, dict[bytes, AnyHandler]] = {
     "/v1/models/": {b"GET": get_model},
     "/api/v1/access-keys/": {b"DELETE": access_keys.revoke_key},
+    models_local.PREFIX: {b"POST": models_local.model_action},
     nodes.PREFIX: {b"PATCH": nodes.patch_node, b"DELETE": nodes.delete_node},
     "/ui/": {b"GET": console.serve_file, b"HEAD": console.serve_file},
 }

@@ -22,12 +22,12 @@ class CliError(Exception):
     """What the user is told (exit 1)."""
 
 
-def _client(state: GatewayState) -> tuple[httpx.Client, str]:
+def _client(state: GatewayState, timeout: float = TIMEOUT) -> tuple[httpx.Client, str]:
     if state.socket_path:
         transport = httpx.HTTPTransport(uds=state.socket_path)
-        return httpx.Client(transport=transport, timeout=TIMEOUT), "http://localhost"
+        return httpx.Client(transport=transport, timeout=timeout), "http://localhost"
     port = state.local_tcp_port or state.tcp_port
-    return httpx.Client(timeout=TIMEOUT), f"http://127.0.0.1:{port}"
+    return httpx.Client(timeout=timeout), f"http://127.0.0.1:{port}"
 
 
 def admin_token(data_dir: Path) -> str | None:
@@ -43,7 +43,7 @@ def admin_token(data_dir: Path) -> str | None:
 
 
 def call(data_dir: Path, method: str, path: str, body: Any = None, *,
-         admin: bool = False) -> Any:
+         admin: bool = False, timeout: float = TIMEOUT) -> Any:
     """One admin API call to the running gateway; its JSON answer. Raises CliError."""
     state = read_state(data_dir)
     if state is None:
@@ -54,7 +54,7 @@ def call(data_dir: Path, method: str, path: str, body: Any = None, *,
         if token is None:
             raise CliError(f"no admin token in {data_dir / SECRETS_FILE}")
         headers["authorization"] = f"Bearer {token}"
-    client, base = _client(state)
+    client, base = _client(state, timeout)
     try:
         with client:
             reply = client.request(method, base + path, json=body, headers=headers)

@@ -60,7 +60,20 @@ def parser() -> argparse.ArgumentParser:
                          help="only print the URL, even where a browser is at hand")
     _keys_parser(sub)
     _nodes_parser(sub)
+    _models_parser(sub)
     return top
+
+
+def _models_parser(sub: Any) -> None:
+    ps = sub.add_parser("ps", help="the managed models: state, size, when each unloads")
+    load = sub.add_parser("load", help="load a managed model now (waits until it is loaded)")
+    load.add_argument("name", help="the model's name (see: sluice ps)")
+    unload = sub.add_parser("unload", help="unload a managed model (once no request is in "
+                                           "flight; a later request loads it again)")
+    unload.add_argument("name", help="the model's name (see: sluice ps)")
+    for command in (ps, load, unload):
+        command.add_argument("--data-dir", help="data folder of the gateway")
+        command.add_argument("--json", action="store_true", help="print the raw JSON")
 
 
 def _keys_parser(sub: Any) -> None:

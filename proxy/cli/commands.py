@@ -1,4 +1,5 @@
-"""The CLI's commands: ``status``, ``keys``, ``nodes``, ``console`` (through the running
+"""The CLI's commands: ``status``, ``keys``, ``nodes``, ``ps``/``load``/``unload``
+(:mod:`proxy.cli.models`), ``console`` (through the running
 gateway's admin API; ``console`` in :mod:`proxy.cli.console`), ``check-config`` (the file
 alone), and ``events`` and ``status --watch`` (the live feed: :mod:`proxy.cli.live`, loaded
 only for them). Each returns the process exit code: 0,
@@ -16,6 +17,7 @@ from urllib.parse import quote
 from protocol.config import parse_config_text
 from protocol.errors import ConfigError
 from proxy.cli.admin import CliError, call, fetch_status
+from proxy.cli.models import load_main, ps_main
 from proxy.cli.render import show, show_keys, show_nodes
 from proxy.datadir import CONFIG_FILE, resolve_data_dir
 from proxy.files import read_text
@@ -47,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
                          key_id=getattr(args, "id", None), as_json=args.json)
     if args.command == "nodes":
         return nodes_main(data_dir, args)
+    if args.command == "ps":
+        return ps_main(data_dir, args.json)
+    if args.command in ("load", "unload"):
+        return load_main(data_dir, args.command, args.name, args.json)
     raise ValueError(f"not a CLI command: {args.command!r}")
 
 

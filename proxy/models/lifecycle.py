@@ -21,9 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
 
-import attrs
 import trio
 
 from protocol.errors import (
@@ -35,87 +33,11 @@ from protocol.errors import (
 )
 from protocol.model_room import Loaded, NoRoom, make_room, no_room_message
 from protocol.model_state import ModelState, Move, may_retry, move
+from proxy.models.managed import EXITED, LoadFailed, Managed, ModelSpec, Server, Servers
+
+__all__ = ["EXITED", "Lifecycle", "LoadFailed", "Managed", "ModelSpec", "Server", "Servers"]
 
 log = logging.getLogger("sluice.models")
-
-EXITED = "its server exited"  # lastError of a model whose loaded server exited by itself
-
-
-class Server(Protocol):
-    """A running model server."""
-
-    url: str
-    pid: int | None
-
-    def memory(self) -> int:
-        """Its measured memory (RSS) in bytes."""
-        ...
-
-    async def wait(self) -> None:
-        """Until it exits by itself."""
-        ...
-
-    async def stop(self) -> None:
-        """Stop it (SIGTERM, then SIGKILL after a grace) and wait until it is gone."""
-        ...
-
-
-class LoadFailed(Exception):
-    """A server could not start; the message is the reason shown to clients (no secret)."""
-
-
-class Servers(Protocol):
-    def start(self, spec: ModelSpec) -> Any:
-        """An awaitable that returns a :class:`Server` once it answers /health, or raises
-        LoadFailed."""
-        ...
-
-
-@attrs.frozen
-class ModelSpec:
-    """What the lifecycle needs of a catalogue entry."""
-
-    name: str
-    path: str
-    estimate: int  # bytes before it is loaded: file size + KV cache
-    keep_alive: float  # seconds idle before it is unloaded; inf = never
-    context: int = 2048
-    parallel: int = 2
-    threads: int = 0
-    preload: bool = False
-    problem: str | None = None  # why its file cannot be loaded (a load then fails with it)
-
-
-@attrs.define
-class Managed:
-    """One managed model and what the lifecycle knows of it."""
-
-    spec: ModelSpec
-    state: ModelState = ModelState.UNLOADED
-    in_flight: int = 0
-    last_used: float = -math.inf
-    loaded_at: float | None = None
-    memory: int = 0  # measured once loaded
-    failure: str | None = None
-    failed_at: float = -math.inf
-    restarts: int = 0  # times its server exited by itself and it was loaded again
-    server: Server | None = None
-    changed: trio.Event = attrs.field(factory=trio.Event)  # set at its next state change
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def held(self) -> int:
-        """Bytes it holds or will hold: measured when loaded, else its estimate."""
-        return self.memory if self.state is ModelState.LOADED else self.spec.estimate
-
-    def unloads_at(self) -> float:
-        """When it is unloaded if nothing uses it (inf: in use, or kept forever)."""
-        if self.state is not ModelState.LOADED or self.in_flight:
-            return math.inf
-        return self.last_used + self.spec.keep_alive
 
 
 class Lifecycle:
@@ -125,7 +47,8 @@ class Lifecycle:
 
     def __init__(self, specs: Iterable[ModelSpec], servers: Servers, *, budget: int,
                  max_loaded: int, load_timeout: Callable[[], float],
-                 on_change: Callable[[Managed], None] = lambda m: None) -> None:
+                 on_change: Callable[[Managed], None] = lambda m: None,
+                 on_removed: Callable[[Managed], None] = lambda m: None) -> None:
         self.models: dict[str, Managed] = {s.name: Managed(s, failure=s.problem)
                                            for s in specs}
         self.servers = servers
@@ -133,6 +56,7 @@ class Lifecycle:
         self.max_loaded = max_loaded
         self.load_timeout = load_timeout
         self.on_change = on_change
+        self.on_removed = on_removed
         self._tasks: trio.Nursery | None = None
         self._wake = trio.Event()  # the idle watcher looks again
 
@@ -232,6 +156,7 @@ class Lifecycle:
             return model_memory_exhausted(no_room_message(room))
         if self._tasks is None:
             return gateway_stopping()
+        model.load_started = trio.current_time()
         self._set(model, Move.LOAD)
         victims = [self.models[name] for name in room.unload]
         for victim in victims:
@@ -254,10 +179,12 @@ class Lifecycle:
             with trio.fail_after(self.load_timeout()):
                 server = await self.servers.start(model.spec)
         except (LoadFailed, trio.TooSlowError) as exc:
-            reason = str(exc) if isinstance(exc, LoadFailed) else \
+            failed = isinstance(exc, LoadFailed)
+            reason = str(exc) if failed else \
                 f"it did not answer within timeouts.model_load ({self.load_timeout():g}s)"
             model.failure = reason
             model.failed_at = trio.current_time()
+            model.loads.add("failure" if failed else "timeout", model.failed_at - started)
             log.warning("model %s failed to load: %s", model.name, reason)
             self._set(model, Move.START_FAILED)
             return
@@ -268,6 +195,7 @@ class Lifecycle:
         model.loaded_at = trio.current_time()
         model.last_used = model.loaded_at
         model.failure = None
+        model.loads.add("success", model.loaded_at - started)
         log.info("model %s loaded in %.2fs (pid %s)", model.name,
                  model.loaded_at - started, server.pid)
         self._set(model, Move.READY)
@@ -280,8 +208,11 @@ class Lifecycle:
             await server.stop()
         model.memory = 0
         model.loaded_at = None
+        model.unload_asked = False
         self._set(model, Move.STOPPED)
-        if reload and model.state is ModelState.UNLOADED:
+        if model.removed and model.state is ModelState.UNLOADED:
+            self._drop(model)
+        elif reload and model.state is ModelState.UNLOADED:
             self._start_load(model)  # no room now: it loads with its next request
 
     async def _watch_exit(self, model: Managed, server: Server) -> None:
@@ -307,9 +238,10 @@ class Lifecycle:
         while True:
             wake = self._wake
             now = trio.current_time()
-            for model in self.models.values():
+            for model in list(self.models.values()):
                 if model.unloads_at() <= now:
-                    self.unload(model.name, reload=model.spec.preload)
+                    self.unload(model.name, reload=model.spec.preload and not (
+                        model.unload_asked or model.removed))
             due = min((m.unloads_at() for m in self.models.values()), default=math.inf)
             with trio.move_on_at(due):
                 await wake.wait()
@@ -323,3 +255,51 @@ class Lifecycle:
         self._set(model, Move.UNLOAD)
         self._tasks.start_soon(self._stop, model, reload)
         return True
+
+    def ask_unload(self, name: str) -> Managed:
+        """Unload model ``name`` as soon as no request is in flight (the API's unload; a
+        loading model once it is loaded); a later request loads it again."""
+        model = self.models[name]
+        if model.state in (ModelState.LOADING, ModelState.LOADED):
+            model.unload_asked = True
+            self._poke()
+        return model
+
+    # ------------------------------------------------------------------ the catalogue
+
+    def add(self, spec: ModelSpec) -> Managed:
+        """A model new in the catalogue, or new settings of one it has (a rescan): a model
+        with a server keeps it (its next load uses the new spec); an unloaded one shows its
+        file's problem, a failed one may be tried again at once."""
+        model = self.models.get(spec.name)
+        if model is None:
+            model = self.models[spec.name] = Managed(spec, failure=spec.problem)
+            self.on_change(model)
+            return model
+        changed = model.spec != spec
+        model.spec = spec
+        model.removed = False
+        if changed and model.state is ModelState.UNLOADED:
+            model.failure = spec.problem
+        elif changed and model.state is ModelState.FAILED:
+            model.failure = spec.problem or model.failure
+            model.failed_at = -math.inf
+        if changed:
+            self.on_change(model)
+            self._poke()
+        return model
+
+    def remove(self, name: str) -> None:
+        """Model ``name``'s file is gone: it leaves the catalogue now if it has no server,
+        else once it is idle (a request in flight finishes first)."""
+        model = self.models[name]
+        model.removed = True
+        if model.state in (ModelState.UNLOADED, ModelState.FAILED):
+            self._drop(model)
+        else:
+            self._poke()
+
+    def _drop(self, model: Managed) -> None:
+        if self.models.get(model.name) is model:
+            del self.models[model.name]
+            self.on_removed(model)

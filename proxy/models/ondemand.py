@@ -26,7 +26,8 @@ from protocol.config import BackendConfig, Config, ModelConfig
 from protocol.model_room import memory_budget_bytes
 from protocol.model_state import ModelState
 from protocol.request_record import iso_utc
-from proxy.models.lifecycle import Lifecycle, Managed, ModelSpec
+from proxy.models.lifecycle import Lifecycle
+from proxy.models.managed import Managed, ModelSpec
 from proxy.models.process import file_safe
 from proxy.models.scan import build
 from proxy.models.servers import LlamaServers, read_estimate
@@ -45,12 +46,34 @@ def physical_memory() -> int:
 
 
 Prepared = list[tuple[ModelSpec, Entry]]
+# A file's estimate and problem by (path, size, mtime, context): a rescan reads the header of
+# a new or changed file only.
+Estimates = dict[tuple[str, int, int, int], tuple[int, str | None]]
+
+RESCAN_EVERY = 10.0  # seconds between two looks at model_loading.dirs (SPEC §11)
+STOP_WAIT = 15.0  # seconds the API's unload waits for the server to go (SIGKILL after 10)
 
 
-def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path) -> Prepared:
+def _estimate(path: str, context: int, cache: Estimates | None) -> tuple[int, str | None]:
+    if cache is None:
+        return read_estimate(path, context)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return read_estimate(path, context)  # says why it cannot be read
+    key = (path, st.st_size, st.st_mtime_ns, context)
+    known = cache.get(key)
+    if known is None:
+        known = cache[key] = read_estimate(path, context)
+    return known
+
+
+def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path,
+            cache: Estimates | None = None) -> Prepared:
     """The catalogue's models as specs: a config entry's settings, else the defaults; each
     with why its file cannot be used, if it cannot (blocking: the folder scan and the GGUF
-    headers; run it in a worker thread)."""
+    headers; run it in a worker thread). ``cache`` keeps the headers read for the next
+    call."""
     entries, skipped = build(data_dir, models, cfg.model_loading.dirs)
     for item in skipped:
         log.warning("model file %s left out: %s", item.path, item.reason)
@@ -60,7 +83,7 @@ def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path) -> Prepa
         model = by_name.get(entry.name) or ModelConfig(name=entry.name, path=entry.path)
         keep_alive = cfg.model_loading.keep_alive if model.keep_alive is None \
             else model.keep_alive
-        estimate, problem = read_estimate(entry.path, model.context)
+        estimate, problem = _estimate(entry.path, model.context, cache)
         if entry.missing:
             problem = f"parts {', '.join(map(str, entry.missing))} of {entry.parts} are missing"
         out.append((ModelSpec(name=entry.name, path=entry.path, estimate=estimate,
@@ -71,29 +94,33 @@ def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path) -> Prepa
 
 
 class OnDemand:
-    """The managed models of one gateway (``prepared`` by :func:`prepare`)."""
+    """The managed models of one gateway (``prepared`` by :func:`prepare` from ``models``
+    and the config's folders; :meth:`rescan` looks again)."""
 
     def __init__(self, prepared: Prepared, cfg: Config, data_dir: Path,
                  socket_dir: Path | None, registry: BackendRegistry,
                  connections: ConnectionPool, hub: Hub | None = None, *,
-                 load_timeout: Callable[[], float] | None = None) -> None:
+                 load_timeout: Callable[[], float] | None = None,
+                 models: Callable[[], Sequence[ModelConfig]] | None = None,
+                 config: Callable[[], Config] | None = None,
+                 estimates: Estimates | None = None) -> None:
         self.entries = {entry.name: entry for _, entry in prepared}
         self.registry = registry
         self.hub = hub
         self.data_dir = data_dir
+        self.config = config or (lambda: cfg)
+        self.models = models or (lambda: cfg.models)
+        self.estimates: Estimates = {} if estimates is None else estimates
         self.servers = LlamaServers(data_dir, socket_dir, connections)
         self.lifecycle = Lifecycle(
             [spec for spec, _ in prepared], self.servers,
             budget=memory_budget_bytes(cfg.model_loading.memory_budget, physical_memory()),
             max_loaded=cfg.model_loading.max_loaded,
             load_timeout=load_timeout or (lambda: cfg.timeouts.model_load),
-            on_change=self._changed)
+            on_change=self._changed, on_removed=self._removed)
         self.backends: dict[str, LocalBackend] = {}
         for spec, _ in prepared:
-            backend = LocalBackend(BackendConfig(name=spec.name, url="", kind="llm"), None,
-                                   pinned_model=spec.name)
-            self.backends[spec.name] = backend
-            registry.add(backend)
+            self._add_backend(spec.name)
 
     def __repr__(self) -> str:
         return f"OnDemand({self.lifecycle!r})"
@@ -103,7 +130,57 @@ class OnDemand:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.servers.run)
             await nursery.start(self.lifecycle.run)
+            nursery.start_soon(self._rescan_periodically)
             task_status.started()
+
+    # ------------------------------------------------------------------ the catalogue
+
+    def _add_backend(self, name: str) -> None:
+        backend = LocalBackend(BackendConfig(name=name, url="", kind="llm"), None,
+                               pinned_model=name)
+        self.backends[name] = backend
+        self.registry.add(backend)
+
+    async def _rescan_periodically(self) -> None:
+        while True:
+            await trio.sleep(RESCAN_EVERY)
+            await self.rescan()
+
+    async def rescan(self) -> dict[str, list[str]]:
+        """Look at the folders again (SPEC §11): new files become models, changed ones get
+        their new estimate, a model whose file is gone leaves once idle. Returns the names
+        added and removed."""
+        prepared = await trio.to_thread.run_sync(
+            prepare, self.models(), self.config(), self.data_dir, self.estimates)
+        known = set(self.lifecycle.models)
+        seen = set()
+        added = []
+        for spec, entry in prepared:
+            seen.add(spec.name)
+            self.entries[spec.name] = entry
+            if spec.name not in self.backends:
+                self._add_backend(spec.name)
+            if spec.name not in known:
+                added.append(spec.name)
+                log.info("model %s found: %s", spec.name, spec.path)
+            self.lifecycle.add(spec)
+        removed = sorted(known - seen)
+        for name in removed:
+            if name in self.lifecycle.models:
+                log.info("model %s: its file is gone", name)
+                self.lifecycle.remove(name)
+        return {"added": added, "removed": removed}
+
+    def _removed(self, model: Managed) -> None:
+        backend = self.backends.pop(model.name, None)
+        if backend is not None:
+            self.registry.remove(backend)
+        self.entries.pop(model.name, None)
+        if self.hub is not None:
+            self.hub.publish("model", {"name": model.name, "state": "removed",
+                                       "source": "managed"})
+
+    # ------------------------------------------------------------------ requests and the API
 
     def holds(self, model: str) -> bool:
         return model in self.lifecycle.models
@@ -117,8 +194,34 @@ class OnDemand:
     def release(self, model: Managed) -> None:
         self.lifecycle.release(model)
 
+    async def load(self, name: str) -> dict[str, Any]:
+        """The API's load: once it is loaded, its entry (its keep_alive counts from now);
+        raises the request's errors (503 model_load_failed, ...)."""
+        model = await self.lifecycle.acquire(name)
+        self.lifecycle.release(model)
+        return self.entry(model)
+
+    async def unload(self, name: str, wait: float = STOP_WAIT) -> dict[str, Any]:
+        """The API's unload: at once if no request is in flight (its entry once the server
+        is gone, waiting at most ``wait`` seconds), else as soon as none is."""
+        model = self.lifecycle.ask_unload(name)
+        with trio.move_on_after(wait):
+            while model.unload_asked and not model.in_flight:
+                await model.changed.wait()
+        return self.entry(model)
+
+    def budget(self) -> dict[str, Any]:
+        """``GET /api/v1/models/local``'s figures beside its models."""
+        life = self.lifecycle
+        return {"memoryBudget": life.budget,
+                "memoryInUse": sum(m.memory for m in life.models.values()
+                                   if m.state is ModelState.LOADED),
+                "maxLoaded": life.max_loaded}
+
     def _changed(self, model: Managed) -> None:
-        backend = self.backends[model.name]
+        backend = self.backends.get(model.name)
+        if backend is None:  # a model the rescan adds: its backend comes next
+            return
         if model.state is ModelState.LOADED and model.server is not None:
             self.registry.server_up(backend, model.server.url,
                                     [{"id": model.name, "object": "model",
@@ -130,13 +233,14 @@ class OnDemand:
 
     def entry(self, model: Managed) -> dict[str, Any]:
         """The model as ``GET /api/v1/models/local`` lists it (SPEC §11)."""
-        entry = self.entries[model.name]
+        entry = self.entries.get(model.name)
         spec = model.spec
         server = model.server
         now = trio.current_time()
         unloads = model.unloads_at()
         return {
-            "name": model.name, "path": spec.path, "source": entry.source,
+            "name": model.name, "path": spec.path,
+            "source": "folder" if entry is None else entry.source,
             "state": model.state.value,
             "keepAlive": None if math.isinf(spec.keep_alive) else spec.keep_alive,
             "preload": spec.preload,

@@ -20,8 +20,8 @@ import trio
 
 from protocol.gguf import GgufError, kv_cache_bytes, parse_gguf_header
 from proxy.listeners import MAX_SOCKET_PATH
-from proxy.models.lifecycle import LoadFailed, ModelSpec
 from proxy.models.logs import RotatingLog
+from proxy.models.managed import LoadFailed, ModelSpec
 from proxy.models.process import (
     file_safe,
     pump,

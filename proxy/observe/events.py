@@ -54,6 +54,7 @@ HELLO: tuple[tuple[str, str], ...] = (
     ("timeouts", "/api/v1/settings/timeouts"),
     ("api", "/api/v1/settings/api"),
     ("notifications", "/api/v1/notifications"),
+    ("localModels", "/api/v1/models/local"),
 )
 _SETTINGS = ("loadBalancing", "timeouts", "api")
 

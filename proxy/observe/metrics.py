@@ -31,12 +31,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from protocol.model_state import ModelState
 from protocol.request_record import RequestRecord, token_counts
 from proxy.observe.exposition import Exposition, bucket_labels, label_set
 from proxy.observe.hub import RequestReader
 from proxy.routing.breaker import BreakerState
 
 if TYPE_CHECKING:
+    from proxy.models.ondemand import OnDemand
     from proxy.observe.process_figures import ProcessFigures
     from proxy.routing.router import Router
 
@@ -99,6 +101,7 @@ class Metrics(RequestReader):
         self._attempts: dict[tuple[str, str], int] = {}
         self.failovers = 0
         self._process: ProcessFigures | None = None  # made by the first scrape
+        self.ondemand: OnDemand | None = None  # the managed models, when the gateway has any
 
     def __repr__(self) -> str:
         return (f"Metrics({len(self._series)} series, {len(self._models)} models, "
@@ -160,6 +163,8 @@ class Metrics(RequestReader):
         out = Exposition()
         self._counted(out)
         self._read(out)
+        if self.ondemand is not None:
+            _models(out, self.ondemand)
         out.family("sluice_build_info", "gauge", "The gateway's version (always 1).")
         out.sample("sluice_build_info", label_set(("version", self._version)), 1)
         out.raw(self._process_figures().text())
@@ -244,3 +249,32 @@ class Metrics(RequestReader):
         for transport, count in self._connections.items():
             out.sample("sluice_client_connections", label_set(("transport", transport)),
                        count)
+
+
+def _models(out: Exposition, ondemand: OnDemand) -> None:
+    """The managed models' figures (SPEC §11), read from the lifecycle."""
+    from proxy.models.managed import LOAD_BUCKETS, OUTCOMES
+
+    models = sorted(ondemand.lifecycle.models.items())
+    les = bucket_labels(LOAD_BUCKETS)
+    out.family("sluice_model_loads_total", "counter",
+               "Loads of a managed model, by how they ended.")
+    for name, model in models:
+        for outcome in OUTCOMES:
+            out.sample("sluice_model_loads_total",
+                       label_set(("model", name), ("outcome", outcome)),
+                       model.loads.outcomes.get(outcome, 0))
+    out.family("sluice_model_load_seconds", "histogram",
+               "Time from the start of a managed model's load to its server answering.")
+    for name, model in models:
+        out.histogram("sluice_model_load_seconds", label_set(("model", name)), les,
+                      model.loads.buckets, model.loads.seconds)
+    out.family("sluice_model_loaded", "gauge", "1 when the managed model is loaded, else 0.")
+    for name, model in models:
+        out.sample("sluice_model_loaded", label_set(("model", name)),
+                   1 if model.state is ModelState.LOADED else 0)
+    out.family("sluice_model_memory_bytes", "gauge",
+               "The managed model's server's measured memory (RSS) while loaded, else 0.")
+    for name, model in models:
+        out.sample("sluice_model_memory_bytes", label_set(("model", name)),
+                   model.memory if model.state is ModelState.LOADED else 0)

@@ -41,6 +41,7 @@ class Finished(Protocol):
     started: float  # trio clock
     wall: float  # the same moment, wall-clock
     peer: Any  # the proxy.exchange.Peer
+    load_wait: float | None  # seconds it waited for a managed model's load, or None
 
 
 class Reports:
@@ -138,5 +139,6 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
         transport="unix" if exchange.peer.transport == "unix" else "tcp",
         served_by=served_by, status=status, outcome=outcome, failover=failover, ttfb=ttfb,
         duration=duration, bytes_out=bytes_sent, events=events, usage=None, error=error_code,
-        attempts=attempts, routed=relay is not None, usage_in=usage_in)
+        attempts=attempts, routed=relay is not None, usage_in=usage_in,
+        load=exchange.load_wait)
 

@@ -98,6 +98,12 @@ class BackendRegistry:
         self.backends.append(backend)
         self.reindex()
 
+    def remove(self, backend: LocalBackend) -> None:
+        """A managed model that left the catalogue (its file is gone)."""
+        if backend in self.backends:
+            self.backends.remove(backend)
+            self.reindex()
+
     def model_entries(self) -> list[dict[str, Any]]:
         return merge_model_lists((b.name, b.models) for b in self.backends if b.live)
 
