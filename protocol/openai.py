@@ -39,15 +39,19 @@ def merge_model_lists(
     local: Iterable[tuple[str, Iterable[dict[str, Any]]]],
     remote: Iterable[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """Local models first (owner as reported, else the backend name), then remote ones
-    marked ``owned_by: "remote"``; a duplicate id keeps its first (local) entry."""
+    """Local models first (owner as reported, else the backend name; a managed model with
+    its ``sluice`` state), then remote ones marked ``owned_by: "remote"``; a duplicate id
+    keeps its first (local) entry."""
     seen: set[str] = set()
     out: list[dict[str, Any]] = []
     for backend_name, entries in local:
         for raw in entries:
             if raw["id"] not in seen:
                 seen.add(raw["id"])
-                out.append(model_entry(raw, backend_name))
+                entry = model_entry(raw, backend_name)
+                if "sluice" in raw:  # a managed model's state (SPEC §11)
+                    entry["sluice"] = raw["sluice"]
+                out.append(entry)
     for raw in remote:
         if raw["id"] not in seen:
             seen.add(raw["id"])
