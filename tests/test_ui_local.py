@@ -110,7 +110,7 @@ def test_managed_models_show_their_state_and_errors(
 
     gw = managed_gateway
     page = console_page(gw, "/local")
-    managed = page.get_by_role("region", name="Managed model servers")
+    managed = page.get_by_role("region", name="Managed models")
     row = card(managed, "broken-m")
     expect(row).to_contain_text("cannot read")  # found when the catalogue was made
     expect(row.get_by_text("unloaded")).to_be_visible()

@@ -1,9 +1,14 @@
 // Playground: chat with a model of /v1/models, streamed (POST /v1/chat/completions with
 // "stream": true), each token shown as it arrives; then who served it, the time to the
 // first token and tokens per second. Stop aborts the stream (the gateway then cancels the
-// upstream request at once).
+// upstream request at once). A managed model that is not loaded (its state from
+// /v1/models' "sluice" member and the feed's `model` events) is loaded by the request:
+// "Loading <model>…" until its first token (SPEC §11).
 
 import { appendText, el, errorText, fact, fill, ms, rate, screen } from './common.js';
+
+// The states of a managed model (SPEC §11) in which a request waits for a load.
+const COLD = new Set(['unloaded', 'loading', 'unloading', 'failed']);
 
 /** What one SSE event of a chat stream brings: text, usage, an error, or the end. */
 export function readEvent(event) {
@@ -28,9 +33,15 @@ export function mount(root, app) {
   const history = []; // {role, content} of the conversation so far
   let running = null; // the AbortController of the stream in flight
   let alive = true;
+  const states = new Map(); // managed model -> its state (SPEC §11)
+  let waiting = null; // the model a request waits for, until its first token
 
-  const modelSelect = el('select', { id: 'playground-model', name: 'model', required: true });
+  const modelSelect = el('select', {
+    id: 'playground-model', name: 'model', required: true,
+    'aria-describedby': 'playground-model-note playground-model-state',
+  });
   const modelNote = el('p', { class: 'muted', id: 'playground-model-note' });
+  const stateNote = el('p', { class: 'help muted', id: 'playground-model-state' });
   const message = el('textarea', {
     id: 'playground-message', name: 'message', rows: '3',
     'aria-describedby': 'playground-message-hint',
@@ -41,7 +52,7 @@ export function mount(root, app) {
   const log = el('div', {
     class: 'stack', role: 'log', 'aria-live': 'polite', 'aria-label': 'Conversation',
   });
-  const status = el('p', { role: 'status', class: 'muted' });
+  const status = el('p', { role: 'status', class: 'muted', id: 'playground-status' });
   const figure = (label) => {
     const node = fact(label, '—');
     return { dd: node.querySelector('dd'), nodes: node };
@@ -54,7 +65,7 @@ export function mount(root, app) {
 
   const form = el('form', { class: 'card stack', on: { submit: onSubmit } },
     el('div', { class: 'field' },
-      el('label', { for: 'playground-model', text: 'Model' }), modelSelect, modelNote),
+      el('label', { for: 'playground-model', text: 'Model' }), modelSelect, modelNote, stateNote),
     el('div', { class: 'field' },
       el('label', { for: 'playground-message', text: 'Message' }), message,
       el('p', { class: 'help muted', id: 'playground-message-hint', text: 'Ctrl+Enter sends.' })),
@@ -72,6 +83,7 @@ export function mount(root, app) {
     if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); form.requestSubmit(); }
   });
   stop.addEventListener('click', () => running?.abort());
+  modelSelect.addEventListener('change', () => showState());
   clear.addEventListener('click', () => {
     running?.abort();
     history.length = 0;
@@ -100,6 +112,8 @@ export function mount(root, app) {
       const answer = await app.api.get('/v1/models');
       if (!alive) return;
       const list = Array.isArray(answer?.data) ? answer.data : [];
+      states.clear();
+      for (const m of list) if (m.sluice?.state) states.set(m.id, m.sluice.state);
       const chosen = modelSelect.value;
       fill(modelSelect, modelOptions(list));
       if (list.some((m) => m.id === chosen)) modelSelect.value = chosen;
@@ -108,7 +122,28 @@ export function mount(root, app) {
     } catch (err) {
       if (alive) modelNote.textContent = `Could not read the models: ${errorText(err)}`;
     }
-    if (alive) setRunning(running !== null);
+    if (alive) {
+      setRunning(running !== null);
+      showState();
+    }
+  }
+
+  /** The chosen model's note: a managed model that is not loaded is loaded by a request. */
+  function showState() {
+    const text = {
+      loaded: 'Loaded.',
+      unloaded: 'Not loaded: the first request loads it, which may take a while.',
+      loading: 'Loading now.',
+      unloading: 'Being unloaded: a request loads it again.',
+      failed: 'Its last load failed: a request tries again.',
+    }[states.get(modelSelect.value)] ?? '';
+    stateNote.textContent = text;
+    stateNote.hidden = !text;
+  }
+
+  /** What the status line says while the request has no token yet. */
+  function waitingText(model) {
+    return COLD.has(states.get(model)) ? `Loading ${model}…` : `Waiting for ${model}…`;
   }
 
   async function onSubmit(e) {
@@ -124,7 +159,8 @@ export function mount(root, app) {
     running = controller;
     setRunning(true);
     for (const f of [servedBy, ttft, tps, tokens, requestId]) f.dd.textContent = '—';
-    status.textContent = `Waiting for ${model}…`;
+    waiting = model;
+    status.textContent = waitingText(model);
 
     const started = performance.now();
     let first = null;
@@ -141,6 +177,7 @@ export function mount(root, app) {
         const now = performance.now();
         if (first === null) {
           first = now;
+          waiting = null;
           ttft.dd.textContent = ms(now - started);
           status.textContent = 'Streaming…';
         }
@@ -161,6 +198,7 @@ export function mount(root, app) {
       else failed = errorText(err);
     }
     if (!alive) return;
+    waiting = null;
     running = null;
     setRunning(false);
     showServer(headers);
@@ -196,7 +234,16 @@ export function mount(root, app) {
   }
 
   const off = [
-    app.feed.on('model', () => { loadModels(); }),
+    app.feed.on('model', (data) => {
+      // A managed model's state, at once: a request waiting for it says what it waits for.
+      if (data?.source === 'managed' && data.name) {
+        if (data.state === 'removed') states.delete(data.name);
+        else states.set(data.name, data.state);
+        if (waiting === data.name) status.textContent = waitingText(data.name);
+        if (modelSelect.value === data.name) showState();
+      }
+      loadModels();
+    }),
     app.feed.on('refresh', () => { loadModels(); }),
   ];
   setRunning(false);
