@@ -50,6 +50,8 @@ class FakeServers:
 
     async def start(self, spec: ModelSpec) -> FakeServer:
         self.started.append(spec.name)
+        if spec.problem is not None:  # as the real servers refuse a file known to be bad
+            raise LoadFailed(spec.problem)
         await trio.sleep(LOAD_TIME)
         if spec.name in self.broken:
             raise LoadFailed("error loading model: tensor 'x' has wrong shape")

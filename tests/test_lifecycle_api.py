@@ -18,12 +18,14 @@ from tests.test_lifecycle import GIB, LOAD_TIME, FakeServers, spec, use
 
 
 async def _start(nursery: trio.Nursery, *specs: object, load_timeout: float = 120,
-                 budget: int = 8 * GIB) -> tuple[Lifecycle, FakeServers, list[str]]:
+                 budget: int = 8 * GIB, max_loaded: int = 0,
+                 idle: list[str] | None = None) -> tuple[Lifecycle, FakeServers, list[str]]:
     servers = FakeServers()
     removed: list[str] = []
-    life = Lifecycle(specs, servers, budget=budget, max_loaded=0,  # type: ignore[arg-type]
-                     load_timeout=lambda: load_timeout,
-                     on_removed=lambda m: removed.append(m.name))
+    life = Lifecycle(specs, servers, budget=budget,  # type: ignore[arg-type]
+                     max_loaded=max_loaded, load_timeout=lambda: load_timeout,
+                     on_removed=lambda m: removed.append(m.name),
+                     on_idle=lambda m: (idle if idle is not None else []).append(m.name))
     await nursery.start(life.run)
     return life, servers, removed
 
@@ -183,3 +185,29 @@ async def test_load_figures_count_each_outcome(autojump_clock: trio.testing.Mock
     assert bad.outcomes == {"failure": 1}
     assert slow.outcomes == {"timeout": 1}
     assert slow.seconds == pytest.approx(LOAD_TIME / 4)
+
+
+async def test_a_file_known_to_be_bad_fails_without_evicting(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery) -> None:
+    bad = attrs.evolve(spec("bad"), problem="bad.gguf: not a GGUF file")
+    life, _, _ = await _start(nursery, spec("a"), bad, max_loaded=1)
+    await use(life, "a")
+    with pytest.raises(SluiceError) as failed:
+        await life.acquire("bad")
+    assert failed.value.code == "model_load_failed"
+    assert "not a GGUF file" in failed.value.message
+    assert life.models["a"].state is ModelState.LOADED  # not unloaded for a load that fails
+    assert life.models["bad"].loads.outcomes == {"failure": 1}
+
+
+async def test_idle_is_told_when_the_last_request_ends(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery) -> None:
+    idle: list[str] = []
+    life, _, _ = await _start(nursery, spec("a"), idle=idle)
+    model = await life.acquire("a")
+    assert life.take("a") is model
+    life.release(model)
+    assert idle == []  # one request still in flight
+    life.release(model)
+    assert idle == ["a"]
+    assert model.unloads_at() == pytest.approx(trio.current_time() + 300)

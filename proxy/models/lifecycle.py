@@ -48,7 +48,8 @@ class Lifecycle:
     def __init__(self, specs: Iterable[ModelSpec], servers: Servers, *, budget: int,
                  max_loaded: int, load_timeout: Callable[[], float],
                  on_change: Callable[[Managed], None] = lambda m: None,
-                 on_removed: Callable[[Managed], None] = lambda m: None) -> None:
+                 on_removed: Callable[[Managed], None] = lambda m: None,
+                 on_idle: Callable[[Managed], None] = lambda m: None) -> None:
         self.models: dict[str, Managed] = {s.name: Managed(s, failure=s.problem)
                                            for s in specs}
         self.servers = servers
@@ -57,6 +58,7 @@ class Lifecycle:
         self.load_timeout = load_timeout
         self.on_change = on_change
         self.on_removed = on_removed
+        self.on_idle = on_idle  # its last request in flight ended: its idle clock starts
         self._tasks: trio.Nursery | None = None
         self._wake = trio.Event()  # the idle watcher looks again
 
@@ -120,6 +122,7 @@ class Lifecycle:
         model.last_used = trio.current_time()
         if model.in_flight == 0:
             self._poke()
+            self.on_idle(model)
 
     async def _until_loaded(self, model: Managed) -> None:
         while True:
@@ -150,15 +153,17 @@ class Lifecycle:
     def _start_load(self, model: Managed) -> SluiceError | None:
         """Begin loading (in the lifecycle's own task), making room first; a refusal is
         returned when the model cannot fit."""
-        room = make_room(model.name, model.spec.estimate, self._holding(), budget=self.budget,
-                         max_loaded=self.max_loaded)
-        if isinstance(room, NoRoom):
-            return model_memory_exhausted(no_room_message(room))
         if self._tasks is None:
             return gateway_stopping()
+        victims = []
+        if model.spec.problem is None:  # a file known to be unusable fails without evicting
+            room = make_room(model.name, model.spec.estimate, self._holding(),
+                             budget=self.budget, max_loaded=self.max_loaded)
+            if isinstance(room, NoRoom):
+                return model_memory_exhausted(no_room_message(room))
+            victims = [self.models[name] for name in room.unload]
         model.load_started = trio.current_time()
         self._set(model, Move.LOAD)
-        victims = [self.models[name] for name in room.unload]
         for victim in victims:
             self._set(victim, Move.UNLOAD)
         self._tasks.start_soon(self._load, model, victims)

@@ -117,7 +117,7 @@ class OnDemand:
             budget=memory_budget_bytes(cfg.model_loading.memory_budget, physical_memory()),
             max_loaded=cfg.model_loading.max_loaded,
             load_timeout=load_timeout or (lambda: cfg.timeouts.model_load),
-            on_change=self._changed, on_removed=self._removed)
+            on_change=self._changed, on_removed=self._removed, on_idle=self._idle)
         self.backends: dict[str, LocalBackend] = {}
         for spec, _ in prepared:
             self._add_backend(spec.name)
@@ -170,6 +170,13 @@ class OnDemand:
                 log.info("model %s: its file is gone", name)
                 self.lifecycle.remove(name)
         return {"added": added, "removed": removed}
+
+    def _idle(self, model: Managed) -> None:
+        """Its last request ended: a ``model`` event with the new ``unloadsAt`` (built only
+        when somebody follows the events)."""
+        hub = self.hub
+        if hub is not None and hub.wants("model"):
+            hub.publish("model", self.event(model))
 
     def _removed(self, model: Managed) -> None:
         backend = self.backends.pop(model.name, None)
