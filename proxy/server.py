@@ -10,10 +10,11 @@ import os
 import signal
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
-from protocol.config import ModelConfig
+from protocol.config import Config, ModelConfig
 from protocol.errors import overloaded
 from protocol.response import Response
 from proxy import logsetup
@@ -35,7 +36,6 @@ from proxy.listeners import (
     tcp_port_is_live,
 )
 from proxy.models.launcher import INSTALL_HINT, llama_available
-from proxy.models.ondemand import Estimates, OnDemand, prepare
 from proxy.notifications import Notifications
 from proxy.observe.access_log import AccessLog
 from proxy.observe.hub import Hub
@@ -49,6 +49,9 @@ from proxy.pool.nodes import NodeIndex
 from proxy.routing.router import Router
 from proxy.settings import Settings
 from proxy.upstream_pool import ConnectionPool
+
+if TYPE_CHECKING:
+    from proxy.models.ondemand import OnDemand
 
 log = logging.getLogger("sluice.server")
 
@@ -112,19 +115,7 @@ class Gateway:
         for path in (self.settings.config_path, self.settings.secrets_path):
             remove_leftovers(path)
         try:
-            config = self.settings.config
-            estimates: Estimates = {}  # GGUF headers read, kept for the rescans
-            prepared = await trio.to_thread.run_sync(prepare, self.models, config,
-                                                     self.settings.data_dir, estimates)
-            ondemand = None
-            if prepared or config.model_loading.dirs:  # a folder may get models later
-                ondemand = OnDemand(
-                    prepared, config, self.settings.data_dir,
-                    None if self._socket_path is None else self._socket_path.parent,
-                    self.backends, self.connections, self.hub,
-                    load_timeout=lambda: self.settings.config.timeouts.model_load,
-                    models=lambda: self.models, config=lambda: self.settings.config,
-                    estimates=estimates)
+            ondemand = await self._on_demand(self.settings.config)
             self.metrics.ondemand = ondemand
             self.ctx = GatewayContext(
                 settings=self.settings, connections=self.connections, backends=self.backends,
@@ -173,6 +164,27 @@ class Gateway:
             self._remove_socket()
             self._state_file.unlink(missing_ok=True)
         log.info("stopped")
+
+    async def _on_demand(self, config: Config) -> OnDemand | None:
+        """The managed models (SPEC §11), or None when there can be none: no ``models:``
+        entry and no folder to scan. Their modules are imported only when there can be
+        some, so a gateway without them does not hold them (tests/test_lazy_imports.py)."""
+        if not (self.models or config.model_loading.dirs):
+            return None
+        from proxy.models.ondemand import Estimates, OnDemand, prepare
+
+        estimates: Estimates = {}  # GGUF headers read, kept for the rescans
+        prepared = await trio.to_thread.run_sync(prepare, self.models, config,
+                                                 self.settings.data_dir, estimates)
+        if not (prepared or config.model_loading.dirs):  # a folder may get models later
+            return None
+        return OnDemand(
+            prepared, config, self.settings.data_dir,
+            None if self._socket_path is None else self._socket_path.parent,
+            self.backends, self.connections, self.hub,
+            load_timeout=lambda: self.settings.config.timeouts.model_load,
+            models=lambda: self.models, config=lambda: self.settings.config,
+            estimates=estimates)
 
     async def _watch_signals(self, everything: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -1,18 +1,55 @@
 """What a gateway imports only when first asked for it: trio-websocket and wsproto (the events
 WebSocket, SPEC §9.3) with the first subscriber, prometheus_client (the process figures of
 ``GET /metrics``, SPEC §9.2) with the first scrape. A gateway nobody watches or scrapes does
-not hold them (about 4 MB of its memory; docs/performance.md, S5)."""
+not hold them (about 4 MB of its memory; docs/performance.md, S5). Nor does a gateway that
+can have no managed model (no ``models:`` entry, no ``model_loading.dirs``) hold the
+modules of models on demand (SPEC §11; docs/performance.md, S10)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.client import request
 from tests.conftest import StartGateway
 from tests.test_events_ws import RawFeed, subscribed
 
 LAZY = ("trio_websocket", "wsproto", "prometheus_client", "http.server", "wsgiref")
+ON_DEMAND = ("proxy.models.ondemand", "proxy.models.lifecycle", "proxy.models.managed",
+             "proxy.models.servers", "proxy.models.process", "proxy.models.scan",
+             "proxy.models.logs", "protocol.gguf", "protocol.catalogue")
+
+# A gateway in a process of its own, with model_loading.dirs as given and no models: entry;
+# once it has answered the listing and the status, it prints which of ON_DEMAND it imported.
+GATEWAY = """
+import sys
+from pathlib import Path
+import attrs, trio
+from protocol.config import default_config, dump_config_yaml
+from proxy.server import Gateway
+from proxy.settings import Settings
+from tests.client import request
+folder, dirs, wanted = Path(sys.argv[1]), tuple(sys.argv[2:]), {wanted!r}
+cfg = default_config()
+cfg = attrs.evolve(cfg, api=attrs.evolve(cfg.api, port=0),
+                   local=attrs.evolve(cfg.local, socket_dir=str(folder / "s")),
+                   model_loading=attrs.evolve(cfg.model_loading, dirs=dirs))
+(folder / "data").mkdir(mode=0o700)
+(folder / "data" / "config.yaml").write_text(dump_config_yaml(cfg))
+async def main():
+    gateway = Gateway(Settings.open(folder / "data"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gateway.run)
+        unix = "unix:" + gateway.ctx.socket_path
+        for path in ("/v1/models", "/api/v1/inference/status"):
+            assert (await request(unix, "GET", path)).status == 200, path
+        print(sorted(m for m in wanted if m in sys.modules))
+        gateway.shutdown()
+trio.run(main)
+"""
 
 
 def test_the_server_modules_leave_the_watchers_libraries_out() -> None:
@@ -37,3 +74,14 @@ async def test_the_first_scrape_and_the_first_subscriber_load_them(
     assert (await feed.frame() or {}).get("type") == "hello"
     assert "proxy.observe.event_socket" in sys.modules
     await feed.stream.aclose()
+
+
+@pytest.mark.parametrize(("dirs", "imported"), [((), False), (("models",), True)],
+                         ids=["no-folder", "a-folder-to-rescan"])
+def test_a_gateway_that_can_have_no_managed_model_leaves_their_modules_out(
+        short_tmp: Path, dirs: tuple[str, ...], imported: bool) -> None:
+    code = GATEWAY.format(wanted=ON_DEMAND)
+    done = subprocess.run([sys.executable, "-c", code, str(short_tmp), *dirs],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert done.stdout.strip() == repr(sorted(ON_DEMAND) if imported else []), done.stdout
