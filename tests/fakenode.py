@@ -3,8 +3,9 @@ or a Unix socket for in-process gateways) that look like another sluice gateway 
 outside and misbehave on demand.
 
 A :class:`FakeNode` lists its models on ``GET /v1/models`` (optionally after a delay, to
-look slow to the ``fastest`` strategy; with ``extra`` entries after them; or, while its
-``status`` is not 200, an error such as a 503 "loading model"), answers
+look slow to the ``fastest`` strategy; a model named in ``states`` with ``"sluice": {"state":
+S}``, as a sluice gateway lists its managed models; with ``extra`` entries after them; or,
+while its ``status`` is not 200, an error such as a 503 "loading model"), answers
 ``GET /api/v1/node/identity`` with its fingerprint, and answers chat completions with a
 swappable handler, by default :func:`chat_answer` naming the node, so every reply says who
 produced it.  ``stop()`` closes its listener and connections: the port then refuses
@@ -164,6 +165,7 @@ class FakeNode(FakeUpstream):
         self.models_delay = models_delay
         self.status = 200  # what GET /v1/models answers; not 200: an error ("loading model")
         self.extra = list(extra)  # listed after the models (e.g. the node's own remotes)
+        self.states: dict[str, str] = {}  # model -> its "sluice": {"state": S} (SPEC §11)
         self._scope = trio.CancelScope()
         self._stopped = trio.Event()
         self.on("GET", "/v1/models", self._node_models)
@@ -202,8 +204,12 @@ class FakeNode(FakeUpstream):
         if self.status != 200:
             await w.json(self.status, {"error": {"message": "loading model"}})
             return
-        data = [{"id": m, "object": "model", "created": CREATED, "owned_by": "llamacpp"}
-                for m in self.models]
+        data: list[dict[str, Any]] = [
+            {"id": m, "object": "model", "created": CREATED, "owned_by": "llamacpp"}
+            for m in self.models]
+        for entry in data:
+            if entry["id"] in self.states:
+                entry["sluice"] = {"state": self.states[entry["id"]]}
         await w.json(200, {"object": "list", "data": [*data, *self.extra]})
 
     async def _identity(self, req: ReceivedRequest, w: ResponseWriter) -> None:

@@ -1,6 +1,7 @@
 """The node health poll and distributed model index (SPEC §7.2, §7.5, §8): the load-balancing
 switch, remote models in the unified list, online/offline/warming, disabled and removed
-nodes, the node key, and the ``distributed`` status shapes.
+nodes, the node key, the ``distributed`` status shapes, and each remote model's state
+(SPEC §11: ``loadedOn``).
 
 Under the autojump clock every hop is a Unix socket, so nodes are put into the live config
 directly (config validation wants http:// node URLs) and the index is woken by hand; the
@@ -12,9 +13,11 @@ import json
 from typing import Any
 
 import attrs
+import pytest
 import trio
 import trio.testing
 
+from proxy.pool.nodes import OFFLINE, ONLINE, NodeIndex, is_loaded
 from tests.client import request
 from tests.conftest import RunningGateway, StartGateway, configure, node
 from tests.fakenode import start_node
@@ -138,9 +141,10 @@ async def test_pool_status_disabled_and_removed_nodes(autojump_clock: trio.testi
         assert isinstance(endpoint.pop("latencyMs"), int)
     assert pool == {
         "enabled": True, "strategy": "priority", "totalNodes": 2, "onlineNodes": 2,
-        "models": [{"id": "m1", "availableOn": ["node-a"]},
-                   {"id": "m2", "availableOn": ["node-a", "node-b"]},
-                   {"id": "m3", "availableOn": ["node-b"]}],
+        "models": [{"id": "m1", "availableOn": ["node-a"], "loadedOn": ["node-a"]},
+                   {"id": "m2", "availableOn": ["node-a", "node-b"],
+                    "loadedOn": ["node-a", "node-b"]},
+                   {"id": "m3", "availableOn": ["node-b"], "loadedOn": ["node-b"]}],
         "endpoints": [
             {"fingerprint": "node-a", "baseUrl": a.url, "status": "online",
              "loadedModelCount": 2, "priority": 2, "lastError": None},
@@ -205,3 +209,90 @@ async def test_a_refused_check_says_what_to_fix(autojump_clock: trio.testing.Moc
     await trio.sleep(INTERVAL)
     (entry,) = (await get_json(gw, POOL))["endpoints"]
     assert (entry["status"], entry["lastError"]) == ("online", None)
+
+
+
+# ------------------------------------------------------ remote models' states (SPEC §11)
+
+@pytest.mark.parametrize(("extra", "loaded"), [
+    pytest.param({}, True, id="no_sluice_field"),
+    pytest.param({"sluice": {"state": "loaded"}}, True, id="loaded"),
+    pytest.param({"sluice": {"state": "unloaded"}}, False, id="unloaded"),
+    pytest.param({"sluice": {"state": "loading"}}, False, id="loading"),
+    pytest.param({"sluice": {"state": "unloading"}}, False, id="unloading"),
+    pytest.param({"sluice": {"state": "failed"}}, False, id="failed"),
+    pytest.param({"sluice": {"state": "asleep"}}, False, id="a_state_we_do_not_know"),
+    pytest.param({"sluice": {}}, True, id="no_state"),
+    pytest.param({"sluice": {"state": 1}}, True, id="state_not_a_string"),
+    pytest.param({"sluice": "loaded"}, True, id="sluice_not_an_object"),
+])
+def test_which_entries_are_loaded(extra: dict[str, Any], loaded: bool) -> None:
+    assert is_loaded({"id": "m", "owned_by": "llamacpp", **extra}) is loaded
+
+
+def entry(model: str, state: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": model, "object": "model", "owned_by": "llamacpp"}
+    if state is not None:
+        out["sluice"] = {"state": state}
+    return out
+
+
+def test_the_index_keeps_each_remote_models_state() -> None:
+    index = NodeIndex()
+    index.sync((node("node-a", "http://127.0.0.1:9", 2), node("node-b", "http://127.0.0.1:8", 1)))
+    a, b = index.endpoints
+    changed: list[Any] = []
+    index.changes.subscribe(changed.append)
+    index.checked(a, ONLINE, [entry("m1", "loaded"), entry("m2", "unloaded"), entry("plain")],
+                  None, 1.0)
+    index.checked(b, ONLINE, [entry("m2", "loaded"), entry("m1", "loading")], None, 1.0)
+    assert a.models[1]["sluice"] == {"state": "unloaded"}  # kept as the node sent it
+    assert (a.model_ids, a.loaded_ids) == ({"m1", "m2", "plain"}, {"m1", "plain"})
+    assert (b.model_ids, b.loaded_ids) == ({"m1", "m2"}, {"m2"})
+    assert index.holders() == {"m1": ["node-a", "node-b"], "m2": ["node-a", "node-b"],
+                               "plain": ["node-a"]}
+    assert index.loaded_on() == {"m1": ["node-a"], "m2": ["node-b"], "plain": ["node-a"]}
+    assert changed == [a, b]
+    # m2 loads on node-a: the next check says so, and the change is published.
+    index.checked(a, ONLINE, [entry("m1", "loaded"), entry("m2", "loaded"), entry("plain")],
+                  None, 1.0)
+    assert a.loaded_ids == a.model_ids
+    assert index.loaded_on()["m2"] == ["node-a", "node-b"]
+    assert changed == [a, b, a]
+    # An offline node serves nothing; a pause forgets it all.
+    index.checked(b, OFFLINE, [], "refused", None)
+    assert b.loaded_ids == frozenset()
+    assert index.loaded_on() == {"m1": ["node-a"], "m2": ["node-a"], "plain": ["node-a"]}
+    index.pause()
+    assert (a.model_ids, a.loaded_ids, index.loaded_on()) == (frozenset(), frozenset(), {})
+
+
+async def test_pool_status_says_where_each_model_is_loaded(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
+        start_gateway: StartGateway) -> None:
+    gw = await start_gateway([])
+    a = await start_node(nursery, str(short_tmp / "a.sock"), ["m1", "m2", "plain"])
+    b = await start_node(nursery, str(short_tmp / "b.sock"), ["m1", "m2"])
+    a.states.update(m1="loaded", m2="unloaded")  # "plain": no sluice field, so serving
+    b.states.update(m1="loading", m2="loaded")
+    configure(gw, (node("node-a", a.url, 2), node("node-b", b.url, 1)), enabled=True)
+    await trio.sleep(0.1)
+
+    async def placement() -> dict[str, tuple[list[str], list[str]]]:
+        pool = await get_json(gw, POOL)
+        return {m["id"]: (m["availableOn"], m["loadedOn"]) for m in pool["models"]}
+
+    assert await placement() == {
+        "m1": (["node-a", "node-b"], ["node-a"]),
+        "m2": (["node-a", "node-b"], ["node-b"]),
+        "plain": (["node-a"], ["node-a"])}
+    b.states["m1"] = "loaded"
+    a.states["m1"] = "unloading"
+    await trio.sleep(INTERVAL)
+    assert (await placement())["m1"] == (["node-a", "node-b"], ["node-b"])
+    b.states["m1"] = "failed"
+    await trio.sleep(INTERVAL)
+    assert (await placement())["m1"] == (["node-a", "node-b"], [])
+    configure(gw, enabled=False)
+    await trio.sleep(0.1)
+    assert (await get_json(gw, POOL))["models"] == []

@@ -36,12 +36,13 @@ class FakeSettings:
         self.node_id = "us"
 
 
-def router(*, lb: bool, local: bool, node_models: str = "m") -> Router:
-    """Nodes a, b, c online holding ``node_models``; a local backend holding m (``local``)."""
+def router(*, lb: bool, local: bool, node_models: str = "m", **lb_fields: Any) -> Router:
+    """Nodes a, b, c online holding ``node_models``; a local backend holding m (``local``);
+    ``lb_fields``: other load_balancing settings."""
     nodes = tuple(NodeConfig(fp, fp, f"http://127.0.0.{i + 2}:9", p)
                   for i, (fp, p) in enumerate(NODES))
-    config = attrs.evolve(Config(), nodes=nodes,
-                          load_balancing=attrs.evolve(Config().load_balancing, enabled=lb))
+    config = attrs.evolve(Config(), nodes=nodes, load_balancing=attrs.evolve(
+        Config().load_balancing, enabled=lb, **lb_fields))
     backends = BackendRegistry([BackendConfig("here", "http://127.0.0.1:9")], {})
     backends.ready.set()
     if local:
@@ -155,3 +156,31 @@ def test_owners_publish_their_changes() -> None:
     assert changed == [endpoint]
     assert not endpoint.online
     assert endpoint.model_ids == frozenset()
+
+
+def cold(r: Router, *fingerprints: str) -> None:
+    """These nodes list m as a sluice gateway lists a managed model it has not loaded."""
+    for fp in fingerprints:
+        endpoint = r.nodes.endpoint(fp)
+        assert endpoint is not None
+        r.nodes.checked(endpoint, ONLINE, [{"id": "m", "sluice": {"state": "unloaded"}}],
+                        None, 1.0)
+
+
+@pytest.mark.parametrize(("prefer_loaded", "first", "then"), [
+    pytest.param(True, "b", "c", id="loaded_first"),
+    pytest.param(False, "a", "b", id="plain_priority"),
+])
+async def test_a_node_that_has_the_model_loaded_goes_first(prefer_loaded: bool, first: str,
+                                                           then: str) -> None:
+    r = router(lb=True, local=False, prefer_loaded=prefer_loaded)
+    cold(r, "a")  # a (top) lists m unloaded, b says nothing, c lists it loaded
+    endpoint = r.nodes.endpoint("c")
+    assert endpoint is not None
+    r.nodes.checked(endpoint, ONLINE, [{"id": "m", "sluice": {"state": "loaded"}}], None, 1.0)
+    assert [v.loaded for v in r.views()] == [frozenset(), {"m"}, {"m"}]
+    plan = await r.plan(info(), [])
+    assert plan.upstream.served_by == f"node:{first}".encode()
+    # A failover stays loaded-first (b, c, then a) or plain (a, b, c).
+    assert plan.alternate(trio.current_time())
+    assert plan.upstream.served_by == f"node:{then}".encode()

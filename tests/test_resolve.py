@@ -1,4 +1,5 @@
-"""Resolution (SPEC §7.1, §7.4): the seed document's fallback table, row by row."""
+"""Resolution (SPEC §7.1, §7.4): the seed document's fallback table, row by row; then
+loaded holders first (SPEC §11)."""
 
 from __future__ import annotations
 
@@ -41,9 +42,12 @@ def breaker(circuit: str = "closed") -> CircuitBreaker:
 
 def node(fp: str, priority: int, models: str = "m", *, enabled: bool = True,
          online: bool = True, circuit: str = "closed", in_flight: int = 0,
-         latency: float | None = None) -> NodeView:
-    return NodeView(fp, priority, frozenset(models.split()), breaker(circuit), enabled=enabled,
-                    online=online, in_flight=in_flight, latency_ms=latency)
+         latency: float | None = None, loaded: str | None = None) -> NodeView:
+    """``loaded``: the models it has loaded (SPEC §11); None = all it holds."""
+    held = frozenset(models.split())
+    return NodeView(fp, priority, held, breaker(circuit), enabled=enabled,
+                    online=online, in_flight=in_flight, latency_ms=latency,
+                    loaded=held if loaded is None else frozenset(loaded.split()))
 
 
 def three(**circuits: str) -> list[NodeView]:
@@ -111,6 +115,23 @@ ROWS = [
         three(b="open"), "forward c", False),
     Row("failover_with_only_open_circuits_left", {**LB, "tried": {"a"}},
         three(b="open", c="open"), f"refuse {ACO}"),
+    # Loaded first (load_balancing.prefer_loaded, SPEC §11): the strategy within each group.
+    Row("loaded_holder_before_a_higher_priority_cold_one", LB,
+        [node("a", 3, loaded=""), node("b", 2), node("c", 1, "m x", loaded="x")],
+        "forward bac"),
+    Row("prefer_loaded_off_is_the_plain_order", {**LB, "prefer_loaded": False},
+        [node("a", 3, loaded=""), node("b", 2), node("c", 1, "m x", loaded="x")],
+        "forward abc"),
+    Row("nobody_loaded_is_the_plain_order", LB,
+        [node("a", 3, loaded=""), node("b", 2, loaded=""), node("c", 1, loaded="")],
+        "forward abc"),
+    Row("loaded_first_least_loaded_within_groups", {**LB, "strategy": "least-loaded"},
+        [node("a", 3, in_flight=3), node("b", 2, in_flight=1),
+         node("c", 1, loaded="", in_flight=0)], "forward bac"),
+    Row("loaded_holder_with_open_circuit_skipped", LB,
+        [node("a", 3, loaded=""), node("b", 2, circuit="open")], "forward a"),
+    Row("loaded_failover_target_first", {**LB, "tried": {"b"}},
+        [node("a", 3, loaded=""), node("b", 2), node("c", 1)], "forward ca", False),
     # Loop guard: a forwarded request is served locally or refused, never forwarded.
     Row("forwarded_request_not_local_is_503_never_a_node", {**LB, "forwarded": True},
         three(), f"refuse {MNA}"),

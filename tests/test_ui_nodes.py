@@ -1,9 +1,10 @@
 """The Nodes and Distributed pool screens in Chromium (SPEC §10) against a real gateway with
 three fake nodes: the node order changed by dragging, by the keyboard (with its aria-live
 announcements) and by the Move buttons, each time saved as the server's priorities; load
-balancing switched on from the pool's banner and off from its section; the strategy and the
-health-check interval saved as they change; a node's circuit opening and the node going
-offline shown without a reload; axe at desktop width and at 360 px; the dark scheme."""
+balancing switched on from the pool's banner and off from its section; the strategy, the
+health-check interval and the loaded-first switch saved as they change; a node's circuit
+opening and the node going offline shown without a reload; axe at desktop width and at
+360 px; the dark scheme."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def gateway(console_gateway: ConsoleGateway) -> Iterator[ConsoleGateway]:
     set_order(console_gateway, ORDER)
     console_gateway.api("PUT", "/api/v1/settings/load-balancing",
                         {"enabled": True, "strategy": "priority", "healthCheckInterval": "1s",
-                         "failoverEnabled": True})
+                         "failoverEnabled": True, "preferLoaded": True})
 
 
 def shown_order(page: Page) -> list[str]:
@@ -171,6 +172,27 @@ def test_strategy_and_interval_are_saved_as_changed(gateway: ConsoleGateway,
     # A change made elsewhere shows up live.
     gateway.api("PUT", "/api/v1/settings/load-balancing", {"strategy": "fastest"})
     expect(strategy).to_have_value("fastest")
+
+
+def test_prefer_loaded_is_saved_as_flipped(gateway: ConsoleGateway,
+                                           console_page: OpenPage) -> None:
+    page = console_page(gateway)
+    switch = page.get_by_role("switch", name="Prefer computers that have the model loaded")
+    expect(switch).to_have_attribute("aria-checked", "true")  # the default
+    expect(switch).to_contain_text("Prefer computers that have the model loaded")
+    switch.click()
+    expect(switch).to_have_attribute("aria-checked", "false")
+    expect(switch).not_to_have_attribute("aria-busy", "true")
+    assert gateway.get("/api/v1/settings/load-balancing")["preferLoaded"] is False
+    # A change made elsewhere shows up live.
+    gateway.api("PUT", "/api/v1/settings/load-balancing", {"preferLoaded": True})
+    expect(switch).to_have_attribute("aria-checked", "true")
+    switch.click()
+    expect(switch).to_have_attribute("aria-checked", "false")
+    expect(switch).not_to_have_attribute("aria-busy", "true")
+    page.reload()  # read back from the server
+    expect(page.get_by_role("switch", name="Prefer computers that have the model loaded")
+           ).to_have_attribute("aria-checked", "false")
 
 
 def test_a_circuit_opening_and_a_node_going_offline_show_live(

@@ -37,8 +37,9 @@ def endpoint_entry(cfg: NodeConfig, endpoint: NodeEndpoint | None,
 
 
 def pool_status(index: NodeIndex, config: Config) -> dict[str, Any]:
-    """``GET /api/v1/pool/distributed-status``: the summary, the models and each enabled
-    node in priority order (``paused`` while load balancing is off)."""
+    """``GET /api/v1/pool/distributed-status``: the summary, the models (the nodes serving
+    each, and those of them that have it loaded, SPEC §11) and each enabled node in
+    priority order (``paused`` while load balancing is off)."""
     enabled = config.load_balancing.enabled
     by_fp = {e.fingerprint: e for e in index.endpoints}
     endpoints = [endpoint_entry(cfg, by_fp.get(cfg.fingerprint), enabled)
@@ -46,5 +47,7 @@ def pool_status(index: NodeIndex, config: Config) -> dict[str, Any]:
     head = summary(index, config)
     del head["remoteModels"]
     models = index.holders().items() if enabled else ()
-    return {**head, "models": [{"id": m, "availableOn": fps} for m, fps in models],
+    loaded = index.loaded_on() if enabled else {}
+    return {**head, "models": [{"id": m, "availableOn": fps, "loadedOn": loaded.get(m, [])}
+                               for m, fps in models],
             "endpoints": endpoints}

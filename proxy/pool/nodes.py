@@ -7,6 +7,11 @@ parses: :attr:`NodeEndpoint.online` is the one definition, used by routing, the 
 and the status answers. :attr:`NodeIndex.changes` hears of every node whose state may have
 changed (a check's result, its config, a pause); the ``node`` events are made from it
 (:mod:`proxy.observe.state_events`).
+
+A sluice node marks each managed model of its ``/v1/models`` with ``"sluice": {"state": S}``
+(SPEC §11); the entries are kept as the node sent them, and :attr:`NodeEndpoint.loaded_ids`,
+made once per check, names the models it has loaded (:func:`is_loaded`), so routing's
+loaded-first order costs a set lookup per candidate.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 import trio
 
 from protocol.config import NodeConfig, by_priority
+from protocol.model_state import ModelState
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.publish import Subscribers
 from proxy.routing.strategies import LatencyAverage
@@ -25,6 +31,19 @@ from proxy.routing.strategies import LatencyAverage
 log = logging.getLogger("sluice.nodes")
 
 ONLINE, OFFLINE, WARMING, UNKNOWN, PAUSED = "online", "offline", "warming", "unknown", "paused"
+_LOADED = ModelState.LOADED.value
+
+
+def is_loaded(entry: dict[str, Any]) -> bool:
+    """Whether a node's ``/v1/models`` entry is a model it has loaded: one it marks
+    ``"sluice": {"state": "loaded"}``, or one that says no state at all (no ``sluice``
+    object, or one without a string ``state``: llama.cpp, Ollama, a backend the node
+    serves as it is). Any other state (unloaded, loading, unloading, failed) is not."""
+    extra = entry.get("sluice")
+    if not isinstance(extra, dict):
+        return True
+    state = extra.get("state")
+    return not isinstance(state, str) or state == _LOADED
 
 
 class NodeEndpoint:
@@ -39,6 +58,7 @@ class NodeEndpoint:
         self.status = UNKNOWN  # not checked yet
         self.models: list[dict[str, Any]] = []
         self.model_ids: frozenset[str] = frozenset()
+        self.loaded_ids: frozenset[str] = frozenset()  # those of model_ids it has loaded
         self.latency_ms: float | None = None  # the last health check's round trip
         # For ``fastest``: health-check round trips and request times to first byte.
         self.speed = LatencyAverage()
@@ -109,6 +129,7 @@ class NodeIndex:
         for endpoint in self.endpoints:
             endpoint.status, endpoint.models, endpoint.latency_ms = UNKNOWN, [], None
             endpoint.model_ids, endpoint.speed = frozenset(), LatencyAverage()
+            endpoint.loaded_ids = frozenset()
             self.changes.publish(endpoint)
         if self._first_round.is_set():
             self._first_round = trio.Event()
@@ -157,6 +178,15 @@ class NodeIndex:
                     fps.append(endpoint.fingerprint)
         return out
 
+    def loaded_on(self) -> dict[str, list[str]]:
+        """model id -> fingerprints of the online nodes that have it loaded, top node first;
+        a model loaded nowhere is left out."""
+        out: dict[str, list[str]] = {}
+        for endpoint in self.online():
+            for model in endpoint.loaded_ids:
+                out.setdefault(model, []).append(endpoint.fingerprint)
+        return out
+
     def checked(self, endpoint: NodeEndpoint, status: str, models: list[dict[str, Any]],
                 error: str | None, latency_ms: float | None) -> None:
         """A health check's result for ``endpoint``."""
@@ -164,6 +194,8 @@ class NodeIndex:
         before = (was, endpoint.models, endpoint.last_error, endpoint.latency_ms)
         endpoint.status, endpoint.models, endpoint.last_error = status, models, error
         endpoint.model_ids = frozenset(m["id"] for m in models)
+        loaded = frozenset(m["id"] for m in models if is_loaded(m))
+        endpoint.loaded_ids = endpoint.model_ids if loaded == endpoint.model_ids else loaded
         endpoint.latency_ms = latency_ms if status == ONLINE else None
         if endpoint.latency_ms is not None:
             endpoint.speed.add(endpoint.latency_ms)

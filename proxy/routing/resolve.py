@@ -5,7 +5,8 @@ Pure and synchronous: the caller snapshots its state into a :class:`RouteRequest
 :class:`NodeView` values, passes ``now`` (``trio.current_time()``) and a
 :class:`RoundRobinCursor`, and gets back one of
 
-- a :class:`Forward` — the eligible nodes in strategy order, each with its breaker permit;
+- a :class:`Forward` — the eligible nodes in strategy order (those that have the model
+  loaded first, with ``prefer_loaded``), each with its breaker permit;
 - a :class:`NoRoute` — 503 with ``code`` ``model_not_available`` (nobody eligible holds it,
   load balancing is off, or the request was already forwarded to us) or
   ``all_circuits_open`` (eligible holders exist, but every one's circuit is open, or
@@ -47,9 +48,13 @@ class NodeView:
     online: bool = True  # the last health check answered
     in_flight: int = 0
     latency_ms: float | None = None  # LatencyAverage.value
+    # The models it has loaded (SPEC §11; NodeEndpoint.loaded_ids): by default all it holds.
+    loaded: frozenset[str] = attrs.field(
+        default=attrs.Factory(lambda view: view.models, takes_self=True))
 
-    def candidate(self) -> Candidate:
-        return Candidate(self.fingerprint, self.priority, self.in_flight, self.latency_ms)
+    def candidate(self, model: str) -> Candidate:
+        return Candidate(self.fingerprint, self.priority, self.in_flight, self.latency_ms,
+                         model in self.loaded)
 
 
 @attrs.frozen
@@ -61,6 +66,7 @@ class RouteRequest:
     probe_ttl: float  # the request's own total timeout: bounds a half-open probe
     strategy: Strategy | str = Strategy.PRIORITY
     failover: bool = True  # load_balancing.failover_enabled
+    prefer_loaded: bool = True  # load_balancing.prefer_loaded: loaded holders first
     forwarded: bool = False  # came with x-sluice-forwarded: never forward again
     tried: frozenset[str] = frozenset()  # fingerprints this request already failed on
 
@@ -143,10 +149,11 @@ def resolve(
         permit = node.breaker.allow(now, request.probe_ttl)
         if permit is not None:
             granted[node.fingerprint] = Target(node.fingerprint, node.breaker, permit)
-            candidates.append(node.candidate())
+            candidates.append(node.candidate(request.model))
     if not candidates:
         return NoRoute(request.model, ALL_CIRCUITS_OPEN)
-    ordered = order_candidates(strategy, candidates, cursor)
+    ordered = order_candidates(strategy, candidates, cursor,
+                               prefer_loaded=request.prefer_loaded)
     return Forward(
         targets=tuple(granted[c.fingerprint] for c in ordered),
         may_fail_over=request.failover and not request.tried,

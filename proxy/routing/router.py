@@ -95,7 +95,7 @@ class Plan:
         assert target is not None
         retry = RouteRequest(
             model=request.model, load_balancing=True, probe_ttl=request.probe_ttl,
-            strategy=request.strategy, failover=False,
+            strategy=request.strategy, failover=False, prefer_loaded=request.prefer_loaded,
             tried=request.tried | {target.fingerprint})
         route = resolve(retry, router.views(), router.cursor, now)
         router.watch_circuits(now)
@@ -142,7 +142,7 @@ class Router:
             request = RouteRequest(
                 model=info.model, load_balancing=lb.enabled,
                 probe_ttl=total_timeout(config.timeouts, info)[0], strategy=lb.strategy,
-                failover=lb.failover_enabled,
+                failover=lb.failover_enabled, prefer_loaded=lb.prefer_loaded,
                 forwarded=header_value(headers, FORWARDED) is not None)
             views = self.views()
             fresh: list[NodeView] | None = views
@@ -194,6 +194,7 @@ class Router:
             counters = self.counters.get(fp)
             views.append(NodeView(
                 fingerprint=fp, priority=cfg.priority, models=endpoint.model_ids,
+                loaded=endpoint.loaded_ids,
                 breaker=self._breaker(fp, cb), enabled=True, online=endpoint.online,
                 in_flight=counters.active if counters is not None else 0,
                 latency_ms=endpoint.speed.value))

@@ -11,6 +11,11 @@ registry gives N..1, top first), then ``fingerprint`` so the result is determini
   adding or removing nodes never skips or repeats the others.
 - ``least-loaded``: fewest requests in flight now (``in_flight``, counted live by the caller).
 - ``fastest``: lowest ``latency_ms`` (a :class:`LatencyAverage`); unmeasured nodes last.
+
+With ``prefer_loaded`` (``load_balancing.prefer_loaded``, SPEC §11) the candidates that have
+the model loaded go first, and the strategy orders each group on its own: round-robin turns
+among the loaded ones (the cursor follows the first group), least-loaded and fastest compare
+within a group. When every candidate is loaded, or none is, the order is the strategy's alone.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class Candidate:
     priority: int  # higher goes first
     in_flight: int = 0  # requests sent to it and not finished, right now
     latency_ms: float | None = None  # LatencyAverage.value; None = never measured
+    loaded: bool = True  # it has the requested model loaded (or does not say: SPEC §11)
 
 
 def priority_key(candidate: Candidate) -> tuple[int, str]:
@@ -88,18 +94,31 @@ class LatencyAverage:
 
 
 def order_candidates(
-    strategy: Strategy | str, candidates: Sequence[Candidate], cursor: RoundRobinCursor
+    strategy: Strategy | str, candidates: Sequence[Candidate], cursor: RoundRobinCursor,
+    *, prefer_loaded: bool = True,
 ) -> list[Candidate]:
-    """The candidates in the order to try them. Only round-robin touches ``cursor``.
+    """The candidates in the order to try them; loaded ones first with ``prefer_loaded``
+    (see the module docstring). Only round-robin touches ``cursor``, once per call.
 
     Raises ValueError for an unknown strategy (config validation rejects those earlier).
     """
     strategy = Strategy(strategy)
+    if prefer_loaded:
+        loaded = [c for c in candidates if c.loaded]
+        if 0 < len(loaded) < len(candidates):
+            rest = [c for c in candidates if not c.loaded]
+            return (_strategy_order(strategy, loaded, cursor)
+                    + _strategy_order(strategy, rest, cursor, advance=False))
+    return _strategy_order(strategy, candidates, cursor)
+
+
+def _strategy_order(strategy: Strategy, candidates: Sequence[Candidate],
+                    cursor: RoundRobinCursor, advance: bool = True) -> list[Candidate]:
     by_priority = sorted(candidates, key=priority_key)
     if strategy is Strategy.PRIORITY:
         return by_priority
     if strategy is Strategy.ROUND_ROBIN:
-        return _rotate(by_priority, cursor)
+        return _rotate(by_priority, cursor, advance)
     if strategy is Strategy.LEAST_LOADED:
         return sorted(by_priority, key=lambda c: c.in_flight)  # stable: ties keep priority
     return sorted(by_priority, key=_latency_key)
@@ -111,7 +130,9 @@ def _latency_key(candidate: Candidate) -> tuple[bool, float]:
     return (False, candidate.latency_ms)
 
 
-def _rotate(by_priority: list[Candidate], cursor: RoundRobinCursor) -> list[Candidate]:
+def _rotate(by_priority: list[Candidate], cursor: RoundRobinCursor,
+            advance: bool = True) -> list[Candidate]:
+    """Start just after the cursor's position; ``advance``: the first becomes it."""
     if not by_priority:
         return []
     start = 0
@@ -121,5 +142,6 @@ def _rotate(by_priority: list[Candidate], cursor: RoundRobinCursor) -> list[Cand
             (i for i, c in enumerate(by_priority) if priority_key(c) > last), 0
         )
     ordered = by_priority[start:] + by_priority[:start]
-    cursor.last = priority_key(ordered[0])
+    if advance:
+        cursor.last = priority_key(ordered[0])
     return ordered

@@ -1,7 +1,7 @@
 // The load-balancing section, the same on the Nodes and Distributed pool screens: the
 // "Load balancing" switch beside its heading and, only while it is on, the strategy,
-// failover, the health-check interval and the computers in priority order (reordered by
-// drag, keyboard or buttons; each with its routing switch and routing details).
+// failover, loaded first, the health-check interval and the computers in priority order
+// (reordered by drag, keyboard or buttons; each with its routing switch and routing details).
 //
 // lbSection(app, state) -> element with .update(data); state is a pool-state.js store.
 
@@ -113,6 +113,13 @@ export function lbSection(app, state) {
     disabled: app.readOnly,
     save: async (failoverEnabled) => (await putLb({ failoverEnabled })).failoverEnabled,
   });
+  const preferLoaded = toggle({
+    label: "Prefer computers that have the model loaded",
+    text: "Prefer computers that have the model loaded",
+    checked: lb.preferLoaded,
+    disabled: app.readOnly,
+    save: async (preferLoaded) => (await putLb({ preferLoaded })).preferLoaded,
+  });
   const interval = field({
     label: "Health-check interval",
     name: "healthCheckInterval",
@@ -137,6 +144,7 @@ export function lbSection(app, state) {
   const body = el("div", { class: "lb-body stack" },
                   el("div", { class: "grid2" }, strategy, interval),
                   el("div", { class: "row" }, failover),
+                  el("div", { class: "row" }, preferLoaded),
                   el("h3", { text: "Computers in priority order" }),
                   order);
   const section = el("section", { class: "card lb-section", "aria-labelledby": headingId },
@@ -149,6 +157,7 @@ export function lbSection(app, state) {
       onOff.set(settings.enabled);
       strategy.set(settings.strategy);
       failover.set(settings.failoverEnabled);
+      preferLoaded.set(settings.preferLoaded);
       interval.set(settings.healthCheckInterval);
     }
     body.hidden = !settings?.enabled;
