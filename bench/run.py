@@ -5,7 +5,9 @@ when ``nginx`` is on PATH, nginx as a reference C proxy; then runs each scenario
 interleaved (direct, sluice, nginx, direct, ...), with the Node load client ``bench/load.js``.
 S7 adds a second pair of gateways: A (no backends, load balancing on, one network node) in
 front of B (the mock as its backends, like ``sluice``), so that S3's and S5's loads also
-run through two gateways (target ``forwarded``, A->B over loopback TCP).
+run through two gateways (target ``forwarded``, A->B over loopback TCP). S8 holds streams by
+the thousand (bench/held.py); S9 and S10 are models on demand (bench/ondemand.py): a managed
+model's cold start against llama.cpp started directly, and the idle RSS of 20 unloaded ones.
 Prints a Markdown table and writes every figure as JSON. Usage: ``scripts/bench --help``.
 Python standard library only; Linux only (reads /proc).
 """
@@ -34,7 +36,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: bench/ is not a package on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import held, watch
+from bench import held, ondemand, watch
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -63,6 +65,8 @@ TARGET_TEXT = {
     "S6": "all bodies identical",
     "S7": "forwarded (A+B): CPU/stream and added TTFB p50 each ≤ twice one gateway's",
     "S8": held.TARGET_TEXT,
+    "S9": ondemand.S9_TARGET,
+    "S10": ondemand.S10_TARGET,
 }
 S7_SHAPES = ("S3", "S5")  # the loads S7 also runs through gateway A -> gateway B
 S7_MAX_RATIO = 2.0
@@ -277,14 +281,17 @@ def mock_backends(mock: dict[str, Any]) -> str:
 
 
 def spawn_gateway(kids: Children, tmp: Path, name: str, rest: str, api_extra: str = "",
-                  secrets: str | None = None) -> dict[str, Any]:
+                  secrets: str | None = None, prepare: Any = None) -> dict[str, Any]:
     """``sluice serve`` on its own data dir ``tmp/name``, socket folder ``tmp/s<name>`` and
     a free port. config.yaml: ``api:`` (the port, then ``api_extra``), ``local:``, then
-    ``rest``; ``secrets`` is written as secrets.yaml (0600) when given. Returns its
-    addresses, process and log (not waited on)."""
+    ``rest``; ``secrets`` is written as secrets.yaml (0600) when given; ``prepare(data)``
+    runs once the data dir exists, before the start. Returns its addresses, process and log
+    (not waited on)."""
     data, sockdir, port = tmp / name, tmp / f"s{name}", free_port()
     data.mkdir(mode=0o700)
     sockdir.mkdir(mode=0o700)
+    if prepare is not None:
+        prepare(data)
     (data / "config.yaml").write_text(f"api:\n  port: {port}\n{api_extra}"
                                       f"local:\n  socket_dir: {sockdir}\n{rest}")
     if secrets is not None:
@@ -742,10 +749,12 @@ def s7_table(s7: dict[str, Any], smoke: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7,S8",
+    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7,S8,S9,S10",
                     help="S6 alone means every scenario; S7 runs S3's and S5's loads "
                          "(which it adds) also through gateway A -> gateway B; S8 holds "
-                         "250..4000 streams at once (bench/held.py)")
+                         "250..4000 streams at once (bench/held.py); S9 cold start of a "
+                         "managed model, S10 idle RSS with 20 unloaded ones "
+                         "(bench/ondemand.py; they need the llama extra)")
     ap.add_argument("--transport", choices=("tcp", "unix", "both"), default="both")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny run of every scenario, 1 round, no nginx; exit 1 unless every "
@@ -759,12 +768,13 @@ def main(argv: list[str] | None = None) -> int:
                          "smoke.json for --smoke)")
     opts = ap.parse_args(argv)
     wanted = [s.strip().upper() for s in opts.scenarios.split(",") if s.strip()]
-    bad = [s for s in wanted if s not in (*SCENARIOS, "S6", "S7", "S8")]
+    bad = [s for s in wanted if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S10")]
     if bad:
         ap.error(f"unknown scenario(s): {', '.join(bad)}")
     every = wanted == ["S6"]
     s7 = every or "S7" in wanted
     s8 = every or "S8" in wanted
+    s9, s10 = every or "S9" in wanted, every or "S10" in wanted
     scenarios = [s for s in SCENARIOS if s in wanted or every or (s7 and s in S7_SHAPES)]
     rounds = 1 if opts.smoke else max(1, opts.rounds)
     transports = ["tcp", "unix"] if opts.transport == "both" else [opts.transport]
@@ -783,21 +793,23 @@ def main(argv: list[str] | None = None) -> int:
     kids = Children()
     tmp = Path(tempfile.mkdtemp(prefix="slb-", dir="/tmp"))  # short: socket paths ≤ 103 bytes
     try:
-        env: dict[str, Any] = {"mock": start_mock(kids, tmp)}
-        env["sluice"] = start_gateway(kids, tmp, env["mock"])
-        if not (opts.smoke or opts.no_nginx):
+        env: dict[str, Any] = {}
+        if scenarios or s7 or s8:
+            env["mock"] = start_mock(kids, tmp)
+            env["sluice"] = start_gateway(kids, tmp, env["mock"])
+        if env and not (opts.smoke or opts.no_nginx):
             nginx = start_nginx(kids, tmp, env["mock"])
             if nginx is not None:
                 env["nginx"] = nginx
         if s7:
             env["forwarded"] = start_forwarded(kids, tmp, env["mock"])
-        if opts.watch:
+        if opts.watch and "sluice" in env:
             env["watched"] = {**env["sluice"], "watch": True, "procs": []}
         targets: list[str] = [t for t in ("direct", "sluice", "watched", "nginx", "forwarded")
-                              if t == "direct" or t in env]
+                              if t in env or (t == "direct" and "mock" in env)]
         print(f"targets: {', '.join(targets)}; transports: {', '.join(transports)}; "
               f"rounds: {rounds}", file=sys.stderr)
-        for tr in transports:  # warm-up: connections, pools, JIT (not recorded)
+        for tr in transports if scenarios else ():  # warm-up: connections, pools, JIT
             for tg in targets:
                 measure(env, tg, tr, {"stream": False, "concurrency": 8, "count": 400})
                 measure(env, tg, tr, {"stream": True, "concurrency": 8, "count": 40})
@@ -819,6 +831,16 @@ def main(argv: list[str] | None = None) -> int:
         if s8:
             s8_result = held.run_s8(kids, tmp, env["mock"], transports, rounds, opts.smoke,
                                     nginx="nginx" in env)
+        s9_result: dict[str, Any] | None = None
+        s10_result: dict[str, Any] | None = None
+        skipped = ondemand.unavailable() if s9 or s10 else None
+        if skipped is not None:
+            print(f"S9, S10 skipped: {skipped}", file=sys.stderr)
+        else:
+            if s9:
+                s9_result = ondemand.run_s9(kids, tmp, transports, rounds)
+            if s10:
+                s10_result = ondemand.run_s10(kids, tmp, rounds, opts.smoke)
         summary = summarise(runs, scenarios, transports, targets)
         s6 = bodies_check(runs)
         problems = [f"{r['scenario']} {r['transport']} {r['target']} round {r['round'] + 1}: "
@@ -847,9 +869,15 @@ def main(argv: list[str] | None = None) -> int:
         if s8_result is not None:
             problems += s8_result["problems"]
             md += ("\n\n" if md else "") + held.tables(s8_result, opts.smoke)
+        for part in (s9_result, s10_result):
+            problems += part["problems"] if part is not None else []
+        if s9_result is not None or s10_result is not None:
+            md += ("\n\n" if md else "") + ondemand.tables(s9_result, s10_result, opts.smoke)
         result = {
             "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "smoke": opts.smoke,
-                     "rounds": rounds, "scenarios": scenarios + (["S8"] if s8 else []),
+                     "rounds": rounds,
+                     "scenarios": scenarios + [name for name, on in
+                                               (("S8", s8), ("S9", s9), ("S10", s10)) if on],
                      "transports": transports,
                      "targets": targets, "cpus": os.cpu_count(), "machine": platform.platform(),
                      "python": platform.python_version(),
@@ -861,6 +889,9 @@ def main(argv: list[str] | None = None) -> int:
             "s6": {"all_equal": all(v["equal"] for v in s6.values()), "by_target": s6},
             "s7": s7_result,
             "s8": s8_result,
+            "s9": s9_result,
+            "s10": s10_result,
+            "ondemand_skipped": skipped,
             "checks": {"all_complete": not any(p for p in problems if not p.startswith("S6")),
                        "problems": problems},
             "table": md,

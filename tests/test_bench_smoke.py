@@ -2,12 +2,14 @@
 
 It checks correctness only (S6: every body byte-identical to the direct one; every request
 and stream delivered whole; S7: S3's and S5's loads went through gateway A to gateway B and
-nowhere else; S8: its held streams all delivered and every figure there), never a
-wall-clock figure.
+nowhere else; S8: its held streams all delivered and every figure there; S9 and S10, where
+the llama extra is installed: cold requests answered by the managed model and by its floor,
+and the idle gateways' catalogues), never a wall-clock figure.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -24,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "smoke.json"
     proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--smoke", "--json", str(out)],
-                          capture_output=True, text=True, timeout=120, check=False,
+                          capture_output=True, text=True, timeout=300, check=False,
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -43,6 +45,14 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert len(load["digests"]) == 1
     check_s7(result)
     check_s8(result)
+    if importlib.util.find_spec("xllamacpp") is None:
+        assert result["ondemand_skipped"]
+        assert result["s9"] is None
+        assert result["s10"] is None
+    else:
+        assert result["ondemand_skipped"] is None
+        check_s9(result)
+        check_s10(result)
 
 
 def check_s7(result: dict[str, Any]) -> None:
@@ -112,3 +122,43 @@ def check_s8(result: dict[str, Any]) -> None:
         assert set(judged["met"]) == {"cpu_per_chunk", "delivered_gap", "rss_per_stream"}
         assert judged["cpu_per_chunk_growth"] is not None
     assert s8["problems"] == []
+
+
+def check_s9(result: dict[str, Any]) -> None:
+    """S9 (cold start): the floor (llama.cpp started with the gateway's own command line for
+    its model server) and the gateway over each transport each answered a cold streamed
+    request whole, with a first token; the gateway's answers came from the managed model."""
+    s9 = result["s9"]
+    argv = s9["server_argv"]
+    assert {"proxy.models.launcher", "--listen", "--parent"} <= set(argv), argv
+    runs = s9["runs"]
+    assert {(r["target"], r["transport"]) for r in runs} == {
+        ("floor", "unix"), ("sluice", "tcp"), ("sluice", "unix")}
+    for r in runs:
+        assert (r["status"], r["done"]) == (200, True), r
+        assert r["events"] >= 1, r
+        needed = ["first_token_ms", "spawn_ms", "from_spawn_ms"]
+        if r["target"] == "sluice":
+            assert r["served_by"] == f"local:{s9['model']}", r
+            needed += ["gateway_load_ms", "gateway_cpu_ms"]
+        else:
+            assert r["retries"] == 0, r
+            needed += ["listening_ms"]
+        assert all(r[key] is not None for key in needed), r
+    assert set(s9["summary"]) == {"floor", "sluice/tcp", "sluice/unix"}
+    for key in ("sluice/tcp", "sluice/unix"):
+        assert s9["summary"][key]["added_ms"] is not None
+    assert s9["problems"] == []
+
+
+def check_s10(result: dict[str, Any]) -> None:
+    """S10 (idle RSS): each smoke gateway listed its catalogue (nothing, nothing, two
+    unloaded models), was one process (nothing loaded), and has an RSS figure."""
+    s10 = result["s10"]
+    assert s10["configs"] == ["no-folder", "0", "2"]
+    assert [(r["config"], r["listed"], r["processes"]) for r in s10["runs"]] == [
+        ("no-folder", 0, 1), ("0", 0, 1), ("2", 2, 1)]
+    assert all(r["rss_mb"] > 0 for r in s10["runs"])
+    assert s10["added_vs_none_mb"] is not None
+    assert s10["added_vs_no_folder_mb"] is not None
+    assert s10["problems"] == []
