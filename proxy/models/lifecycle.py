@@ -58,7 +58,7 @@ class Lifecycle:
         self.load_timeout = load_timeout
         self.on_change = on_change
         self.on_removed = on_removed
-        self.on_idle = on_idle  # its last request in flight ended: its idle clock starts
+        self.on_idle = on_idle  # a loaded model's last request ended: its idle clock starts
         self._tasks: trio.Nursery | None = None
         self._wake = trio.Event()  # the idle watcher looks again
 
@@ -122,7 +122,8 @@ class Lifecycle:
         model.last_used = trio.current_time()
         if model.in_flight == 0:
             self._poke()
-            self.on_idle(model)
+            if model.state is ModelState.LOADED:
+                self.on_idle(model)
 
     async def _until_loaded(self, model: Managed) -> None:
         while True:
