@@ -168,6 +168,17 @@ def test_latency_jitter_is_no_event_storm_but_a_model_swap_is_an_event() -> None
     index.checked(endpoint, ONLINE, [{"id": "other"}], None, 111.0)  # another model, as many
     assert len(seen.of("node")) == 6
     assert seen.of("node")[-1] == seen.of("node")[-2]
+    # A sluice node's model loaded or unloaded (SPEC §11): an event, and the count is of
+    # the loaded ones (it lists its unloaded managed models too).
+    cold = [{"id": "m", "sluice": {"state": "unloaded"}}, {"id": "n"}]
+    index.checked(endpoint, ONLINE, cold, None, 111.0)
+    assert seen.of("node")[-1]["loadedModelCount"] == 1
+    warm = [{"id": "m", "sluice": {"state": "loaded"}}, {"id": "n"}]
+    index.checked(endpoint, ONLINE, warm, None, 111.0)
+    assert seen.of("node")[-1]["loadedModelCount"] == 2
+    count = len(seen.of("node"))
+    index.checked(endpoint, ONLINE, warm, None, 111.0)
+    assert len(seen.of("node")) == count
     assert latency_moved(None, 3)
     assert latency_moved(3, None)
     assert not latency_moved(None, None)

@@ -30,7 +30,8 @@ def endpoint_entry(cfg: NodeConfig, endpoint: NodeEndpoint | None,
         "fingerprint": cfg.fingerprint, "baseUrl": cfg.base_url,
         "status": (UNKNOWN if endpoint is None else endpoint.status) if enabled else PAUSED,
         "latencyMs": None if latency is None else round(latency),
-        "loadedModelCount": len(endpoint.models) if online and endpoint else 0,
+        # the models it has loaded (a sluice node also lists its unloaded managed models)
+        "loadedModelCount": len(endpoint.loaded_ids) if online and endpoint else 0,
         "priority": cfg.priority,
         # Beyond SPEC: why the last check failed (never a key: status and address).
         "lastError": endpoint.last_error if enabled and endpoint else None}

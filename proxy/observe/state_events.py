@@ -75,8 +75,8 @@ class NodeFeed:
     def __init__(self, hub: Hub, nodes: NodeIndex, settings: Settings) -> None:
         self._hub = hub
         self._settings = settings
-        # fingerprint -> the last entry sent and the model ids then (the entry counts them)
-        self._published: dict[str, tuple[dict[str, Any], frozenset[str]]] = {}
+        # fingerprint -> the last entry sent and the model ids (all, loaded) then
+        self._published: dict[str, tuple[dict[str, Any], tuple[frozenset[str], ...]]] = {}
         nodes.changes.subscribe(self._changed)
 
     def __repr__(self) -> str:
@@ -85,7 +85,7 @@ class NodeFeed:
     def _changed(self, endpoint: NodeEndpoint) -> None:
         enabled = self._settings.config.load_balancing.enabled
         entry = endpoint_entry(endpoint.cfg, endpoint, enabled)
-        ids = endpoint.model_ids if entry["loadedModelCount"] else frozenset()
+        ids = (endpoint.model_ids, endpoint.loaded_ids) if enabled and endpoint.online else ()
         last = self._published.get(endpoint.fingerprint)
         if last is None or last[1] != ids or entry_moved(last[0], entry):
             self._published[endpoint.fingerprint] = entry, ids
