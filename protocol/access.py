@@ -18,7 +18,8 @@ from protocol.errors import ConfigError, SluiceError, Source
 
 __all__ = [
     "CORS_MAX_AGE", "KEY_PREFIX", "PREFLIGHT_METHODS", "admin_token_invalid",
-    "admin_token_missing", "bearer_token", "check_api_key", "check_secret_maps",
+    "admin_token_missing", "api_key_header", "bearer_token", "check_api_key",
+    "check_secret_maps",
     "cors_headers", "forbidden_host", "forbidden_origin", "hash_key", "host_allowed",
     "is_loopback_ip", "key_invalid", "key_matches", "key_missing", "new_access_key",
     "origin_allowed", "preflight_headers", "token_equals",
@@ -172,6 +173,20 @@ def bearer_token(values: Sequence[bytes]) -> str | None:
     return text if _visible_ascii(text) else ""
 
 
+def api_key_header(values: Sequence[bytes]) -> str | None:
+    """The key of one ``x-api-key`` header (Anthropic's clients); None when there is none,
+    "" when it is malformed or repeated (a credential that matches nothing)."""
+    if not values:
+        return None
+    if len(values) > 1:
+        return ""
+    try:
+        text = values[0].strip().decode("ascii")
+    except UnicodeDecodeError:
+        return ""
+    return text if text and _visible_ascii(text) else ""
+
+
 def hash_key(key: str) -> str:
     """How an access key is stored: the sha256 of a 256-bit random key (no salt or stretching
     needed at that entropy)."""
@@ -214,7 +229,8 @@ def _auth_error(status: int, message: str, code: str, *, challenge: bool) -> Slu
 
 def key_missing() -> SluiceError:
     return _auth_error(401, "an access key is required: send 'Authorization: Bearer <key>' "
-                            "(create one with 'sluice keys create')", "missing_api_key",
+                            "or 'x-api-key: <key>' (create one with 'sluice keys create')",
+                       "missing_api_key",
                        challenge=True)
 
 

@@ -18,8 +18,45 @@ class Source(enum.Enum):
     CONFIG = "config"  # a configuration value is invalid
 
 
+class Family(enum.Enum):
+    """The API a request speaks, decided once from its path (:func:`family_of`): the shape
+    of the gateway's own errors for it (SPEC §12)."""
+
+    OPENAI = "openai"  # /v1/chat/completions and every other OpenAI path, our own API
+    ANTHROPIC = "anthropic"  # /v1/messages*
+    RESPONSES = "responses"  # /v1/responses*
+    OLLAMA = "ollama"  # /api/* but /api/v1/*: the Ollama API
+
+
+def family_of(path: str) -> Family:
+    """The family of a request path (a few prefix checks: it runs once per request)."""
+    if path.startswith("/v1/"):
+        if path.startswith("/v1/messages"):
+            return Family.ANTHROPIC
+        if path.startswith("/v1/responses"):
+            return Family.RESPONSES
+        return Family.OPENAI
+    if path.startswith("/api/") and not path.startswith("/api/v1/"):
+        return Family.OLLAMA
+    return Family.OPENAI
+
+
+# Anthropic's error types by status (SPEC §12); other 5xx are "api_error".
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_type(status: int) -> str:
+    known = ANTHROPIC_TYPES.get(status)
+    if known is not None:
+        return known
+    return "api_error" if status >= 500 else "invalid_request_error"
+
+
 class SluiceError(Exception):
-    """An error with an HTTP status and an OpenAI-shaped body."""
+    """An error with an HTTP status and a body in the shape of the request's family
+    (OpenAI's unless told)."""
 
     def __init__(
         self,
@@ -50,8 +87,21 @@ class SluiceError(Exception):
     def to_dict(self) -> dict[str, object]:
         return error_dict(self.message, self.type, self.code, self.param)
 
-    def body(self) -> bytes:
-        return json.dumps({"error": self.to_dict()}, separators=(",", ":")).encode()
+    def anthropic_dict(self) -> dict[str, object]:
+        """Anthropic's ``error`` object: its type by status, the message naming our code."""
+        message = self.message if self.code is None else f"{self.message} ({self.code})"
+        return {"type": anthropic_type(self.status), "message": message}
+
+    def payload(self, family: Family = Family.OPENAI) -> object:
+        """The error body's JSON value in ``family``'s shape."""
+        if family is Family.ANTHROPIC:
+            return {"type": "error", "error": self.anthropic_dict()}
+        if family is Family.OLLAMA:
+            return {"error": self.message}
+        return {"error": self.to_dict()}
+
+    def body(self, family: Family = Family.OPENAI) -> bytes:
+        return json.dumps(self.payload(family), separators=(",", ":")).encode()
 
 
 def error_dict(

@@ -29,9 +29,10 @@ SERVED_BY = b"x-sluice-served-by"
 REQUEST_ID = b"x-sluice-request-id"  # ours on every answer (an upstream gateway's is replaced)
 FORWARDED = b"x-sluice-forwarded"  # set on a request one gateway forwards to another
 
-# Request headers the gateway sets itself, so the client's copies are dropped.
+# Request headers the gateway sets itself, or credentials for the gateway (Anthropic's
+# clients send their key as x-api-key), so the client's copies are dropped.
 _REPLACED_UPSTREAM = frozenset(
-    {b"host", b"authorization", b"content-length", b"expect", FORWARDED})
+    {b"host", b"authorization", b"x-api-key", b"content-length", b"expect", FORWARDED})
 # Response headers the gateway sets itself.
 _REPLACED_DOWNSTREAM = frozenset({b"content-length", SERVED_BY, REQUEST_ID})
 

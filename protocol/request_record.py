@@ -94,6 +94,20 @@ def usage_from_event(line: bytes | None) -> dict[str, Any] | None:
     return usage_in_body(line)
 
 
+def stream_usage(first: bytes | None, last: bytes | None) -> dict[str, Any] | None:
+    """A stream's usage from the first and the last event lines that carry one: the same
+    line for OpenAI chunks and the Responses API (``response.completed``); for Anthropic's
+    Messages, ``message_start``'s (input tokens) merged with ``message_delta``'s (output
+    tokens; its figures win)."""
+    later = usage_from_event(last)
+    if first is None or first == last:
+        return later
+    earlier = usage_from_event(first)
+    if not earlier or not later:
+        return later or earlier
+    return {**earlier, **later}
+
+
 def token_counts(usage: dict[str, Any] | None) -> tuple[int, int] | None:
     """(prompt, completion) tokens of a usage object, in the Chat Completions or the
     Responses API spelling; None when it has neither."""
@@ -133,6 +147,7 @@ class RequestRecord:
     attempts: tuple[tuple[str, str], ...] = ()
     routed: bool = False
     usage_in: bytes | None = None  # where ``usage`` is still to be found (see find_usage)
+    usage_first: bytes | None = None  # a stream's first usage line, when it is not usage_in
     load: float | None = None  # seconds it waited for its managed model to load (SPEC §11)
 
     def __repr__(self) -> str:
@@ -144,8 +159,11 @@ class RequestRecord:
         carries it. Done by the first reader, in the hub's batch, not on the hot path; the
         bytes are let go then."""
         if self.usage_in is not None:
-            self.usage = usage_in_body(self.usage_in)
-            self.usage_in = None
+            if self.usage_first is None:
+                self.usage = usage_in_body(self.usage_in)
+            else:
+                self.usage = stream_usage(self.usage_first, self.usage_in)
+            self.usage_in = self.usage_first = None
         return self.usage
 
     def to_json(self) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import enum
 from collections.abc import Sequence
 
 from protocol.access import cors_headers
-from protocol.errors import SluiceError
+from protocol.errors import Family, SluiceError
 from protocol.headers import REQUEST_ID, Header
 from protocol.http1 import (
     CONTINUE,
@@ -61,8 +61,8 @@ class Response:
     Origin the answer names (an upstream's own ``access-control-*`` headers never pass).
     """
 
-    __slots__ = ("bodiless", "chunked", "continued", "cors_origin", "keep_alive", "request_id",
-                 "state", "status")
+    __slots__ = ("bodiless", "chunked", "continued", "cors_origin", "family", "keep_alive",
+                 "request_id", "state", "status")
 
     def __init__(self, *, http11: bool = True, keep_alive: bool = True,
                  cors_origin: bytes | None = None, request_id: bytes | None = None) -> None:
@@ -74,6 +74,7 @@ class Response:
         self.cors_origin = cors_origin
         self.continued = False  # 100 Continue sent
         self.bodiless = False  # the answer to a HEAD: its head says the length, no body follows
+        self.family = Family.OPENAI  # the shape of our errors (the exchange sets it, §12)
 
     def __repr__(self) -> str:
         return (f"Response({self.state.value}, chunked={self.chunked}, "
@@ -172,6 +173,6 @@ class Response:
 
     def error_event(self, err: SluiceError, *, at_boundary: bool) -> bytes:
         """After the head: one SSE error event; the answer is then broken (no last chunk)."""
-        data = self.frame(error_event(err, at_boundary))
+        data = self.frame(error_event(err, at_boundary, self.family))
         self.broken()
         return data

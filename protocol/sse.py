@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from protocol.errors import SluiceError
+from protocol.errors import Family, SluiceError
 
 TAIL = 4  # bytes of the stream kept to answer :func:`ends_event`
 
@@ -29,12 +29,25 @@ def ends_event(tail: bytes) -> bool:
     return False
 
 
-def error_event(err: SluiceError, at_boundary: bool) -> bytes:
-    """One SSE event carrying ``err`` OpenAI-shaped, starting on a fresh event boundary
-    (``at_boundary``: the stream so far already ends an event)."""
+def error_event(err: SluiceError, at_boundary: bool, family: Family = Family.OPENAI) -> bytes:
+    """One SSE event carrying ``err`` in ``family``'s shape (SPEC §7.4, §12), starting on a
+    fresh event boundary (``at_boundary``: the stream so far already ends an event):
+    ``data: {"error": {...}}`` for Chat Completions; ``event: error`` with Anthropic's
+    ``{"type": "error", "error": {type, message}}``; ``event: error`` with the Responses
+    API's ``{"type": "error", code, message, param}``."""
     prefix = b"" if at_boundary else b"\n\n"
-    payload = json.dumps({"error": err.to_dict()}, separators=(",", ":")).encode()
-    return prefix + b"data: " + payload + b"\n\n"
+    if family is Family.ANTHROPIC:
+        value: object = {"type": "error", "error": err.anthropic_dict()}
+    elif family is Family.RESPONSES:
+        value = {"type": "error", "code": err.code, "message": err.message, "param": err.param}
+    else:
+        value = {"error": err.to_dict()}
+    payload = json.dumps(value, separators=(",", ":")).encode()
+    event = b"data: " if family not in _NAMED else b"event: error\ndata: "
+    return prefix + event + payload + b"\n\n"
+
+
+_NAMED = frozenset({Family.ANTHROPIC, Family.RESPONSES})  # their events are named
 
 
 _DATA_LINE = b"\ndata:"
@@ -57,11 +70,15 @@ class SseObserver:
     it costs a few searches in C; the unfinished last line of a read is kept (up to
     :data:`USAGE_LINE_CAP`) so a line split across reads is still seen whole."""
 
-    __slots__ = ("_before", "_clean", "_last", "_partial", "_tail", "events", "usage_line")
+    __slots__ = ("_before", "_clean", "_last", "_partial", "_tail", "events",
+                 "first_usage_line", "usage_line")
 
     def __init__(self) -> None:
         self.events = 0
         self.usage_line: bytes | None = None
+        # The first such line: Anthropic's message_start, whose usage has the input tokens
+        # (message_delta's, the last, has the output tokens).
+        self.first_usage_line: bytes | None = None
         self._last = self._before = b""  # the stream's end: the last reads' last bytes
         self._clean = True  # the bytes so far end a line (or there are none)
         self._tail = b""  # the last 5 bytes so far, while they do not end a line
@@ -113,14 +130,17 @@ class SseObserver:
                 return
             if partial is not None and _USAGE_KEY in partial + data[:newline]:
                 self.usage_line = bytes(partial + data[:newline])
+                if self.first_usage_line is None:
+                    self.first_usage_line = self.usage_line
             self._partial = bytearray()
             start = newline + 1
         last = data.rfind(b"\n")
         if last >= start:  # whole lines in data[start:last]
             key = data.rfind(_USAGE_KEY, start, last)
             if key >= 0:
-                begin = max(data.rfind(b"\n", start, key) + 1, start)
-                self.usage_line = data[begin:data.find(b"\n", key)]
+                self.usage_line = _line_at(data, key, start)
+                if self.first_usage_line is None:
+                    self.first_usage_line = _line_at(data, data.find(_USAGE_KEY, start), start)
             start = last + 1
         if start < len(data):
             self._grow(self._partial, data[start:])  # type: ignore[arg-type]
@@ -130,3 +150,9 @@ class SseObserver:
             self._partial = None  # skip the rest of this line
         else:
             partial += more
+
+
+def _line_at(data: bytes, at: int, start: int) -> bytes:
+    """The whole line of ``data`` around index ``at`` (not before ``start``)."""
+    begin = max(data.rfind(b"\n", start, at) + 1, start)
+    return data[begin:data.find(b"\n", at)]

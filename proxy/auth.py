@@ -23,6 +23,7 @@ import trio
 from protocol.access import (
     admin_token_invalid,
     admin_token_missing,
+    api_key_header,
     bearer_token,
     forbidden_host,
     forbidden_origin,
@@ -123,6 +124,8 @@ def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, method: 
         return None
     settings = ctx.settings
     token = bearer_token(_values(headers, b"authorization"))
+    if token is None:  # Anthropic's clients send the key as x-api-key (SPEC §12)
+        token = api_key_header(_values(headers, b"x-api-key"))
     admin = settings.secrets.admin_token
     if admin_call:
         if token is None:

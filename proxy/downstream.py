@@ -105,7 +105,7 @@ class Downstream:
             return
         headers = [(b"content-type", b"application/json"), *err.headers]
         self.error_code = err.code
-        await self.send_whole(err.status, headers, err.body())
+        await self.send_whole(err.status, headers, err.body(self.response.family))
 
     async def send_head(self, status: int, headers: list[Header], reason: bytes, body: bytes,
                         *, end: bool, on_block: Callable[[], None] | None = None) -> None:

@@ -28,7 +28,7 @@ import h11
 import trio
 
 from protocol.access import PREFLIGHT_METHODS, preflight_headers
-from protocol.errors import SluiceError
+from protocol.errors import SluiceError, family_of
 from protocol.headers import Header, connection_tokens, header_value
 from protocol.request_info import RequestInfo, parse_request_body, request_path
 from protocol.response import Response
@@ -123,6 +123,7 @@ class Exchange:
             request = await self.source.read_head()
             response.request_id = self.ctx.request_log.next_id()
             self.request = request
+            response.family = family_of(request_path(request.target))  # our errors' shape
             self.started = trio.current_time()
             self.wall = time.time()
             headers = self.source.headers

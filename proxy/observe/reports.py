@@ -120,6 +120,7 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
     failover = None
     events = None
     usage_in: bytes | None = None
+    usage_first: bytes | None = None
     if relay is not None and served_by is not None:
         attempts = ((served_by, outcome),)
         failed = relay.plan.failed
@@ -130,6 +131,8 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
         if observer is not None:
             events = observer.events
             usage_in = observer.usage_line
+            if observer.first_usage_line != usage_in:
+                usage_first = observer.first_usage_line
         else:
             usage_in = relay.usage_in
     info = exchange.info
@@ -140,5 +143,6 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
         served_by=served_by, status=status, outcome=outcome, failover=failover, ttfb=ttfb,
         duration=duration, bytes_out=bytes_sent, events=events, usage=None, error=error_code,
         attempts=attempts, routed=relay is not None, usage_in=usage_in,
+        usage_first=usage_first,
         load=exchange.load_wait)
 
