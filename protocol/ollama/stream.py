@@ -1,0 +1,190 @@
+"""A model server's OpenAI stream (SSE) as Ollama's (NDJSON), event by event.
+
+The endpoint gives :meth:`StreamTranslator.feed` each piece of the upstream body as it
+arrives (de-chunked; pieces of any size) and writes what it returns at once: the lines of
+every event the piece finished, nothing held back but an unfinished event. When the
+upstream body ends, :meth:`StreamTranslator.finish` gives the last line; when the stream
+breaks (an upstream that went away, a timeout), :meth:`StreamTranslator.error` gives the one
+``{"error": ...}`` line Ollama ends a broken stream with.
+
+Lines, one per event that carries text (``model`` the name the client sent, ``created_at``
+the time the endpoint gives with the piece):
+
+- chat: ``{"model", "created_at", "message": {"role": "assistant", "content"}, "done":
+  false}``, with ``thinking`` when the server sends a reasoning model's
+  ``reasoning_content``;
+- generate: ``{"model", "created_at", "response", "done": false}`` (and ``thinking``).
+
+Events with no text give no line: the role chunk (``"content": null``), the finish chunk
+(``"delta": {}``), the usage chunk (``"choices": []``), ``data: [DONE]``, comments and
+other fields. (Ollama itself writes a line per token, and an empty line of text says
+nothing; clients such as ollama-python read every line as JSON, so a line is never empty.)
+Only the first choice (index 0) is read: Ollama has no ``n``.
+
+Tool calls come in pieces (:mod:`protocol.ollama.tool_calls`) and are written whole, as
+Ollama writes them, in one line of their own with ``"content": ""`` when the choice
+finishes (or at the end, for a stream that ended without saying so).
+
+The last line: ``done: true``, ``done_reason`` and the figures of
+:mod:`protocol.ollama.metrics`; chat's has ``message: {role: assistant, content: ""}``,
+generate's ``response: ""``, as Ollama's. A stream that ends before it said it was finished
+(no ``finish_reason``, no ``[DONE]``) was cut: its end is an error line instead.
+
+An event that says ``{"error": ...}`` (llama.cpp sends one when generation fails midway),
+an event that is not a JSON object, or an event over the size caps ends the stream with one
+error line; after it, ``feed`` and ``finish`` give nothing (:attr:`failed`), so the endpoint
+stops reading and ends the answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.ollama.errors import error_line, upstream_message
+from protocol.ollama.metrics import Timing, Usage, done_reason
+from protocol.ollama.requests import Answer, Kind
+from protocol.ollama.sse_reader import EventTooLarge, SseReader
+from protocol.ollama.tool_calls import ToolCallParts, TooManyParts
+from protocol.ollama.wire import NotJson, load_json, ndjson_line
+
+__all__ = ["CUT_MESSAGE", "StreamTranslator"]
+
+CUT_MESSAGE = "the model server's stream ended before the answer was complete"
+
+
+class StreamTranslator:
+    """One streamed answer's translation (see the module). Not for embeddings."""
+
+    __slots__ = ("_answer", "_calls", "_ended", "_failed", "_finish_reason", "_pieces",
+                 "_reader", "_usage")
+
+    def __init__(self, answer: Answer) -> None:
+        if answer.kind not in (Kind.CHAT, Kind.GENERATE):
+            raise ValueError(f"{answer.kind.value} answers are not streamed")
+        self._answer = answer
+        self._reader = SseReader()
+        self._usage = Usage()
+        self._calls = ToolCallParts()
+        self._finish_reason: str | None = None
+        self._ended = False  # a finish_reason or [DONE] was seen
+        self._failed = False  # an error line was given: nothing more follows
+        self._pieces = 0
+
+    def __repr__(self) -> str:
+        return (f"StreamTranslator(kind={self._answer.kind.value}, pieces={self._pieces}, "
+                f"ended={self._ended}, failed={self._failed})")
+
+    @property
+    def failed(self) -> bool:
+        """An error line was given; the endpoint should end the answer after it."""
+        return self._failed
+
+    @property
+    def complete(self) -> bool:
+        """The model server said the answer is finished (``finish_reason`` or ``[DONE]``)."""
+        return self._ended
+
+    def feed(self, piece: bytes, created_at: str) -> bytes:
+        """The NDJSON lines for the events that ``piece`` finishes (often b"")."""
+        if self._failed:
+            return b""
+        try:
+            events = self._reader.feed(piece)
+        except EventTooLarge as err:
+            return self.error(f"the model server sent {err}")
+        if not events:
+            return b""
+        lines = [self._event(data, created_at) for data in events]
+        return b"".join(lines)
+
+    def finish(self, created_at: str, timing: Timing) -> bytes:
+        """The stream's last line(s), once the upstream body ended (see the module)."""
+        if self._failed:
+            return b""
+        if not self._ended:
+            return self.error(CUT_MESSAGE)
+        out = self._tool_call_line(created_at)
+        line = self._base(created_at, "", done=True)
+        line["done_reason"] = done_reason(self._finish_reason)
+        line.update(self._usage.fields(timing, self._pieces))
+        self._failed = True  # the answer is over: nothing may follow the last line
+        return out + ndjson_line(line)
+
+    def error(self, message: str) -> bytes:
+        """The one line that ends a broken stream (b"" once the stream has ended)."""
+        if self._failed:
+            return b""
+        self._failed = True
+        return error_line(message)
+
+    def _event(self, data: bytes, created_at: str) -> bytes:
+        if self._failed:
+            return b""
+        if data == b"[DONE]":
+            self._ended = True
+            return b""
+        try:
+            doc = load_json(data)
+        except NotJson:
+            return self.error("the model server sent an event that is not JSON")
+        if not isinstance(doc, dict):
+            return self.error("the model server sent an event that is not a JSON object")
+        message = upstream_message(doc)
+        if message is not None:
+            return self.error(message)
+        self._usage.see(doc)
+        choices = doc.get("choices")
+        if not isinstance(choices, list):
+            return b""
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                return self._choice(choice, created_at)
+        return b""
+
+    def _choice(self, choice: dict[str, Any], created_at: str) -> bytes:
+        if self._answer.text_completion:
+            text, thinking = choice.get("text"), None
+        else:
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                delta = {}
+            text, thinking = delta.get("content"), delta.get("reasoning_content")
+            if self._answer.kind is Kind.CHAT:  # generate has no tools
+                try:
+                    self._calls.add(delta.get("tool_calls"))
+                except TooManyParts as err:
+                    return self.error(f"the model server sent {err}")
+        out = b""
+        text = text if isinstance(text, str) else ""
+        thinking = thinking if isinstance(thinking, str) else ""
+        if text or thinking:
+            self._pieces += 1
+            out = ndjson_line(self._base(created_at, text, thinking=thinking))
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str) and reason:
+            self._finish_reason = reason
+            self._ended = True
+            out += self._tool_call_line(created_at)
+        return out
+
+    def _tool_call_line(self, created_at: str) -> bytes:
+        if not self._calls:
+            return b""
+        line = self._base(created_at, "")
+        line["message"]["tool_calls"] = self._calls.take()
+        return ndjson_line(line)
+
+    def _base(self, created_at: str, text: str, *, thinking: str = "",
+              done: bool = False) -> dict[str, Any]:
+        line: dict[str, Any] = {"model": self._answer.model, "created_at": created_at}
+        if self._answer.kind is Kind.CHAT:
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if thinking:
+                message["thinking"] = thinking
+            line["message"] = message
+        else:
+            line["response"] = text
+            if thinking:
+                line["thinking"] = thinking
+        line["done"] = done
+        return line
