@@ -109,15 +109,23 @@ def stream_usage(first: bytes | None, last: bytes | None) -> dict[str, Any] | No
 
 
 def token_counts(usage: dict[str, Any] | None) -> tuple[int, int] | None:
-    """(prompt, completion) tokens of a usage object, in the Chat Completions or the
-    Responses API spelling; None when it has neither."""
+    """(prompt, completion) tokens of a usage object, in the Chat Completions, the Responses
+    API or Anthropic's spelling (whose cached input tokens count as prompt tokens too); None
+    when it has neither."""
     if not usage:
         return None
     prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
     completion = usage.get("completion_tokens", usage.get("output_tokens"))
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
+    for cached in _ANTHROPIC_CACHED:  # Anthropic counts cached input apart from input_tokens
+        more = usage.get(cached)
+        if isinstance(more, int) and "prompt_tokens" not in usage:
+            prompt += more
     return prompt, completion
+
+
+_ANTHROPIC_CACHED = ("cache_read_input_tokens", "cache_creation_input_tokens")
 
 
 @attrs.define(slots=True, repr=False)
@@ -149,6 +157,7 @@ class RequestRecord:
     usage_in: bytes | None = None  # where ``usage`` is still to be found (see find_usage)
     usage_first: bytes | None = None  # a stream's first usage line, when it is not usage_in
     load: float | None = None  # seconds it waited for its managed model to load (SPEC §11)
+    served_model: str | None = None  # the model the upstream was asked for (an alias's target)
 
     def __repr__(self) -> str:
         return (f"RequestRecord({self.id} {self.method} {self.path} {self.status} "
@@ -174,6 +183,7 @@ class RequestRecord:
             "method": self.method,
             "path": self.path,
             "model": self.model,
+            "servedModel": self.served_model,
             "stream": self.stream,
             "transport": self.transport,
             "servedBy": self.served_by,
@@ -196,8 +206,8 @@ class RequestRecord:
         dict cost three times this."""
         self.find_usage()
         usage, ttfb, events, load = self.usage, self.ttfb, self.events, self.load
-        route = _route_json(self.method, self.path, self.model, self.stream, self.transport,
-                            self.served_by)
+        route = _route_json(self.method, self.path, self.model, self.served_model, self.stream,
+                            self.transport, self.served_by)
         return (f'{{"id":{encode_basestring(self.id)},'
                 f'"startedAt":"{iso_utc(self.started_at)}",{route},'
                 f'"status":{self.status:d},"outcome":{encode_basestring(self.outcome)},'
@@ -221,10 +231,11 @@ def _millis(seconds: float) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _route_json(method: str, path: str, model: str | None, stream: bool, transport: str,
-                served_by: str | None) -> str:
+def _route_json(method: str, path: str, model: str | None, served_model: str | None,
+                stream: bool, transport: str, served_by: str | None) -> str:
     """The members of a record's JSON from ``method`` to ``servedBy``: the same for every
     request to one model by one route, so made once for them."""
     return (f'"method":{encode_basestring(method)},"path":{encode_basestring(path)},'
-            f'"model":{_string_or_null(model)},"stream":{"true" if stream else "false"},'
+            f'"model":{_string_or_null(model)},"servedModel":{_string_or_null(served_model)},'
+            f'"stream":{"true" if stream else "false"},'
             f'"transport":{encode_basestring(transport)},"servedBy":{_string_or_null(served_by)}')

@@ -160,6 +160,13 @@ def test_responses_usage_is_that_of_response_completed(cuts: list[int]) -> None:
     assert usage == {"input_tokens": 9, "output_tokens": 2, "total_tokens": 11}
 
 
+def test_anthropic_cached_input_counts_as_prompt_tokens() -> None:
+    usage = {"cache_read_input_tokens": 30, "input_tokens": 1, "output_tokens": 3}
+    assert token_counts(usage) == (31, 3)
+    assert token_counts({"input_tokens": 31, "output_tokens": 3, "total_tokens": 34,
+                         "input_tokens_details": {"cached_tokens": 30}}) == (31, 3)
+
+
 def test_chat_usage_is_the_last_chunks() -> None:
     chunk = b'data: {"choices":[{"delta":{"content":"x"}}],"usage":null}\n\n'
     last = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
