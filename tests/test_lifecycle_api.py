@@ -211,3 +211,26 @@ async def test_idle_is_told_when_the_last_request_ends(
     life.release(model)
     assert idle == ["a"]
     assert model.unloads_at() == pytest.approx(trio.current_time() + 300)
+
+
+async def test_a_clients_keep_alive_lasts_for_its_load(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery) -> None:
+    life, servers, _ = await _start(nursery, spec("a", keep_alive=300))
+    model = await life.acquire("a")
+    life.keep_alive(model, 20)  # Ollama's "keep_alive": "20s"
+    life.release(model)
+    await trio.sleep(19)
+    assert model.state is ModelState.LOADED
+    await trio.sleep(2)
+    assert model.state in (ModelState.UNLOADING, ModelState.UNLOADED)
+    await trio.sleep(1)
+    assert model.keep_alive is None  # the next load has the model's own setting again
+    model = await use(life, "a")
+    await trio.sleep(299)
+    assert model.state is ModelState.LOADED
+    forever = await life.acquire("a")
+    life.keep_alive(forever, float("inf"))
+    life.release(forever)
+    await trio.sleep(86400)
+    assert model.state is ModelState.LOADED
+    assert servers.started == ["a", "a"]

@@ -215,6 +215,7 @@ class Lifecycle:
         model.memory = 0
         model.loaded_at = None
         model.unload_asked = False
+        model.keep_alive = None  # a client's keep_alive lasts for the load it was given in
         self._set(model, Move.STOPPED)
         if model.removed and model.state is ModelState.UNLOADED:
             self._drop(model)
@@ -261,6 +262,12 @@ class Lifecycle:
         self._set(model, Move.UNLOAD)
         self._tasks.start_soon(self._stop, model, reload)
         return True
+
+    def keep_alive(self, model: Managed, seconds: float) -> None:
+        """A client's keep_alive for ``model`` (Ollama's): how long it stays loaded once
+        idle, until it is unloaded (inf: forever; 0: right after its last request)."""
+        model.keep_alive = seconds
+        self._poke()
 
     def ask_unload(self, name: str) -> Managed:
         """Unload model ``name`` as soon as no request is in flight (the API's unload; a

@@ -87,6 +87,13 @@ class Managed:
     removed: bool = False  # its file is gone: dropped from the catalogue once unloaded
     load_started: float | None = None  # when its load under way began
     loads: LoadFigures = attrs.field(factory=lambda: LoadFigures())
+    keep_alive: float | None = None  # a client's keep_alive for this load (Ollama's), else
+                                     # the spec's
+
+    @property
+    def idle_time(self) -> float:
+        """Seconds idle before it is unloaded: a client's keep_alive, else its setting."""
+        return self.spec.keep_alive if self.keep_alive is None else self.keep_alive
 
     @property
     def name(self) -> str:
@@ -104,7 +111,7 @@ class Managed:
             return math.inf
         if self.unload_asked or self.removed:
             return -math.inf
-        return self.last_used + self.spec.keep_alive
+        return self.last_used + self.idle_time
 
 
 @attrs.define

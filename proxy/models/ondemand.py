@@ -249,7 +249,7 @@ class OnDemand:
             "name": model.name, "path": spec.path,
             "source": "folder" if entry is None else entry.source,
             "state": model.state.value,
-            "keepAlive": None if math.isinf(spec.keep_alive) else spec.keep_alive,
+            "keepAlive": None if math.isinf(model.idle_time) else model.idle_time,
             "preload": spec.preload,
             "loadedAt": _wall(model.loaded_at, now),
             "lastUsedAt": _wall(model.last_used, now),
