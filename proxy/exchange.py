@@ -32,7 +32,7 @@ from protocol.errors import SluiceError, family_of
 from protocol.headers import Header, connection_tokens, header_value
 from protocol.request_info import RequestInfo, parse_request_body, request_path
 from protocol.response import Response
-from proxy import auth
+from proxy import aliasing, auth
 from proxy.api.call import Body, Takeover
 from proxy.api.routes import NEEDS_MODELS, AnyHandler, Call, route
 from proxy.errors import ClientGone
@@ -180,6 +180,8 @@ class Exchange:
             return
         self.info = info = parse_request_body(path, body)
         ctx = self.ctx
+        if ctx.config.aliases:  # SPEC §12: served as another model (self.info stays as asked)
+            info, body = await aliasing.apply(ctx, info, headers, body)
         ondemand = ctx.ondemand
         if ondemand is None or not ondemand.holds(info.model):
             await self.relay_to(ctx, request, path, headers, body, info)

@@ -7,6 +7,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from protocol.aliases import AliasTable
 from protocol.config import (
     ApiConfig,
     BackendConfig,
@@ -27,7 +28,8 @@ from protocol.config import (
 from protocol.errors import ConfigError
 from protocol.names import is_fingerprint, is_label
 
-SPEC_ORDER = ["api", "local", "backends", "models", "load_balancing", "nodes", "model_loading",
+SPEC_ORDER = ["api", "local", "backends", "models", "load_balancing", "nodes", "aliases",
+              "model_loading",
               "observability", "health_checks",
               "circuit_breaker", "timeouts"]
 
@@ -455,6 +457,8 @@ def rich_config() -> Config:
         models=(ModelConfig("smollm2-135m", "models/a b.gguf", 4096, 1, 3),),
         nodes=(NodeConfig("node-1", "studio: mac", "http://10.0.0.1:39080", 255, False),
                NodeConfig("node-2", "", "http://10.0.0.2:39080/base", 1, True)),
+        aliases=AliasTable([("gpt-4o", "smollm2-135m"), ("*", "#x:y"), ("claude-*", "é/ü"),
+                            ("yes", "null"), ("&a", "!b")]),
         health_checks=HealthChecksConfig(interval=2.5, timeout=7.0),
         timeouts=attrs.evolve(base.timeouts, connection=0.75),
     ))

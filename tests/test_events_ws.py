@@ -190,7 +190,8 @@ async def test_hello_comes_first_with_every_field(start_gateway: StartGateway,
     gets = {path: (await request(gw.unix, "GET", path)).json() for path in (
         "/api/v1/node/identity", "/api/v1/inference/status", "/api/v1/pool/distributed-status",
         "/api/v1/pool/routing-stats", "/api/v1/settings/load-balancing",
-        "/api/v1/settings/timeouts", "/api/v1/settings/api", "/api/v1/notifications")}
+        "/api/v1/settings/timeouts", "/api/v1/settings/api", "/api/v1/settings/aliases",
+        "/api/v1/notifications")}
     async with subscribe(gw, transport) as ws:
         hello = await frame(ws)
         assert hello["type"] == "hello", hello
@@ -205,6 +206,7 @@ async def test_hello_comes_first_with_every_field(start_gateway: StartGateway,
         assert data["pool"] == gets["/api/v1/pool/distributed-status"]
         assert data["stats"] == gets["/api/v1/pool/routing-stats"]
         assert data["settings"] == {"loadBalancing": gets["/api/v1/settings/load-balancing"],
+                                    "aliases": gets["/api/v1/settings/aliases"],
                                     "timeouts": gets["/api/v1/settings/timeouts"],
                                     "api": gets["/api/v1/settings/api"]}
         assert data["notifications"] == gets["/api/v1/notifications"]["notifications"]

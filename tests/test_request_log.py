@@ -121,7 +121,8 @@ def test_the_ring_keeps_the_newest_and_filters() -> None:
     assert log.query() == []
     entry = _record(1).to_json()
     assert entry["startedAt"] == "2023-11-14T22:13:20.500Z"
-    assert set(entry) == {"id", "startedAt", "method", "path", "model", "stream", "transport",
+    assert set(entry) == {"id", "startedAt", "method", "path", "model", "servedModel", "stream",
+                          "transport",
                           "servedBy", "status", "outcome", "failover", "ttfbMs", "durationMs",
                           "bytesOut", "events", "usage", "error", "loadMs"}
 
@@ -172,6 +173,7 @@ async def test_local_whole_and_streamed_answers(
     assert oldest["id"] == rid
     assert (oldest["method"], oldest["path"], oldest["model"], oldest["stream"]) == (
         "POST", CHAT, MODEL, False)
+    assert oldest["servedModel"] == MODEL  # no alias: the model asked for
     assert (oldest["transport"], oldest["servedBy"], oldest["status"], oldest["outcome"]) == (
         "unix", "local:mine", 200, "success")
     assert oldest["failover"] is None
@@ -219,6 +221,7 @@ async def test_refusals_errors_and_timeouts(
     assert (unknown["status"], unknown["outcome"], unknown["servedBy"], unknown["model"],
             unknown["error"]) == (503, "refused", None, "nobody-has-it", "model_not_available")
     assert (no_model["status"], no_model["outcome"], no_model["model"]) == (400, "refused", None)
+    assert (unknown["servedModel"], no_model["servedModel"]) == (None, None)  # nothing served
     assert (timeout["status"], timeout["outcome"], timeout["error"]) == (
         504, "failure", "upstream_timeout")
     assert 5000 <= timeout["durationMs"] < 5010

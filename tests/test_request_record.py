@@ -44,7 +44,7 @@ _usage = st.none() | st.dictionaries(_text, st.integers(0, 10**9) | st.none(), m
        status=st.integers(100, 599), outcome=st.sampled_from(OUTCOMES),
        failover=st.none() | _text, ttfb=st.none() | _seconds, duration=_seconds,
        bytes_out=st.integers(0, 10**12), events=st.none() | st.integers(0, 10**6),
-       usage=_usage, error=st.none() | _text)
+       usage=_usage, error=st.none() | _text, served_model=st.none() | _text)
 def test_json_text_is_to_json_written_out(**fields: Any) -> None:
     """The feed's text of a record parses to exactly its log entry, keys in order."""
     record = RequestRecord(**fields)

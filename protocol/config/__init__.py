@@ -12,7 +12,7 @@ path (``timeouts.request.streaming.total``, ``nodes[1].priority``) and, for limi
 itself. Import the names from here.
 """
 
-from protocol.config.convert import config_to_dict
+from protocol.config.convert import config_to_dict, structure_config
 from protocol.config.schema import (
     BACKEND_KINDS,
     SOCKET_DIR_MAX_BYTES,
@@ -48,5 +48,5 @@ __all__ = [
     "by_priority",
     "config_to_dict",
     "default_config", "dump_config_yaml", "parse_config_text", "rebuild_health_check",
-    "validate_config",
+    "structure_config", "validate_config",
 ]

@@ -19,6 +19,7 @@ from cattrs.errors import (
 )
 from cattrs.gen import make_dict_structure_fn
 
+from protocol.aliases import AliasTable
 from protocol.config.schema import AUTO_BUDGET, Config, Duration, KeepAlive, MemoryBudget, Size
 from protocol.durations import format_duration, format_size, parse_duration, parse_size
 from protocol.errors import ConfigError
@@ -125,6 +126,25 @@ def _format_memory_budget(size: int) -> str:
     return "auto" if size == AUTO_BUDGET else format_size(size)
 
 
+def _aliases(value: object, _: Any) -> AliasTable:
+    """``aliases:``: a mapping (``null`` = empty) of names to targets, both strings, kept in
+    file order; a problem names ``aliases.<name>``. Whether each is a model id is
+    :mod:`protocol.config.validate`'s rule."""
+    if value is None:
+        return AliasTable()
+    if not isinstance(value, Mapping):
+        raise ConfigError("", "expected a mapping of names to model ids (gpt-4o: "
+                              f"smollm2-135m), got {describe(value)}")
+    for name, target in value.items():
+        if not isinstance(name, str):
+            raise ConfigError(str(name), f"an alias name must be a string (write {name!r} "
+                                         "in quotes), got " + describe(name))
+        if not isinstance(target, str):
+            raise ConfigError(name, f"the target must be a model id (a string), got "
+                                    f"{describe(target)}")
+    return AliasTable(value.items())
+
+
 _CONVERTER: Final = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
 _CONVERTER.register_structure_hook(bool, _strict(bool, "true or false"))
 _CONVERTER.register_structure_hook(int, _strict(int, "a whole number"))
@@ -139,6 +159,8 @@ _CONVERTER.register_structure_hook_func(lambda t: t == KeepAlive, _keep_alive)
 _CONVERTER.register_structure_hook_func(lambda t: t == MemoryBudget, _memory_budget)
 _CONVERTER.register_unstructure_hook_func(lambda t: t == KeepAlive, _format_keep_alive)
 _CONVERTER.register_unstructure_hook_func(lambda t: t == MemoryBudget, _format_memory_budget)
+_CONVERTER.register_structure_hook(AliasTable, _aliases)
+_CONVERTER.register_unstructure_hook(AliasTable, AliasTable.as_dict)
 
 
 def _join(path: str, key: object) -> str:
@@ -169,8 +191,10 @@ def _first_error(exc: BaseException, path: str, raw: object) -> ConfigError:
         unknown = sorted(exc.extra_fields, key=lambda k: order.index(k) if k in order else 0)
         key = unknown[0]
         return ConfigError(f"{path}.{key}" if path else str(key), f"unknown key {key!r}")
-    if isinstance(exc, ConfigError):
-        return ConfigError(path, exc.message)
+    if isinstance(exc, ConfigError):  # a hook's own path (an alias name) goes under ours
+        if not exc.path:
+            return ConfigError(path, exc.message)
+        return ConfigError(_join(path, exc.path), exc.message[len(exc.path) + 2:])
     if isinstance(exc, KeyError):
         return ConfigError(path, "is required")
     return ConfigError(path, f"invalid value ({type(exc).__name__}: {exc})")

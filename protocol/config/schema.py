@@ -12,6 +12,8 @@ from typing import Annotated, Final
 
 import attrs
 
+from protocol.aliases import AliasTable
+
 __all__ = [
     "AUTO_BUDGET", "BACKEND_KINDS", "SOCKET_DIR_MAX_BYTES", "STRATEGIES", "ApiConfig",
     "BackendConfig",
@@ -179,6 +181,8 @@ class Config:
     models: tuple[ModelConfig, ...] = ()
     load_balancing: LoadBalancingConfig = attrs.field(factory=LoadBalancingConfig)
     nodes: tuple[NodeConfig, ...] = ()
+    # names clients send -> models that exist (SPEC §12), in file order
+    aliases: AliasTable = attrs.field(factory=AliasTable)
     model_loading: ModelLoadingConfig = attrs.field(factory=ModelLoadingConfig)
     observability: ObservabilityConfig = attrs.field(factory=ObservabilityConfig)
     health_checks: HealthChecksConfig = attrs.field(factory=HealthChecksConfig)

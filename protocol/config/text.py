@@ -59,6 +59,11 @@ _SECTION_NOTES: Final = {
              "#     base_url: http://192.168.1.50:39080\n"
              "#     priority: 5                    # 1..255, unique; largest = first\n"
              "#     enabled: true                  # included in routing",
+    "aliases": "names clients send -> models that exist; a model that exists is never\n"
+               "# aliased; else an exact name, else the first matching pattern in this order\n"
+               "# ('*' matches any characters), e.g.\n"
+               "#   gpt-4o: smollm2-135m\n"
+               "#   claude-*: qwen2.5-coder-7b",
 }
 
 _KEY_NOTES: Final = {

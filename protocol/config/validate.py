@@ -3,6 +3,7 @@ is a :class:`ConfigError` naming the dotted YAML path and, for limits, the limit
 
 from __future__ import annotations
 
+from protocol.aliases import AliasTable, model_id_problem
 from protocol.config.schema import (
     BACKEND_KINDS,
     SOCKET_DIR_MAX_BYTES,
@@ -114,6 +115,23 @@ def _check_lists(cfg: Config) -> None:
         priorities[node.priority] = i
 
 
+def _check_aliases(aliases: AliasTable) -> None:
+    """Each name a model id or a pattern (``*`` the wildcard), each target a model id that
+    is not the name itself; whether the target exists is asked per request."""
+    for name, target in aliases:
+        path = f"aliases.{name}"
+        problem = model_id_problem(name, pattern=True)
+        if problem is not None:
+            raise ConfigError(path, f"the name {name[:40]!r} is not a model id or pattern: "
+                                    f"it {problem}")
+        problem = model_id_problem(target)
+        if problem is not None:
+            raise ConfigError(path, f"the target {target[:40]!r} is not a model id: it "
+                                    f"{problem}")
+        if target == name:
+            raise ConfigError(path, "a name cannot be an alias of itself")
+
+
 def _check_keep_alive(path: str, value: float) -> None:
     if value < 0:  # 0s is allowed here: "unload after each answer"
         raise ConfigError(path, f"must be 0s or more (or forever), got {format_duration(value)}")
@@ -155,6 +173,7 @@ def validate_config(cfg: Config) -> None:
     _check_api(cfg.api)
     _check_local(cfg.local)
     _check_lists(cfg)
+    _check_aliases(cfg.aliases)
     _check_range("observability.request_log_size", cfg.observability.request_log_size, 0,
                  MAX_REQUEST_LOG)
     _check_timeouts(cfg)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from protocol.aliases import alias_entries
 from protocol.errors import (
     method_not_allowed,
     method_not_implemented,
@@ -24,6 +25,7 @@ from proxy.api import (
     nodes,
     pool_status,
     requests_api,
+    settings_aliases,
     settings_api,
     settings_lb,
 )
@@ -46,13 +48,15 @@ def health(call: Call) -> tuple[int, Any]:
 
 
 def model_entries(ctx: GatewayContext) -> list[dict[str, Any]]:
-    """SPEC §7.5: local models, then (load balancing on) the nodes' as ``remote``."""
+    """SPEC §7.5: local models, then (load balancing on) the nodes' as ``remote``; then the
+    exact aliases whose target is listed (SPEC §12)."""
     local = ctx.backends.model_entries()
     if ctx.ondemand is not None:
         local = ctx.ondemand.listed(local)
-    if not ctx.config.load_balancing.enabled:
-        return local
-    return merge_model_lists([("", local)], ctx.nodes.remote_models())
+    config = ctx.config
+    if config.load_balancing.enabled:
+        local = merge_model_lists([("", local)], ctx.nodes.remote_models())
+    return alias_entries(config.aliases, local) if config.aliases else local
 
 
 def list_models(call: Call) -> tuple[int, Any]:
@@ -142,6 +146,8 @@ ROUTES: dict[str, dict[bytes, AnyHandler]] = {
                                         b"PUT": settings_lb.put_load_balancing},
     "/api/v1/settings/timeouts": {b"GET": settings_lb.get_timeouts,
                                   b"PUT": settings_lb.put_timeouts},
+    "/api/v1/settings/aliases": {b"GET": settings_aliases.get_aliases,
+                                 b"PUT": settings_aliases.put_aliases},
     "/api/v1/node/identity": {b"GET": nodes.identity},
     models_local.PATH: {b"GET": models_local.list_local},
     models_local.PREFIX + "rescan": {b"POST": models_local.rescan},

@@ -53,10 +53,11 @@ HELLO: tuple[tuple[str, str], ...] = (
     ("loadBalancing", "/api/v1/settings/load-balancing"),
     ("timeouts", "/api/v1/settings/timeouts"),
     ("api", "/api/v1/settings/api"),
+    ("aliases", "/api/v1/settings/aliases"),
     ("notifications", "/api/v1/notifications"),
     ("localModels", "/api/v1/models/local"),
 )
-_SETTINGS = ("loadBalancing", "timeouts", "api")
+_SETTINGS = ("loadBalancing", "timeouts", "api", "aliases")
 
 
 def _only(headers: Sequence[Header], name: bytes) -> bytes | None:

@@ -144,5 +144,5 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
         duration=duration, bytes_out=bytes_sent, events=events, usage=None, error=error_code,
         attempts=attempts, routed=relay is not None, usage_in=usage_in,
         usage_first=usage_first,
-        load=exchange.load_wait)
+        load=exchange.load_wait, served_model=None if relay is None else relay.info.model)
 

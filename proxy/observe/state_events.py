@@ -22,8 +22,8 @@ at once a second, and built only while somebody reads them.
 - ``model``: ``{source: "backend", name, kind, online, models, lastError}`` (an entry of
   ``backends`` in ``/api/v1/inference/status``); managed servers send ``source: "managed"``.
 - ``settings``: ``{section, value}``, one per section whose GET body changed in a write:
-  ``loadBalancing``, ``timeouts``, ``api`` and ``nodes`` (the registry: a key change shows as
-  ``hasApiKey``; never a key).
+  ``loadBalancing``, ``timeouts``, ``api``, ``aliases`` and ``nodes`` (the registry: a key
+  change shows as ``hasApiKey``; never a key).
 - ``stats``: the routing-stats body, at most once a second, only when it changed.
 """
 
@@ -37,6 +37,7 @@ import trio
 from protocol.config import Config
 from proxy.api.nodes import registry_view
 from proxy.api.pool_status import endpoint_entry
+from proxy.api.settings_aliases import aliases_view
 from proxy.api.settings_api import api_view, restart_changes, restart_pending
 from proxy.api.settings_lb import load_balancing_view, timeouts_view
 from proxy.notifications import Notifications
@@ -137,7 +138,7 @@ class SettingsFeed:
         PUT answers it (this write changed a field that needs a restart, or one did before)."""
         restart = bool(restart_changes(old, new)) or restart_pending(self._notifications)
         return {"loadBalancing": load_balancing_view(new), "timeouts": timeouts_view(new),
-                "api": api_view(new, restart),
+                "api": api_view(new, restart), "aliases": aliases_view(new),
                 "nodes": registry_view(new, self._settings.secrets.node_keys)}
 
     def _changed(self, config: Config) -> None:
