@@ -32,8 +32,9 @@ generate's ``response: ""``, as Ollama's. A stream that ends before it said it w
 
 An event that says ``{"error": ...}`` (llama.cpp sends one when generation fails midway),
 an event that is not a JSON object, or an event over the size caps ends the stream with one
-error line; after it, ``feed`` and ``finish`` give nothing (:attr:`failed`), so the endpoint
-stops reading and ends the answer.
+error line (:attr:`failed` says so); after it, as after the last line (:attr:`closed`),
+``feed``, ``finish`` and ``error`` give nothing, so the endpoint stops reading and ends the
+answer.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ CUT_MESSAGE = "the model server's stream ended before the answer was complete"
 class StreamTranslator:
     """One streamed answer's translation (see the module). Not for embeddings."""
 
-    __slots__ = ("_answer", "_calls", "_ended", "_failed", "_finish_reason", "_pieces",
-                 "_reader", "_usage")
+    __slots__ = ("_answer", "_calls", "_closed", "_ended", "_failed", "_finish_reason",
+                 "_pieces", "_reader", "_usage")
 
     def __init__(self, answer: Answer) -> None:
         if answer.kind not in (Kind.CHAT, Kind.GENERATE):
@@ -67,17 +68,24 @@ class StreamTranslator:
         self._calls = ToolCallParts()
         self._finish_reason: str | None = None
         self._ended = False  # a finish_reason or [DONE] was seen
-        self._failed = False  # an error line was given: nothing more follows
+        self._failed = False  # an error line was given
+        self._closed = False  # the last line or an error line was given: nothing follows
         self._pieces = 0
 
     def __repr__(self) -> str:
         return (f"StreamTranslator(kind={self._answer.kind.value}, pieces={self._pieces}, "
-                f"ended={self._ended}, failed={self._failed})")
+                f"ended={self._ended}, failed={self._failed}, closed={self._closed})")
 
     @property
     def failed(self) -> bool:
-        """An error line was given; the endpoint should end the answer after it."""
+        """An error line was given; the endpoint should end the answer after it (as a
+        broken one). False after a clean :meth:`finish`."""
         return self._failed
+
+    @property
+    def closed(self) -> bool:
+        """The last line (or an error line) was given: every call gives b"" from now."""
+        return self._closed
 
     @property
     def complete(self) -> bool:
@@ -86,7 +94,7 @@ class StreamTranslator:
 
     def feed(self, piece: bytes, created_at: str) -> bytes:
         """The NDJSON lines for the events that ``piece`` finishes (often b"")."""
-        if self._failed:
+        if self._closed:
             return b""
         try:
             events = self._reader.feed(piece)
@@ -99,7 +107,7 @@ class StreamTranslator:
 
     def finish(self, created_at: str, timing: Timing) -> bytes:
         """The stream's last line(s), once the upstream body ended (see the module)."""
-        if self._failed:
+        if self._closed:
             return b""
         if not self._ended:
             return self.error(CUT_MESSAGE)
@@ -107,18 +115,18 @@ class StreamTranslator:
         line = self._base(created_at, "", done=True)
         line["done_reason"] = done_reason(self._finish_reason)
         line.update(self._usage.fields(timing, self._pieces))
-        self._failed = True  # the answer is over: nothing may follow the last line
+        self._closed = True  # the answer is over: nothing may follow the last line
         return out + ndjson_line(line)
 
     def error(self, message: str) -> bytes:
         """The one line that ends a broken stream (b"" once the stream has ended)."""
-        if self._failed:
+        if self._closed:
             return b""
-        self._failed = True
+        self._failed = self._closed = True
         return error_line(message)
 
     def _event(self, data: bytes, created_at: str) -> bytes:
-        if self._failed:
+        if self._closed:
             return b""
         if data == b"[DONE]":
             self._ended = True
