@@ -124,6 +124,16 @@ class Downstream:
         """The last body bytes (framed by the caller) and the end of the body."""
         await self._send(data + self.response.end(), on_block)
 
+    async def send_broken(self, data: bytes, code: str | None) -> None:
+        """After the head: the last bytes of an answer that cannot be completed (framed
+        here; e.g. an Ollama stream's error line), then the connection ends without the
+        final chunk."""
+        self.error_code = code
+        framed = self.response.frame(data) if data else b""
+        self.response.broken()
+        if framed:
+            await self._send(framed)
+
     async def error_event(self, err: SluiceError, *, at_boundary: bool) -> None:
         """After the head: one SSE error event, then the connection ends without the final
         chunk, so the client can tell the answer is incomplete."""

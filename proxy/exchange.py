@@ -32,8 +32,9 @@ from protocol.errors import SluiceError, family_of
 from protocol.headers import Header, connection_tokens, header_value
 from protocol.request_info import RequestInfo, parse_request_body, request_path
 from protocol.response import Response
-from proxy import aliasing, auth
+from proxy import aliasing, auth, ollama
 from proxy.api.call import Body, Takeover
+from proxy.api.ollama import TRANSLATED
 from proxy.api.routes import NEEDS_MODELS, AnyHandler, Call, route
 from proxy.errors import ClientGone
 from proxy.relay import Relay
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from proxy.context import GatewayContext
     from proxy.deadline import RequestScope
     from proxy.downstream import Downstream
+    from proxy.ollama import OllamaOut
 
 DENIED_BODY_CAP = 64 * 1024  # a denied request's body is read (to keep the connection) up to
 
@@ -176,15 +178,26 @@ class Exchange:
             return
         handler = route(request.method, path)  # raises 404 / 405
         if handler is not None:
+            if handler in TRANSLATED:  # Ollama's model endpoints (proxy/ollama.py)
+                await ollama.answer(self, request, path, headers, body)
+                return
             await self.call(handler, request.method, path, body, request.target)
             return
         self.info = info = parse_request_body(path, body)
+        await self.to_model(request.method, request.target, path, headers, body, info,
+                            self.out)
+
+    async def to_model(self, method: bytes, target: bytes, path: str, headers: list[Header],
+                       body: bytes, info: RequestInfo, out: Downstream | OllamaOut, *,
+                       keep_alive: float | None = None) -> None:
+        """A request for a model, relayed to ``out``: its alias resolved, a managed model
+        loaded first if need be (``keep_alive``: a client's, Ollama's)."""
         ctx = self.ctx
         if ctx.config.aliases:  # SPEC §12: served as another model (self.info stays as asked)
             info, body = await aliasing.apply(ctx, info, headers, body)
         ondemand = ctx.ondemand
         if ondemand is None or not ondemand.holds(info.model):
-            await self.relay_to(ctx, request, path, headers, body, info)
+            await self.relay_to(ctx, method, target, path, headers, body, info, out)
             return
         # A managed model on demand (SPEC §11): loaded (or its load joined) first, pinned
         # while the request runs. No await when it is loaded already.
@@ -199,15 +212,18 @@ class Exchange:
             if managed is None:  # the client left while it loaded (the load goes on)
                 raise ClientGone
         try:
-            await self.relay_to(ctx, request, path, headers, body, info)
+            if keep_alive is not None:
+                ondemand.lifecycle.keep_alive(managed, keep_alive)
+            await self.relay_to(ctx, method, target, path, headers, body, info, out)
         finally:
             ondemand.release(managed)
 
-    async def relay_to(self, ctx: GatewayContext, request: h11.Request, path: str,
-                       headers: list[Header], body: bytes, info: RequestInfo) -> None:
+    async def relay_to(self, ctx: GatewayContext, method: bytes, target: bytes, path: str,
+                       headers: list[Header], body: bytes, info: RequestInfo,
+                       out: Downstream | OllamaOut) -> None:
         plan = await ctx.router.plan(info, headers)
-        self.relay = relay = Relay(plan, request.method, request.target, path, headers, body,
-                                   info, out=self.out, scope=self.scope,
+        self.relay = relay = Relay(plan, method, target, path, headers, body,
+                                   info, out=out, scope=self.scope,  # type: ignore[arg-type]
                                    connections=ctx.connections, timeouts=ctx.config.timeouts)
         try:
             if not self.scope.cancelled:  # the client may have left while it was routed

@@ -7,22 +7,21 @@ only method is POST.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from protocol.aliases import alias_entries
 from protocol.errors import (
     method_not_allowed,
     method_not_implemented,
     model_not_found,
     not_found,
 )
-from protocol.openai import merge_model_lists
 from proxy.api import (
     access_keys,
     console,
     metrics_api,
     models_local,
     nodes,
+    ollama,
     pool_status,
     requests_api,
     settings_aliases,
@@ -30,11 +29,9 @@ from proxy.api import (
     settings_lb,
 )
 from proxy.api.call import Call, Handler
+from proxy.api.model_list import model_entries
 from proxy.observe import events
 from proxy.routing.stats import routing_stats as stats_of
-
-if TYPE_CHECKING:
-    from proxy.context import GatewayContext
 
 __all__ = ["NEEDS_MODELS", "ROUTES", "AnyHandler", "AsyncHandler", "Call", "Handler", "route"]
 
@@ -45,18 +42,6 @@ AnyHandler = Handler | AsyncHandler
 
 def health(call: Call) -> tuple[int, Any]:
     return 200, {"status": "ok"}
-
-
-def model_entries(ctx: GatewayContext) -> list[dict[str, Any]]:
-    """SPEC §7.5: local models, then (load balancing on) the nodes' as ``remote``; then the
-    exact aliases whose target is listed (SPEC §12)."""
-    local = ctx.backends.model_entries()
-    if ctx.ondemand is not None:
-        local = ctx.ondemand.listed(local)
-    config = ctx.config
-    if config.load_balancing.enabled:
-        local = merge_model_lists([("", local)], ctx.nodes.remote_models())
-    return alias_entries(config.aliases, local) if config.aliases else local
 
 
 def list_models(call: Call) -> tuple[int, Any]:
@@ -157,11 +142,14 @@ ROUTES: dict[str, dict[bytes, AnyHandler]] = {
     "/ui/": {b"GET": console.serve_file, b"HEAD": console.serve_file},
 }
 
+ROUTES.update(ollama.ROUTES)  # type: ignore[arg-type]  # the Ollama API (SPEC §12)
+
 # Paths with a trailing parameter: prefix -> method -> handler.
 PREFIXES: dict[str, dict[bytes, AnyHandler]] = {
     "/v1/models/": {b"GET": get_model},
     "/api/v1/access-keys/": {b"DELETE": access_keys.revoke_key},
     models_local.PREFIX: {b"POST": models_local.model_action},
+    **ollama.PREFIXES,  # type: ignore[dict-item]
     nodes.PREFIX: {b"PATCH": nodes.patch_node, b"DELETE": nodes.delete_node},
     "/ui/": {b"GET": console.serve_file, b"HEAD": console.serve_file},
 }

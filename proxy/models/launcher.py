@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="0 = all cores")
+    parser.add_argument("--embeddings", action="store_true",
+                        help="serve /v1/embeddings (llama.cpp then serves no completions)")
     parser.add_argument("--parent", type=int, default=None,
                         help="the gateway's pid: stop once it is gone (default: our parent)")
     return parser
@@ -85,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         params.port = int(port)
     params.n_ctx = args.context
     params.n_parallel = args.parallel
+    if args.embeddings:
+        params.embedding = True
+        params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
     threads = args.threads or (os.cpu_count() or 1)
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads

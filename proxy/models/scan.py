@@ -9,6 +9,7 @@ runs them in a worker thread (:func:`proxy.models.ondemand.prepare`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,4 +56,15 @@ def build(data_dir: Path, models: Sequence[ModelConfig], dirs: Sequence[str]
           ) -> tuple[list[Entry], list[Skipped]]:
     """The catalogue: ``models`` (their paths resolved) and the files under ``dirs``."""
     configured = [ConfigModel(m.name, model_path(data_dir, m.path)) for m in models]
-    return build_catalogue(configured, scan_models(data_dir, dirs))
+    entries, skipped = build_catalogue(configured, scan_models(data_dir, dirs))
+    return [_sized(e) for e in entries], skipped
+
+
+def _sized(entry: Entry) -> Entry:
+    """A config entry's file outside the scanned folders, with its size."""
+    if entry.size or entry.source != "config":
+        return entry
+    try:
+        return dataclasses.replace(entry, size=os.stat(entry.path).st_size)
+    except OSError:
+        return entry  # not there: its load says so

@@ -104,7 +104,7 @@ class Reports:
             if lines:
                 written.append((at, (request_id, method, path, model, status, served_by, ttfb,
                                      duration, outcome)))
-            if hub is not None and path.startswith("/v1/"):
+            if hub is not None and (info is not None or path.startswith("/v1/")):
                 record = _record(exchange, request_id, method, path, model, served_by, status,
                                  outcome, ttfb, duration, bytes_sent, error_code)
                 hub.deliver("request", at, record)

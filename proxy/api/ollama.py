@@ -1,0 +1,126 @@
+"""The Ollama API's own endpoints (SPEC §12): ``GET /api/tags``, ``GET /api/ps``,
+``POST /api/show``, ``GET /api/version``, and a clear refusal for the endpoints that manage
+model files. The endpoints that run a model (``/api/chat``, ``/api/generate``,
+``/api/embed``, ``/api/embeddings``) are in :data:`TRANSLATED`: the exchange sends them
+through :mod:`proxy.ollama` (routing, failover and timeouts as every ``/v1/*`` request),
+never through a handler. The bodies are made by :mod:`protocol.ollama`."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from protocol.model_state import ModelState
+from protocol.ollama import (
+    JSON_TYPE,
+    LoadedModel,
+    ModelFacts,
+    facts_from_entry,
+    model_not_found,
+    not_supported,
+    ps_body,
+    show_body,
+    show_model,
+    tags_body,
+    version_body,
+)
+from proxy.api.call import Body, Call, Handler
+from proxy.api.model_list import model_entries
+
+if TYPE_CHECKING:
+    from proxy.context import GatewayContext
+
+
+def _facts(ctx: GatewayContext) -> dict[str, ModelFacts]:
+    """Every model of the unified list (SPEC §7.5) as Ollama lists it; a managed model
+    with its file's size and ``gguf``, its context."""
+    ondemand = ctx.ondemand
+    out = {}
+    for entry in model_entries(ctx):
+        name = entry["id"]
+        found = ondemand.entries.get(name) if ondemand is not None else None
+        if found is None or ondemand is None:
+            out[name] = facts_from_entry(entry)
+            continue
+        model = ondemand.lifecycle.models.get(name)
+        context = model.spec.context if model is not None else 0
+        out[name] = ModelFacts(name=name, size=found.size, format="gguf",
+                               context_length=context)
+    return out
+
+
+def _json(data: bytes, status: int = 200) -> tuple[int, Any]:
+    return status, Body(JSON_TYPE, data)
+
+
+def tags(call: Call) -> tuple[int, Any]:
+    return _json(tags_body(_facts(call.ctx).values()))
+
+
+def ps(call: Call) -> tuple[int, Any]:
+    """The loaded managed models, with when each unloads if still idle."""
+    ctx = call.ctx
+    ondemand = ctx.ondemand
+    loaded = []
+    if ondemand is not None:
+        facts = _facts(ctx)
+        wall, now = time.time(), trio.current_time()
+        for name, model in ondemand.lifecycle.models.items():
+            if model.state is not ModelState.LOADED or name not in facts:
+                continue
+            idle = model.idle_time
+            if math.isinf(idle):
+                expires = math.inf
+            elif model.in_flight:  # its idle clock starts when its requests end
+                expires = wall + idle
+            else:
+                expires = wall + max(0.0, model.unloads_at() - now)
+            loaded.append(LoadedModel(facts[name], model.memory or model.spec.estimate,
+                                      expires))
+    return _json(ps_body(loaded, time.time()))
+
+
+def show(call: Call) -> tuple[int, Any]:
+    name = show_model(call.body)
+    facts = _facts(call.ctx).get(name)
+    if facts is None:
+        raise model_not_found(name)
+    return _json(show_body(facts))
+
+
+def version(call: Call) -> tuple[int, Any]:
+    return _json(version_body())
+
+
+def refuse(call: Call) -> tuple[int, Any]:
+    """``/api/pull``, ``/api/push``, ``/api/create``, ``/api/copy``, ``/api/delete``,
+    ``/api/blobs/...``: sluice does not manage model files that way."""
+    raise not_supported(call.path)
+
+
+def translated(call: Call) -> tuple[int, Any]:  # pragma: no cover (never called)
+    """A marker: the exchange relays these paths itself (:mod:`proxy.ollama`)."""
+    raise AssertionError(f"{call.path} is relayed by the exchange, not answered here")
+
+
+TRANSLATED = frozenset({translated})
+
+ROUTES: dict[str, dict[bytes, Handler]] = {
+    "/api/tags": {b"GET": tags, b"HEAD": tags},
+    "/api/ps": {b"GET": ps},
+    "/api/show": {b"POST": show},
+    "/api/version": {b"GET": version},
+    "/api/chat": {b"POST": translated},
+    "/api/generate": {b"POST": translated},
+    "/api/embed": {b"POST": translated},
+    "/api/embeddings": {b"POST": translated},
+    "/api/pull": {b"POST": refuse},
+    "/api/push": {b"POST": refuse},
+    "/api/create": {b"POST": refuse},
+    "/api/copy": {b"POST": refuse},
+    "/api/delete": {b"DELETE": refuse},
+}
+PREFIXES: dict[str, dict[bytes, Handler]] = {"/api/blobs/": {b"HEAD": refuse, b"POST": refuse}}
