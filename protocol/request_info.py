@@ -1,6 +1,7 @@
 """The routing facts of an OpenAI request: which model, streamed or not, which timeout class.
 
-Only ``model`` and ``stream`` are read from the body; the body itself is forwarded untouched.
+Only ``model`` and ``stream`` are read from the body (and ``messages``, when there is one,
+must be a list); the body itself is forwarded untouched.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ def parse_request_body(path: str, body: bytes) -> RequestInfo:
     if not isinstance(model, str) or not model:
         raise bad_request("\"model\" must be a non-empty string", code="invalid_model",
                           param="model")
+    messages = doc.get("messages")  # chat completions' and Anthropic's: a list, always
+    if messages is not None and not isinstance(messages, list):
+        raise bad_request("\"messages\" must be a list", code="invalid_messages",
+                          param="messages")
     stream = doc.get("stream", False)
     if stream is None:
         stream = False

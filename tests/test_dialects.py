@@ -191,6 +191,15 @@ async def test_our_errors_before_the_answer_in_each_family(start_gateway: StartG
     assert bad.status == 400
     assert bad.json()["type"] == "error"
     assert bad.json()["error"]["type"] == "invalid_request_error"
+    for bad_body, code in ((b'{"max_tokens": 8, "messages": []}', "missing_model"),
+                           (b'{"model": "m", "messages": "hi"}', "invalid_messages"),
+                           (b'{"model": "claude-x", "stream": "yes"}', "invalid_stream")):
+        refused = await request(gw.unix, "POST", MESSAGES, bad_body)
+        assert refused.status == 400
+        assert refused.json()["error"]["type"] == "invalid_request_error"
+        assert refused.json()["error"]["message"].endswith(f"({code})")
+        openai_shaped = await request(gw.unix, "POST", "/v1/chat/completions", bad_body)
+        assert openai_shaped.json()["error"]["code"] == code
     responses = await request(gw.unix, "POST", RESPONSES, body)
     assert responses.status == 503
     assert responses.json()["error"]["code"] == "model_not_available"
