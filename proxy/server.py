@@ -245,6 +245,7 @@ class Gateway:
                     self.notifications.raise_("external_access_without_keys", (
                         "external access is on but no access key exists: remote clients "
                         "will be refused until one is made (sluice keys create)"))
+            ollama_port = await self._open_ollama_listener(cfg.ollama_api.port, out)
         except BaseException:
             for listener, _ in out:
                 listener.socket.close()
@@ -256,9 +257,28 @@ class Gateway:
             where.append(f"http://127.0.0.1:{local_tcp_port} (local fallback)")
         where.extend(f"http://{host if ':' not in host else f'[{host}]'}:{tcp_port}"
                      for host in api_hosts)
+        if ollama_port is not None:
+            where.append(f"http://127.0.0.1:{ollama_port} (the Ollama API)")
         log.info("sluice listening on %s", " and ".join(where))
         self._write_state(listening)
         return out, listening
+
+    async def _open_ollama_listener(self, port: int,
+                                    out: list[tuple[trio.SocketListener, str]]) -> int | None:
+        """``ollama_api.port``: a loopback-only listener for apps that speak only Ollama's
+        API (SPEC §12), served like the local fallback (loopback, no key). A port in use
+        is a notification, not a failure to start."""
+        if not port:
+            return None
+        try:
+            listener = await open_tcp_listener("127.0.0.1", port)
+        except ListenerError as exc:
+            self.notifications.raise_("ollama_port_unavailable", (
+                f"the Ollama API listener is off: {exc}; is Ollama itself running? Stop it, or set "
+                "ollama_api.port to another port (0 = off), and restart sluice."))
+            return None
+        out.append((listener, "local-tcp"))
+        return bound_port(listener)
 
     async def _refuse_if_running(self) -> None:
         """Another gateway on this data dir (its state file names a live process whose

@@ -15,15 +15,36 @@ import attrs
 from protocol.aliases import AliasTable
 
 __all__ = [
-    "AUTO_BUDGET", "BACKEND_KINDS", "SOCKET_DIR_MAX_BYTES", "STRATEGIES", "ApiConfig",
+    "AUTO_BUDGET",
+    "BACKEND_KINDS",
+    "SOCKET_DIR_MAX_BYTES",
+    "STRATEGIES",
+    "ApiConfig",
     "BackendConfig",
-    "CircuitBreakerConfig", "Config", "Duration", "HealthCheckTimeouts", "HealthChecksConfig",
-    "KeepAlive", "LoadBalancingConfig", "LocalConfig", "MemoryBudget", "ModelConfig",
-    "ModelLoadingConfig", "NodeConfig", "ObservabilityConfig",
+    "CircuitBreakerConfig",
+    "Config",
+    "Duration",
+    "HealthCheckTimeouts",
+    "HealthChecksConfig",
+    "KeepAlive",
+    "LoadBalancingConfig",
+    "LocalConfig",
+    "MemoryBudget",
+    "ModelConfig",
+    "ModelLoadingConfig",
+    "NodeConfig",
+    "ObservabilityConfig",
+    "OllamaApiConfig",
     "PhaseTimeouts",
-    "RequestTimeouts", "Size", "Strategy", "StreamingTimeouts", "TimeoutsConfig", "Unit",
+    "RequestTimeouts",
+    "Size",
+    "Strategy",
+    "StreamingTimeouts",
+    "TimeoutsConfig",
+    "Unit",
     "by_priority",
-    "default_config", "rebuild_health_check",
+    "default_config",
+    "rebuild_health_check",
 ]
 
 
@@ -75,6 +96,11 @@ class ApiConfig:
 class LocalConfig:
     socket_dir: str | None = None
     fallback_port: int = 0
+
+
+@attrs.frozen
+class OllamaApiConfig:
+    port: int = 0  # 0 = off; e.g. 11434: a loopback listener for Ollama apps (SPEC §12)
 
 
 @attrs.frozen
@@ -183,6 +209,7 @@ class Config:
     nodes: tuple[NodeConfig, ...] = ()
     # names clients send -> models that exist (SPEC §12), in file order
     aliases: AliasTable = attrs.field(factory=AliasTable)
+    ollama_api: OllamaApiConfig = attrs.field(factory=OllamaApiConfig)
     model_loading: ModelLoadingConfig = attrs.field(factory=ModelLoadingConfig)
     observability: ObservabilityConfig = attrs.field(factory=ObservabilityConfig)
     health_checks: HealthChecksConfig = attrs.field(factory=HealthChecksConfig)

@@ -75,6 +75,7 @@ _KEY_NOTES: Final = {
     ("api", "max_connections"): "client connections held at once",
     ("local", "socket_dir"): "custom socket folder, at most 62 bytes, applied at restart",
     ("local", "fallback_port"): "loopback TCP port used only when no socket folder works",
+    ("ollama_api", "port"): "0 = off; e.g. 11434: a loopback listener for Ollama apps",
     ("load_balancing", "strategy"): " | ".join(STRATEGIES),
     ("load_balancing", "prefer_loaded"): "nodes that have the model loaded first",
     ("model_loading", "keep_alive"): "idle time before a model stops; 0s: after each answer",

@@ -174,6 +174,7 @@ def validate_config(cfg: Config) -> None:
     _check_local(cfg.local)
     _check_lists(cfg)
     _check_aliases(cfg.aliases)
+    _check_range("ollama_api.port", cfg.ollama_api.port, 0, 65535)
     _check_range("observability.request_log_size", cfg.observability.request_log_size, 0,
                  MAX_REQUEST_LOG)
     _check_timeouts(cfg)
