@@ -136,3 +136,32 @@ def test_requests_narrow_and_dark(console_gateway: ConsoleGateway, console_page:
         assert page.evaluate("document.documentElement.scrollWidth") <= width
     axe(page, f"requests {width}px {scheme}")
     screenshot(page, f"requests-{width}-{scheme}")
+
+
+def test_tokens_per_second_for_anthropic_and_responses_streams(
+        console_gateway: ConsoleGateway, console_page: Any) -> None:
+    """The rate comes from output_tokens as well (SPEC §12: three stream grammars)."""
+    from http.client import HTTPConnection
+
+    from playwright.sync_api import expect
+
+    from tests.fakeupstream import sse_stream
+    from tests.test_dialects import anthropic_stream, responses_stream
+
+    gw = console_gateway
+    gw.model.on("POST", "/v1/messages", sse_stream(anthropic_stream("a b c", "local-m")))
+    gw.model.on("POST", "/v1/responses", sse_stream(responses_stream("local-m")))
+    page = console_page(gw, "/requests")
+    for path in ("/v1/messages", "/v1/responses"):
+        conn = HTTPConnection("127.0.0.1", gw.gw.port, timeout=30)
+        try:
+            conn.request("POST", path, b'{"model": "local-m", "stream": true}',
+                         {"Host": "localhost", "Content-Type": "application/json"})
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200
+        finally:
+            conn.close()
+    for entry in entries(gw, limit="2"):
+        assert entry["usage"]["output_tokens"] > 0
+        expect(row(page, entry["id"]).locator("td").nth(7)).to_contain_text("tok/s")

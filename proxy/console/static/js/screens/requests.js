@@ -9,9 +9,11 @@ const KEEP = 500; // entries held by the screen (the server keeps its own number
 const ALL = '';
 const NARROW = '(max-width: 600px)'; // below this, cards instead of a table
 
-/** Tokens per second of one entry, from the upstream's own usage, or null. */
+/** Tokens per second of one entry, from the upstream's own usage (Chat Completions'
+ * completion_tokens, or the Responses and Anthropic APIs' output_tokens), or null. */
 export function tokensPerSecond(entry) {
-  const tokens = entry.usage?.completion_tokens;
+  const usage = entry.usage;
+  const tokens = usage?.completion_tokens ?? usage?.output_tokens;
   if (!Number.isFinite(tokens) || tokens <= 0) return null;
   // A stream generates between its first byte and its end; a whole answer over all of it.
   const spanMs = entry.stream && Number.isFinite(entry.ttfbMs)
