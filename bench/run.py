@@ -36,7 +36,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: bench/ is not a package on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import held, ondemand, watch
+from bench import aliases, held, ondemand, watch
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -315,8 +315,9 @@ def tree_env() -> dict[str, str]:
     return env
 
 
-def start_gateway(kids: Children, tmp: Path, mock: dict[str, Any]) -> dict[str, Any]:
-    gw = spawn_gateway(kids, tmp, "data", mock_backends(mock))
+def start_gateway(kids: Children, tmp: Path, mock: dict[str, Any], extra: str = ""
+                  ) -> dict[str, Any]:
+    gw = spawn_gateway(kids, tmp, "data", mock_backends(mock) + extra)
     for tr in ("tcp", "unix"):
         wait_models({tr: gw[tr]}, MOCK_MODELS, gw["proc"], "the gateway", gw["log"])
     return {**gw, "pids": with_descendants(gw["pid"]), "procs": [("sluice", gw)]}
@@ -466,7 +467,8 @@ def measure(env: dict[str, Any], target: str, transport: str,
     part0 = {name: cpu_seconds(p) for name, p in parts.items()}
     cpu0, mock0, t0 = cpu_seconds(pids), cpu_seconds(mock_pids), time.monotonic()
     try:
-        load = run_load(addr, f"bench-{transport}", params)
+        model = proxy.get("model", "bench") if proxy else "bench"  # "aliased": the alias
+        load = run_load(addr, f"{model}-{transport}", params)
     finally:
         peak = sampler.stop()
         watched = watcher.stop() if watcher is not None else None
@@ -763,6 +765,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--watch", action="store_true",
                     help="add target 'watched': the same gateway with one live-events "
                          "subscriber and a /metrics scrape every second while it runs")
+    ap.add_argument("--aliased", action="store_true",
+                    help="add target 'aliased': the same gateway, given model aliases "
+                         "(bench/aliases.py), asked for the alias; a table of its CPU per "
+                         "request against the unaliased one's (issue 23)")
     ap.add_argument("--json", type=Path, default=None,
                     help="where to write the JSON (default bench/results/latest.json, "
                          "smoke.json for --smoke)")
@@ -796,7 +802,8 @@ def main(argv: list[str] | None = None) -> int:
         env: dict[str, Any] = {}
         if scenarios or s7 or s8:
             env["mock"] = start_mock(kids, tmp)
-            env["sluice"] = start_gateway(kids, tmp, env["mock"])
+            env["sluice"] = start_gateway(kids, tmp, env["mock"],
+                                          aliases.CONFIG if opts.aliased else "")
         if env and not (opts.smoke or opts.no_nginx):
             nginx = start_nginx(kids, tmp, env["mock"])
             if nginx is not None:
@@ -805,7 +812,12 @@ def main(argv: list[str] | None = None) -> int:
             env["forwarded"] = start_forwarded(kids, tmp, env["mock"])
         if opts.watch and "sluice" in env:
             env["watched"] = {**env["sluice"], "watch": True, "procs": []}
-        targets: list[str] = [t for t in ("direct", "sluice", "watched", "nginx", "forwarded")
+        alias_problems: list[str] = []
+        if opts.aliased and "sluice" in env:
+            env["aliased"] = {**env["sluice"], "model": aliases.PREFIX, "procs": []}
+            alias_problems = aliases.check(http_call, env["sluice"], transports)
+        targets: list[str] = [t for t in ("direct", "sluice", "aliased", "watched", "nginx",
+                                          "forwarded")
                               if t in env or (t == "direct" and "mock" in env)]
         print(f"targets: {', '.join(targets)}; transports: {', '.join(transports)}; "
               f"rounds: {rounds}", file=sys.stderr)
@@ -851,6 +863,12 @@ def main(argv: list[str] | None = None) -> int:
         problems += [f"S6 {k}: {v['mismatches'][:3]}" for k, v in s6.items() if not v["equal"]]
         s7_result: dict[str, Any] | None = None
         md = table(summary, s6, rounds, opts.smoke) if runs else ""
+        alias_result = None
+        if opts.aliased:
+            alias_result = aliases.summary(runs, scenarios, transports,
+                                           lambda r: metrics(r)["proxy_cpu_ms_per_req"])
+            problems += alias_problems
+            md += "\n\n" + aliases.table(alias_result, opts.smoke)
         if s7:
             fw = env["forwarded"]
             by_node = f"node:{fw['fingerprint']}"
@@ -888,6 +906,7 @@ def main(argv: list[str] | None = None) -> int:
             "summary": summary,
             "s6": {"all_equal": all(v["equal"] for v in s6.values()), "by_target": s6},
             "s7": s7_result,
+            "aliased": alias_result,
             "s8": s8_result,
             "s9": s9_result,
             "s10": s10_result,

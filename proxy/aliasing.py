@@ -73,7 +73,7 @@ async def apply(ctx: GatewayContext, info: RequestInfo, headers: list[Header], b
         return info, body
     if not _exists(ctx, target, forwarded):
         raise target_not_available(asked, target)
-    spliced = replace_model(body, target)
+    spliced = replace_model(body, target, checked=True)  # parse_request_body read it
     if spliced is None:
         raise bad_request(f"model {asked!r} is an alias, and a request for one must be "
                           "UTF-8 JSON", code="invalid_json", param="model")

@@ -126,6 +126,7 @@ def check_agrees(body: bytes) -> None:
     assert span is not None, body
     start, end = span
     assert json.loads(body[start:end]) == model
+    assert model_span(body, checked=True) == span  # the short cut finds the same
 
 
 @PROPERTY
@@ -156,6 +157,7 @@ def test_replace_changes_only_the_model(members: list[tuple[str, Any]], asked: s
     assert span is not None
     start, end = span
     assert out == body[:start] + json.dumps(target).encode() + body[end:]
+    assert replace_model(body, target, checked=True) == out
     assert json.loads(out) == {**doc, "model": target}
     assert list(json.loads(out)) == list(doc)  # the members' order too
 
@@ -208,6 +210,19 @@ def test_examples(body: bytes, span_text: bytes) -> None:
 def test_no_model_string(body: bytes) -> None:
     assert model_span(body) is None
     assert replace_model(body, "x") is None
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model":"a","x":{"model":"b"}}',  # a nested key: walked
+    b'{"x":"say \\"model","model":"a"}',  # "model" at the end of a string: walked
+    b'{"mod\\u0065l":"a","x":"model"}',  # an escaped key: walked
+    b'{"model":"a","mod\\u0065l":"b"}',  # the same key twice: walked, the last one
+    b'{"x":"\\u006d","model":"a"}',  # an escaped letter anywhere: walked
+    b'{"messages":[{"role":"user"}],"model":"a"}',  # once, plainly: the short cut
+])
+def test_the_short_cut_agrees(body: bytes) -> None:
+    assert model_span(body, checked=True) == model_span(body)
+    assert json.loads(body[slice(*model_span(body))]) == json.loads(body)["model"]
 
 
 def test_replace_keeps_every_other_byte() -> None:

@@ -14,8 +14,8 @@ from tests.browser import ConsoleGateway, OpenPage
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import expect
 
-NAV = ["Nodes", "Distributed pool", "Requests", "Playground", "Local models", "General",
-       "Health", "Access keys"]
+NAV = ["Nodes", "Distributed pool", "Requests", "Playground", "Local models", "Aliases",
+       "General", "Health", "Access keys"]
 
 
 def test_smoke_the_console_opens(console_gateway: ConsoleGateway, console_page: OpenPage,

@@ -26,6 +26,7 @@ export const SCREENS = [
   { route: "/requests", module: "requests", title: "Requests" },
   { route: "/playground", module: "playground", title: "Playground" },
   { route: "/local", module: "local", title: "Local models" },
+  { route: "/aliases", module: "aliases", title: "Aliases" },
   { route: "/api/general", module: "general", title: "General" },
   { route: "/api/health", module: "health", title: "Health" },
   { route: "/api/keys", module: "keys", title: "Access keys" },
