@@ -231,6 +231,7 @@ def test_no_aliases(text: str) -> None:
     ("aliases: {gpt-4o: null}", "aliases.gpt-4o", "a string"),
     ("aliases: {gpt-4o: [a]}", "aliases.gpt-4o", "a string"),
     ("aliases: {12: smollm2}", "aliases.12", "in quotes"),
+    ("aliases: {yes: smollm2}", "aliases.True", "in quotes), got a boolean"),
     ("aliases: {'gpt 4o': smollm2}", "aliases.gpt 4o", "without spaces"),
     ("aliases: {gpt-4o: 'small model'}", "aliases.gpt-4o", "without spaces"),
     ("aliases: {'claude-*': 'qwen-*'}", "aliases.claude-*", "'*'"),

@@ -137,8 +137,8 @@ def _aliases(value: object, _: Any) -> AliasTable:
                               f"smollm2-135m), got {describe(value)}")
     for name, target in value.items():
         if not isinstance(name, str):
-            raise ConfigError(str(name), f"an alias name must be a string (write {name!r} "
-                                         "in quotes), got " + describe(name))
+            raise ConfigError(str(name), "an alias name must be a string (write it in "
+                                         f"quotes), got {describe(name)}")
         if not isinstance(target, str):
             raise ConfigError(name, f"the target must be a model id (a string), got "
                                     f"{describe(target)}")
