@@ -7,7 +7,8 @@ requests take the alias path (the table lookup, the existence checks, the ``mode
 a new Content-Length) and reach the mock as ``bench-<transport>``, so the answers (and S6's
 digests) are the same. Target ``sluice`` asks for the model itself, which exists, so it is
 never aliased: its requests pay the one lookup a configured table costs a request it does
-not apply to. Both run in every round, interleaved, so the figure is paired: for each
+not apply to. Both run in every round, interleaved (every other round in the other order,
+ABBA, so neither gains from its place), so the figure is paired: for each
 scenario and transport, the gateway CPU per request of ``aliased`` over ``sluice``, as the
 median of the per-round ratios and as the ratio of the medians. Issue 23's target: within
 +5% (S1's shape).

@@ -831,7 +831,9 @@ def main(argv: list[str] | None = None) -> int:
             mine = [t for t in targets if t != "forwarded" or sc in S7_SHAPES]
             for tr in transports:
                 for n in range(rounds):
-                    for tg in mine:
+                    # --aliased: every other round the other way round (ABBA), so that no
+                    # target gains from its place in a round
+                    for tg in (mine[::-1] if opts.aliased and n % 2 else mine):
                         r = measure(env, tg, tr, params)
                         runs.append({"scenario": sc, "transport": tr, "round": n,
                                      "target": tg, "params": params, **r})
