@@ -1,7 +1,8 @@
-"""Model aliases on the request path (SPEC §12): the one phase hook between reading an
-OpenAI call's body and routing it.
+"""Model aliases on the request path (SPEC §12): the one phase hook between reading a
+model request's body (an OpenAI call's, or the one an Ollama request was translated to) and
+routing it.
 
-``Exchange.answer`` calls :func:`apply` only when the live config has aliases (an empty
+``Exchange.to_model`` calls :func:`apply` only when the live config has aliases (an empty
 :class:`~protocol.aliases.AliasTable` is falsy: a gateway without aliases pays that one
 check). The decision is :func:`protocol.aliases.resolve`; the body's ``model`` string is
 rewritten by :func:`protocol.json_model.replace_model` (every other byte kept; the relay
