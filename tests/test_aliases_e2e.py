@@ -250,3 +250,18 @@ async def test_settings_api(nursery: trio.Nursery, short_tmp: Path,
     assert cleared.json() == {"aliases": {}}
     assert on_disk(gw)["aliases"] == {}
     assert not gw.gateway.ctx.config.aliases
+
+
+async def test_an_ollama_request_for_an_alias(
+        nursery: trio.Nursery, short_tmp: Path, start_gateway: StartGateway) -> None:
+    """The Ollama API's requests are translated, then aliased like any other."""
+    gw, up = await gateway(nursery, short_tmp, start_gateway, TABLE)
+    body = json.dumps({"model": "claude-haiku", "stream": False,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    reply = await request(gw.unix, "POST", "/api/chat", body)
+    assert reply.status == 200, reply.body
+    assert reply.json()["message"]["content"] == "hi"
+    (sent,) = up.requests_to(CHAT)
+    assert json.loads(sent.body)["model"] == "small"
+    (entry,) = await log_entries(gw)
+    assert (entry["model"], entry["servedModel"]) == ("claude-haiku", "small")
