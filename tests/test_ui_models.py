@@ -23,6 +23,7 @@ from protocol.config import ModelConfig
 from tests.browser import missing
 from tests.gateways import GatewayProcess
 from tests.test_e2e_llama import gguf  # noqa: F401 (a fixture)
+from tests.test_e2e_ondemand import alive
 
 pytest.importorskip("xllamacpp")
 
@@ -86,15 +87,6 @@ def ondemand(gguf: Path) -> Iterator[OnDemandGateway]:  # noqa: F811
             gateway.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().split(b") ", 1)[1][:1] != b"Z"
-    except OSError:
-        return False
 
 
 def card(page: Any, name: str) -> Any:
