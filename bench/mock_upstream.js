@@ -10,6 +10,9 @@
 //                      events, one HTTP chunk (res.write) each, `bench_gap_ms` (default 0)
 //                      apart, then "data: [DONE]\n\n".
 //   otherwise       -> a ~600-byte chat.completion JSON with Content-Length.
+// Other fields are ignored, "stream_options" too: a stream's usage is always in its last
+// chunk (the one with finish_reason "stop"), so the request the gateway sends for an
+// Ollama chat (S11: "stream_options": {"include_usage": true}) gets S3's stream.
 // Every body is a pure function of (model, bench_chunks), so sha256 of a body can be compared
 // between a direct connection and a proxy.
 'use strict';

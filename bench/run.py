@@ -8,6 +8,8 @@ front of B (the mock as its backends, like ``sluice``), so that S3's and S5's lo
 run through two gateways (target ``forwarded``, A->B over loopback TCP). S8 holds streams by
 the thousand (bench/held.py); S9 and S10 are models on demand (bench/ondemand.py): a managed
 model's cold start against llama.cpp started directly, and the idle RSS of 20 unloaded ones.
+S11 is the Ollama API (bench/ollama.py): S3's stream on /api/chat (NDJSON) against
+/v1/chat/completions (SSE) through the same gateway.
 Prints a Markdown table and writes every figure as JSON. Usage: ``scripts/bench --help``.
 Python standard library only; Linux only (reads /proc).
 """
@@ -36,7 +38,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: bench/ is not a package on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import aliases, held, ondemand, watch
+from bench import aliases, held, ollama, ondemand, watch
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -67,6 +69,7 @@ TARGET_TEXT = {
     "S8": held.TARGET_TEXT,
     "S9": ondemand.S9_TARGET,
     "S10": ondemand.S10_TARGET,
+    "S11": ollama.TARGET_TEXT,
 }
 S7_SHAPES = ("S3", "S5")  # the loads S7 also runs through gateway A -> gateway B
 S7_MAX_RATIO = 2.0
@@ -751,12 +754,14 @@ def s7_table(s7: dict[str, Any], smoke: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7,S8,S9,S10",
+    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7,S8,S9,S10,S11",
                     help="S6 alone means every scenario; S7 runs S3's and S5's loads "
                          "(which it adds) also through gateway A -> gateway B; S8 holds "
                          "250..4000 streams at once (bench/held.py); S9 cold start of a "
                          "managed model, S10 idle RSS with 20 unloaded ones "
-                         "(bench/ondemand.py; they need the llama extra)")
+                         "(bench/ondemand.py; they need the llama extra); S11 an "
+                         "Ollama /api/chat stream against /v1/chat/completions "
+                         "(bench/ollama.py)")
     ap.add_argument("--transport", choices=("tcp", "unix", "both"), default="both")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny run of every scenario, 1 round, no nginx; exit 1 unless every "
@@ -774,13 +779,14 @@ def main(argv: list[str] | None = None) -> int:
                          "smoke.json for --smoke)")
     opts = ap.parse_args(argv)
     wanted = [s.strip().upper() for s in opts.scenarios.split(",") if s.strip()]
-    bad = [s for s in wanted if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S10")]
+    bad = [s for s in wanted if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S10", "S11")]
     if bad:
         ap.error(f"unknown scenario(s): {', '.join(bad)}")
     every = wanted == ["S6"]
     s7 = every or "S7" in wanted
     s8 = every or "S8" in wanted
     s9, s10 = every or "S9" in wanted, every or "S10" in wanted
+    s11 = every or "S11" in wanted
     scenarios = [s for s in SCENARIOS if s in wanted or every or (s7 and s in S7_SHAPES)]
     rounds = 1 if opts.smoke else max(1, opts.rounds)
     transports = ["tcp", "unix"] if opts.transport == "both" else [opts.transport]
@@ -800,11 +806,11 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="slb-", dir="/tmp"))  # short: socket paths ≤ 103 bytes
     try:
         env: dict[str, Any] = {}
-        if scenarios or s7 or s8:
+        if scenarios or s7 or s8 or s11:
             env["mock"] = start_mock(kids, tmp)
             env["sluice"] = start_gateway(kids, tmp, env["mock"],
                                           aliases.CONFIG if opts.aliased else "")
-        if env and not (opts.smoke or opts.no_nginx):
+        if (scenarios or s8) and not (opts.smoke or opts.no_nginx):
             nginx = start_nginx(kids, tmp, env["mock"])
             if nginx is not None:
                 env["nginx"] = nginx
@@ -841,6 +847,9 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"{sc} {tr:4} round {n + 1} {tg:9}: {ld['completed']}/"
                               f"{ld['started']} ok, {ld['requests_per_s']:,.0f}/s, proxy CPU "
                               f"{r['proxy_cpu_s']} s, {r['wall_s']} s", file=sys.stderr)
+        s11_result: dict[str, Any] | None = None
+        if s11:
+            s11_result = ollama.run_s11(env, transports, rounds, opts.smoke)
         s8_result: dict[str, Any] | None = None
         if s8:
             s8_result = held.run_s8(kids, tmp, env["mock"], transports, rounds, opts.smoke,
@@ -889,6 +898,9 @@ def main(argv: list[str] | None = None) -> int:
         if s8_result is not None:
             problems += s8_result["problems"]
             md += ("\n\n" if md else "") + held.tables(s8_result, opts.smoke)
+        if s11_result is not None:
+            problems += s11_result["problems"]
+            md += ("\n\n" if md else "") + ollama.table(s11_result, opts.smoke)
         for part in (s9_result, s10_result):
             problems += part["problems"] if part is not None else []
         if s9_result is not None or s10_result is not None:
@@ -897,7 +909,8 @@ def main(argv: list[str] | None = None) -> int:
             "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "smoke": opts.smoke,
                      "rounds": rounds,
                      "scenarios": scenarios + [name for name, on in
-                                               (("S8", s8), ("S9", s9), ("S10", s10)) if on],
+                                               (("S8", s8), ("S9", s9), ("S10", s10),
+                                                ("S11", s11)) if on],
                      "transports": transports,
                      "targets": targets, "cpus": os.cpu_count(), "machine": platform.platform(),
                      "python": platform.python_version(),
@@ -912,6 +925,7 @@ def main(argv: list[str] | None = None) -> int:
             "s8": s8_result,
             "s9": s9_result,
             "s10": s10_result,
+            "s11": s11_result,
             "ondemand_skipped": skipped,
             "checks": {"all_complete": not any(p for p in problems if not p.startswith("S6")),
                        "problems": problems},

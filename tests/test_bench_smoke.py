@@ -4,7 +4,8 @@ It checks correctness only (S6: every body byte-identical to the direct one; eve
 and stream delivered whole; S7: S3's and S5's loads went through gateway A to gateway B and
 nowhere else; S8: its held streams all delivered and every figure there; S9 and S10, where
 the llama extra is installed: cold requests answered by the managed model and by its floor,
-and the idle gateways' catalogues), never a wall-clock figure.
+and the idle gateways' catalogues; S11: the Ollama chat streams and their SSE twins all
+whole, and their figures there), never a wall-clock figure.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert len(load["digests"]) == 1
     check_s7(result)
     check_s8(result)
+    check_s11(result)
     if importlib.util.find_spec("xllamacpp") is None:
         assert result["ondemand_skipped"]
         assert result["s9"] is None
@@ -162,3 +164,33 @@ def check_s10(result: dict[str, Any]) -> None:
     assert s10["added_vs_none_mb"] is not None
     assert s10["added_vs_no_folder_mb"] is not None
     assert s10["problems"] == []
+
+
+def check_s11(result: dict[str, Any]) -> None:
+    """S11 (the Ollama API): every target and transport ran, each stream whole (NDJSON: the
+    mock's text in 100 lines, the last one done; SSE: equal to direct's), and the figures
+    are there: CPU per stream through the gateway, TTFL, the ratio and the difference."""
+    s11 = result["s11"]
+    runs = s11["runs"]
+    assert {(r["transport"], r["target"]) for r in runs} == {
+        (tr, tg) for tr in ("tcp", "unix") for tg in ("direct", "v1", "ollama")}
+    for r in runs:
+        assert r["completed"] == r["started"] == r["count"] > 0, r
+        assert r["errors"] == {}, r
+        assert r["ttfl_p50"] is not None
+        assert r["lines"] == s11["shape"]["chunks"] + (1 if r["target"] != "ollama" else 0)
+        if r["target"] == "direct":
+            assert r["cpu_ms_per_stream"] is None
+        else:
+            assert r["cpu_ms_per_stream"] is not None
+        if r["target"] != "ollama":
+            assert len(r["digests"]) == 1
+    for tr in ("tcp", "unix"):
+        entry = s11["summary"][tr]
+        assert entry["complete"] is True
+        for target in ("v1", "ollama"):  # (a ratio needs v1's CPU above one clock tick)
+            assert entry["median"][target]["cpu_ms_per_stream"] is not None
+        assert "cpu_ratio" in entry
+        assert entry["ttfl_added_ms"] is not None
+        assert set(entry["met"]) == {"cpu", "ttfl"}
+    assert s11["problems"] == []
