@@ -64,6 +64,7 @@ class ModelExchange(Protocol):
                        keep_alive: float | None = None) -> None: ...
 
 _NS = 1_000_000_000
+_FIRST_EVENTS = 4  # events looked at for the first line before the rest of the read
 
 
 def _now_text() -> str:
@@ -103,11 +104,15 @@ class OllamaOut:
     def _headers(self, given: list[Header], content_type: bytes) -> list[Header]:
         return [(b"content-type", content_type), *((k, v) for k, v in given if k == SERVED_BY)]
 
-    def _lines(self, data: bytes) -> bytes:
+    def _translator(self) -> StreamTranslator:
         translator = self.translator
         if translator is None:  # a stream the client did not ask for: Ollama has none
             raise SluiceError(502, "the model server streamed an answer that was asked "
                               "whole", type="server_error", code="upstream_bad_response")
+        return translator
+
+    def _lines(self, data: bytes) -> bytes:
+        translator = self._translator()
         return translator.feed(data, _now_text()) if data else b""
 
     async def _send_error(self, err: SluiceError, headers: list[Header]) -> None:
@@ -132,14 +137,35 @@ class OllamaOut:
             if end:
                 await self._send_error(upstream_error(status, bytes(self._error_body)), headers)
             return
-        lines = self._lines(body)
+        lines, rest = self._first_lines(body)
         real = self.real
         await real.send_head(200, self._headers(headers, NDJSON_TYPE), b"OK", real.frame(lines),
                              end=False, on_block=on_block)
         if end:
-            await self.end(b"", on_block)
+            await self.end(rest, on_block)
         else:
+            await self.send_body(rest, on_block)
             self._after()
+
+    def _first_lines(self, data: bytes) -> tuple[bytes, bytes]:
+        """The lines of the answer's first events, up to the first one that gives a line,
+        and the rest of ``data`` (the first read), to be translated once the head has gone
+        out with them: a read can hold many events (a fast server; a gateway that fell
+        behind), and the client's first line should not wait for all their translation.
+        The translator takes a stream split anywhere: a cut at ``\n\n`` ends an event in
+        llama.cpp's and OpenAI's streams; with other line ends the read goes whole."""
+        translator = self._translator()
+        lines = b""
+        at = 0
+        for _ in range(_FIRST_EVENTS):
+            cut = data.find(b"\n\n", at) + 2
+            if cut < 2:
+                break
+            lines += translator.feed(data[at:cut], _now_text())
+            at = cut
+            if lines:
+                break
+        return lines, data[at:]
 
     async def send_body(self, data: bytes, on_block: Callable[[], None] | None = None) -> None:
         if self._error_status:

@@ -57,10 +57,23 @@ def format_time(seconds: float) -> str:
         whole = _LAST_SECOND
     else:
         micros = min(999999, round((seconds - whole) * 1e6))  # stays within its second
-    text = datetime.fromtimestamp(whole, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    text = _seconds_text(whole)
     if micros:
         text += "." + f"{micros:06d}".rstrip("0")
     return text + "Z"
+
+
+_last_second: tuple[int, str] = (-1, "")  # the last whole second written, and its text
+
+
+def _seconds_text(whole: int) -> str:
+    """``whole`` (a Unix time in seconds) to the second, remembered for the next call: a
+    stream's lines, a line per token, mostly fall in one second."""
+    global _last_second
+    if _last_second[0] != whole:
+        _last_second = (whole, datetime.fromtimestamp(whole, tz=UTC).strftime(
+            "%Y-%m-%dT%H:%M:%S"))
+    return _last_second[1]
 
 
 @dataclass(frozen=True, slots=True)

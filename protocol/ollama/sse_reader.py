@@ -16,6 +16,7 @@ __all__ = ["EVENT_CAP", "EventTooLarge", "SseReader"]
 
 EVENT_CAP = 4 << 20  # bytes of one event (its lines and the unfinished line) held at most
 _BOM = b"\xef\xbb\xbf"
+_BLANK = [b""]
 
 
 class EventTooLarge(ValueError):
@@ -37,6 +38,11 @@ class SseReader:
     def __repr__(self) -> str:
         return f"SseReader(held={self._held + len(self._line)})"
 
+    @property
+    def at_event_start(self) -> bool:
+        """Nothing is held: the next byte begins a line of a new event."""
+        return self._started and not (self._line or self._data or self._skip_lf)
+
     def feed(self, piece: bytes) -> list[bytes]:
         """The data (bytes, lines joined) of every event that ``piece`` finishes."""
         if not piece:
@@ -56,7 +62,8 @@ class SseReader:
             self._started = True
             if data.startswith(_BOM):
                 data = data[len(_BOM):]
-        end = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        last_cr = data.rfind(b"\r")
+        end = max(data.rfind(b"\n"), last_cr)
         if end < 0:
             self._line = data
             self._check()
@@ -64,28 +71,53 @@ class SseReader:
         self._line = data[end + 1:]
         if data[end] == 13:  # b"\r": a LF may come first in the next piece
             self._skip_lf = True
+        body = data[:end + 1]
         events: list[bytes] = []
-        for line in data[:end + 1].splitlines():
-            if not line:
-                if self._data:
-                    events.append(b"\n".join(self._data))
-                    self._data = []
-                    self._held = 0
-            elif line.startswith(b"data"):
-                self._field(line)
-            # comments and every other field: nothing to do
+        if last_cr >= 0:
+            self._take(body.splitlines(), events)
+        else:
+            # LF only (llama.cpp's and OpenAI's streams): a blank line is "\n\n", so the
+            # events are the blocks between them, and most blocks are one "data: " line,
+            # taken whole; any other block goes line by line. (find, not "in": bytes'
+            # "in" tries its operand as an int first, and raises and clears a TypeError.)
+            *blocks, rest = body.split(b"\n\n")
+            if (not rest and not self._data and body.count(b"\n") == 2 * len(blocks)
+                    and body.count(b"\n\ndata: ") == len(blocks) - 1
+                    and body.startswith(b"data: ")):
+                # Every block is one "data: " line (the only LFs are the blank lines, and
+                # each block starts so): the common piece, taken in one step.
+                self._check()
+                return [block[6:] for block in blocks]
+            for block in blocks:
+                if block[:6] == b"data: " and not self._data and block.find(b"\n") < 0:
+                    events.append(block[6:])
+                else:
+                    self._take(block.split(b"\n"), events)
+                    self._take(_BLANK, events)
+            if rest:  # finished lines of an unfinished event
+                self._take(rest[:-1].split(b"\n"), events)
         self._check()
         return events
 
-    def _field(self, line: bytes) -> None:
-        if len(line) == 4:  # "data" alone: an empty data line
-            value = b""
-        elif line[4:5] == b":":
-            value = line[6:] if line[5:6] == b" " else line[5:]
-        else:  # "dataX...": another field's name
-            return
-        self._data.append(value)
-        self._held += len(value) + 1
+    def _take(self, lines: list[bytes], events: list[bytes]) -> None:
+        """Finished lines, one by one: a blank one ends the event, ``data`` lines are its
+        data, comments and other fields are skipped."""
+        pending, held = self._data, self._held
+        for line in lines:
+            if not line:
+                if pending:
+                    events.append(pending[0] if len(pending) == 1 else b"\n".join(pending))
+                    pending = []
+                    held = 0
+            elif line[:5] == b"data:":
+                value = line[6:] if line[5:6] == b" " else line[5:]
+                pending.append(value)
+                held += len(value) + 1
+            elif line == b"data":  # "data" alone: an empty data line
+                pending.append(b"")
+                held += 1
+            # comments and every other field ("dataX..." too): nothing to do
+        self._data, self._held = pending, held
 
     def _check(self) -> None:
         if self._held + len(self._line) > EVENT_CAP:

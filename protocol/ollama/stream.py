@@ -21,6 +21,10 @@ other fields. (Ollama itself writes a line per token, and an empty line of text 
 nothing; clients such as ollama-python read every line as JSON, so a line is never empty.)
 Only the first choice (index 0) is read: Ollama has no ``n``.
 
+Most events are read without parsing them (:mod:`protocol.ollama.text_delta`): once an
+event of text has been parsed, a later one that is the same bytes around another JSON
+string means the same with that text, and a read of many such events is taken at once.
+
 Tool calls come in pieces (:mod:`protocol.ollama.tool_calls`) and are written whole, as
 Ollama writes them, in one line of their own with ``"content": ""`` when the choice
 finishes (or at the end, for a stream that ended without saying so).
@@ -39,12 +43,14 @@ answer.
 
 from __future__ import annotations
 
+from json.encoder import encode_basestring
 from typing import Any
 
 from protocol.ollama.errors import error_line, upstream_message
 from protocol.ollama.metrics import Timing, Usage, done_reason
 from protocol.ollama.requests import Answer, Kind
 from protocol.ollama.sse_reader import EventTooLarge, SseReader
+from protocol.ollama.text_delta import TextDelta, string_text
 from protocol.ollama.tool_calls import ToolCallParts, TooManyParts
 from protocol.ollama.wire import NotJson, load_json, ndjson_line
 
@@ -56,8 +62,9 @@ CUT_MESSAGE = "the model server's stream ended before the answer was complete"
 class StreamTranslator:
     """One streamed answer's translation (see the module). Not for embeddings."""
 
-    __slots__ = ("_answer", "_calls", "_closed", "_ended", "_failed", "_finish_reason",
-                 "_pieces", "_reader", "_usage")
+    __slots__ = ("_answer", "_calls", "_chat", "_closed", "_delta", "_ended", "_failed",
+                 "_finish_reason", "_head", "_pieces", "_prefix", "_prefix_at", "_reader",
+                 "_suffix", "_tail", "_usage")
 
     def __init__(self, answer: Answer) -> None:
         if answer.kind not in (Kind.CHAT, Kind.GENERATE):
@@ -71,6 +78,15 @@ class StreamTranslator:
         self._failed = False  # an error line was given
         self._closed = False  # the last line or an error line was given: nothing follows
         self._pieces = 0
+        self._chat = answer.kind is Kind.CHAT
+        # A line of text is written from its parts (see _text_line): what comes before the
+        # text for the last created_at seen, and what follows it.
+        self._prefix_at: str | None = None
+        self._prefix = ""
+        self._suffix = '},"done":false}\n' if self._chat else ',"done":false}\n'
+        self._head: bytes | None = None
+        self._tail = self._suffix.encode()
+        self._delta: TextDelta | None = None  # the bytes around a parsed event's text
 
     def __repr__(self) -> str:
         return (f"StreamTranslator(kind={self._answer.kind.value}, pieces={self._pieces}, "
@@ -96,14 +112,37 @@ class StreamTranslator:
         """The NDJSON lines for the events that ``piece`` finishes (often b"")."""
         if self._closed:
             return b""
+        out = b""
+        template = self._delta
+        if (template is not None and self._reader.at_event_start
+                and 0 <= piece.find(b"\n\n") < len(piece) - 2):  # more than one event
+            head = self._head if created_at == self._prefix_at else self._heads(created_at)
+            many = template.many(piece) if head is not None else None
+            if head is not None and many is not None:  # a read of many: their lines at once
+                strings, piece = many
+                out = self._plain_lines(head, strings, template.thinking)
+                if not piece:
+                    return out
         try:
             events = self._reader.feed(piece)
-        except EventTooLarge as err:
+        except EventTooLarge as err:  # (the piece's lines go with it, as they always did)
             return self.error(f"the model server sent {err}")
         if not events:
-            return b""
+            return out
         lines = [self._event(data, created_at) for data in events]
-        return b"".join(lines)
+        return out + b"".join(lines)
+
+    def _plain_lines(self, head: bytes, strings: list[bytes], thinking: bool) -> bytes:
+        """The lines of plain strings (:meth:`TextDelta.many`), one join: each is
+        ``head``, the string in quotes (after ``"","thinking":`` for thinking) and
+        :attr:`_tail`; an empty string has none."""
+        texts = [text for text in strings if text]
+        if not texts:
+            return b""
+        self._pieces += len(texts)
+        start = head + (b'"","thinking":"' if thinking else b'"')
+        end = b'"' + self._tail
+        return start + (end + start).join(texts) + end
 
     def finish(self, created_at: str, timing: Timing) -> bytes:
         """The stream's last line(s), once the upstream body ended (see the module)."""
@@ -128,6 +167,27 @@ class StreamTranslator:
     def _event(self, data: bytes, created_at: str) -> bytes:
         if self._closed:
             return b""
+        template = self._delta
+        if template is not None:  # most events: the last one parsed, with other text
+            token = template.plain_token(data)
+            if token is not None:  # (inline, as it is nearly every event's path)
+                if len(token) == 2:  # "": no text, no line
+                    return b""
+                head = self._head if created_at == self._prefix_at else self._heads(created_at)
+                if head is not None:
+                    self._pieces += 1
+                    if template.thinking:
+                        return b"".join((head, b'"","thinking":', token, self._tail))
+                    return b"".join((head, token, self._tail))
+            token = template.token(data)
+            text = None if token is None else string_text(token)
+            if text is not None:
+                if not text:
+                    return b""
+                self._pieces += 1
+                if template.thinking:
+                    return self._text_line(created_at, "", text)
+                return self._text_line(created_at, text, "")
         if data == b"[DONE]":
             self._ended = True
             return b""
@@ -137,10 +197,12 @@ class StreamTranslator:
             return self.error("the model server sent an event that is not JSON")
         if not isinstance(doc, dict):
             return self.error("the model server sent an event that is not a JSON object")
-        message = upstream_message(doc)
-        if message is not None:
-            return self.error(message)
-        self._usage.see(doc)
+        if "error" in doc:
+            return self.error(upstream_message(doc) or "")
+        if "usage" in doc or "timings" in doc:
+            self._usage.see(doc)
+        elif not self._answer.text_completion:
+            self._delta = TextDelta.learn(data, doc) or self._delta
         choices = doc.get("choices")
         if not isinstance(choices, list):
             return b""
@@ -157,9 +219,10 @@ class StreamTranslator:
             if not isinstance(delta, dict):
                 delta = {}
             text, thinking = delta.get("content"), delta.get("reasoning_content")
-            if self._answer.kind is Kind.CHAT:  # generate has no tools
+            calls = delta.get("tool_calls")
+            if calls is not None and self._chat:  # generate has no tools
                 try:
-                    self._calls.add(delta.get("tool_calls"))
+                    self._calls.add(calls)
                 except TooManyParts as err:
                     return self.error(f"the model server sent {err}")
         out = b""
@@ -167,13 +230,42 @@ class StreamTranslator:
         thinking = thinking if isinstance(thinking, str) else ""
         if text or thinking:
             self._pieces += 1
-            out = ndjson_line(self._base(created_at, text, thinking=thinking))
+            out = self._text_line(created_at, text, thinking)
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
             self._finish_reason = reason
             self._ended = True
             out += self._tool_call_line(created_at)
         return out
+
+    def _text_line(self, created_at: str, text: str, thinking: str) -> bytes:
+        """``ndjson_line(self._base(created_at, text, thinking=thinking))``, the same bytes,
+        written from parts: the line before the text is the same for every line of one
+        ``created_at``, and the C string encoder is all the text needs. (A line per event:
+        building the dict and encoding it whole cost more than the rest of the event.)"""
+        self._heads(created_at)
+        middle = encode_basestring(text)
+        if thinking:
+            middle += ',"thinking":' + encode_basestring(thinking)
+        try:
+            return (self._prefix + middle + self._suffix).encode()
+        except UnicodeEncodeError:  # a lone surrogate: json_bytes writes it escaped
+            return ndjson_line(self._base(created_at, text, thinking=thinking))
+
+    def _heads(self, created_at: str) -> bytes | None:
+        """What comes before the text in a line of ``created_at`` (made once per time: the
+        str in ``_prefix``, its bytes returned, None when they cannot be UTF-8)."""
+        if created_at != self._prefix_at:
+            answer = ('"message":{"role":"assistant","content":' if self._chat
+                      else '"response":')
+            self._prefix = (f'{{"model":{encode_basestring(self._answer.model)},'
+                            f'"created_at":{encode_basestring(created_at)},{answer}')
+            self._prefix_at = created_at
+            try:
+                self._head = self._prefix.encode()
+            except UnicodeEncodeError:
+                self._head = None
+        return self._head
 
     def _tool_call_line(self, created_at: str) -> bytes:
         if not self._calls:
@@ -185,7 +277,7 @@ class StreamTranslator:
     def _base(self, created_at: str, text: str, *, thinking: str = "",
               done: bool = False) -> dict[str, Any]:
         line: dict[str, Any] = {"model": self._answer.model, "created_at": created_at}
-        if self._answer.kind is Kind.CHAT:
+        if self._chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if thinking:
                 message["thinking"] = thinking
