@@ -368,3 +368,37 @@ def test_sse_like_bytes_split_anywhere_give_the_same_lines(data: bytes, cuts: li
     whole = run(CHAT, [data])
     assert run(CHAT, pieces) == whole
     assert run(CHAT, [data[i:i + 1] for i in range(len(data))]) == whole
+
+
+# The translator reads most events without parsing them (protocol/ollama/text_delta.py: the
+# bytes around the text of an event it parsed); whatever the text, and however the JSON
+# writes it, each line must carry exactly the text json.loads reads from its event.
+_TEXTS = st.lists(st.text(st.characters(codec="utf-8"), max_size=12), min_size=1, max_size=8)
+
+
+def _written(doc: dict[str, Any], ascii_only: bool, spaced: bool) -> bytes:
+    text = json.dumps(doc, ensure_ascii=ascii_only,
+                      separators=(", ", ": ") if spaced else (",", ":"))
+    return b"data: " + text.encode("utf-8", "surrogatepass") + b"\n\n"
+
+
+@PROPERTY
+@given(_TEXTS, st.booleans(), st.booleans(), st.lists(st.integers(0, 4000), max_size=6),
+       st.sampled_from([CHAT, GENERATE]))
+def test_every_text_comes_through_as_json_reads_it(texts: list[str], ascii_only: bool,
+                                                   spaced: bool, cuts: list[int],
+                                                   answer: Answer) -> None:
+    def shaped(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return _written({"choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
+                         "created": 1, "id": "c", "model": "m",
+                         "object": "chat.completion.chunk"}, ascii_only, spaced)
+
+    stream = (shaped({"role": "assistant", "content": None})
+              + b"".join(shaped({"content": t}) for t in texts)
+              + shaped({}, "stop") + b"data: [DONE]\n\n")
+    points = sorted({c % (len(stream) + 1) for c in cuts})
+    pieces = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    got = run(answer, pieces)
+    said = [g["message"]["content"] if answer is CHAT else g["response"] for g in got[:-1]]
+    assert said == [t for t in texts if t]
+    assert got[-1]["done"] is True
