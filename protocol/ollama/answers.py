@@ -57,27 +57,17 @@ def whole_answer(answer: Answer, body: bytes, created_at: str, timing: Timing) -
         vectors = _embeddings(doc)
         return json_bytes({"embedding": vectors[0] if vectors else []})
     choice = _choice(doc)
-    out: dict[str, Any] = {"model": answer.model, "created_at": created_at}
     if answer.text_completion:
-        out["response"] = _text(choice.get("text"))
+        out = answer.line(created_at, _text(choice.get("text")), done=True)
     else:
         reply = choice.get("message")
         if not isinstance(reply, dict):
             raise _bad("its choice has no message")
-        text, thinking = _text(reply.get("content")), _text(reply.get("reasoning_content"))
-        if answer.kind is Kind.CHAT:
-            message_out: dict[str, Any] = {"role": "assistant", "content": text}
-            if thinking:
-                message_out["thinking"] = thinking
-            calls = whole_tool_calls(reply.get("tool_calls"))
-            if calls:
-                message_out["tool_calls"] = calls
-            out["message"] = message_out
-        else:
-            out["response"] = text
-            if thinking:
-                out["thinking"] = thinking
-    out["done"] = True
+        out = answer.line(created_at, _text(reply.get("content")), done=True,
+                          thinking=_text(reply.get("reasoning_content")))
+        calls = whole_tool_calls(reply.get("tool_calls")) if answer.kind is Kind.CHAT else []
+        if calls:
+            out["message"]["tool_calls"] = calls
     out["done_reason"] = done_reason(choice.get("finish_reason"))
     out.update(usage.fields(timing))
     return json_bytes(out)

@@ -70,6 +70,23 @@ class Answer:
     model: str  # the model name as the client sent it: Ollama echoes it in every line
     text_completion: bool = False  # the upstream answers /v1/completions (generate, raw)
 
+    def line(self, created_at: str, text: str, *, thinking: str = "",
+             done: bool = False) -> dict[str, Any]:
+        """One line of this answer (a stream's, or a whole answer's base): chat's
+        ``message``, generate's ``response``, with a reasoning model's ``thinking``."""
+        line: dict[str, Any] = {"model": self.model, "created_at": created_at}
+        if self.kind is Kind.CHAT:
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if thinking:
+                message["thinking"] = thinking
+            line["message"] = message
+        else:
+            line["response"] = text
+            if thinking:
+                line["thinking"] = thinking
+        line["done"] = done
+        return line
+
 
 @dataclass(frozen=True, slots=True)
 class Translated:

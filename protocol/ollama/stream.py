@@ -276,15 +276,4 @@ class StreamTranslator:
 
     def _base(self, created_at: str, text: str, *, thinking: str = "",
               done: bool = False) -> dict[str, Any]:
-        line: dict[str, Any] = {"model": self._answer.model, "created_at": created_at}
-        if self._chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if thinking:
-                message["thinking"] = thinking
-            line["message"] = message
-        else:
-            line["response"] = text
-            if thinking:
-                line["thinking"] = thinking
-        line["done"] = done
-        return line
+        return self._answer.line(created_at, text, thinking=thinking, done=done)
