@@ -23,10 +23,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final
 
-from protocol.errors import SluiceError, Source
-
 __all__ = ["MAX_MODEL_ID", "WILDCARD", "AliasTable", "alias_entries", "model_id_problem",
-           "resolve", "target_not_available"]
+           "resolve"]
 
 WILDCARD: Final = "*"
 MAX_MODEL_ID: Final = 256  # characters of a model id (or an alias name) we accept
@@ -125,14 +123,6 @@ def resolve(table: AliasTable, model: str, exists: Callable[[str], bool]) -> str
     if target is None or exists(model):
         return None
     return target
-
-
-def target_not_available(alias: str, target: str) -> SluiceError:
-    """503 for an alias whose target does not exist now (nothing is forwarded)."""
-    return SluiceError(503, f"model {alias!r} is an alias of {target!r}, which is not "
-                            "available on any backend or node",
-                       type="server_error", code="model_not_available", param="model",
-                       source=Source.GATEWAY)
 
 
 def alias_entries(table: AliasTable, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -186,6 +186,14 @@ def model_not_available(model: str) -> SluiceError:
                        source=Source.GATEWAY)
 
 
+def alias_target_not_available(alias: str, target: str) -> SluiceError:
+    """503 for an alias whose target does not exist now (SPEC §12; nothing is forwarded)."""
+    return SluiceError(503, f"model {alias!r} is an alias of {target!r}, which is not "
+                            "available on any backend or node",
+                       type="server_error", code="model_not_available", param="model",
+                       source=Source.GATEWAY)
+
+
 def all_circuits_open(model: str) -> SluiceError:
     return SluiceError(503, f"every node that holds model {model!r} has its circuit open",
                        type="server_error", code="all_circuits_open", param="model",

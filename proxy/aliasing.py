@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from protocol.aliases import resolve, target_not_available
-from protocol.errors import bad_request
+from protocol.aliases import resolve
+from protocol.errors import alias_target_not_available, bad_request
 from protocol.headers import FORWARDED, Header, header_value
 from protocol.json_model import replace_model
 from protocol.request_info import RequestInfo
@@ -73,7 +73,7 @@ async def apply(ctx: GatewayContext, info: RequestInfo, headers: list[Header], b
     if target is None:  # a model that exists is never aliased
         return info, body
     if not _exists(ctx, target, forwarded):
-        raise target_not_available(asked, target)
+        raise alias_target_not_available(asked, target)
     spliced = replace_model(body, target, checked=True)  # parse_request_body read it
     if spliced is None:
         raise bad_request(f"model {asked!r} is an alias, and a request for one must be "

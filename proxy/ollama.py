@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import h11
 import trio
 
-from protocol.errors import Family, SluiceError, model_not_available
+from protocol.errors import Family, SluiceError, model_not_available, upstream_bad_response
 from protocol.headers import SERVED_BY, Header
 from protocol.ollama import (
     JSON_TYPE,
@@ -107,8 +107,8 @@ class OllamaOut:
     def _translator(self) -> StreamTranslator:
         translator = self.translator
         if translator is None:  # a stream the client did not ask for: Ollama has none
-            raise SluiceError(502, "the model server streamed an answer that was asked "
-                              "whole", type="server_error", code="upstream_bad_response")
+            raise upstream_bad_response("the model server streamed an answer that was "
+                                        "asked whole")
         return translator
 
     def _lines(self, data: bytes) -> bytes:

@@ -20,10 +20,9 @@ from protocol.aliases import (
     alias_entries,
     model_id_problem,
     resolve,
-    target_not_available,
 )
 from protocol.config import default_config, dump_config_yaml, parse_config_text
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, alias_target_not_available
 
 PROPERTY = settings(max_examples=300, derandomize=True, deadline=None)
 
@@ -151,7 +150,7 @@ def test_the_table() -> None:
 
 
 def test_the_error_names_the_alias_and_its_target() -> None:
-    err = target_not_available("gpt-4o", "smollm2")
+    err = alias_target_not_available("gpt-4o", "smollm2")
     assert (err.status, err.code, err.param, err.type) == (503, "model_not_available", "model",
                                                             "server_error")
     assert "'gpt-4o'" in err.message
