@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from proxy.context import GatewayContext
     from proxy.deadline import RequestScope
     from proxy.downstream import Downstream
+    from proxy.models.managed import Managed
+    from proxy.models.ondemand import OnDemand
     from proxy.ollama import OllamaOut
 
 DENIED_BODY_CAP = 64 * 1024  # a denied request's body is read (to keep the connection) up to
@@ -203,20 +205,27 @@ class Exchange:
         # while the request runs. No await when it is loaded already.
         managed = ondemand.take(info.model)
         if managed is None:
-            began = trio.current_time()
-            try:
-                with self.scope.open():
-                    managed = await ondemand.acquire(info.model)
-            finally:
-                self.load_wait = trio.current_time() - began
-            if managed is None:  # the client left while it loaded (the load goes on)
-                raise ClientGone
+            managed = await self.wait_for_load(ondemand, info.model)
         try:
             if keep_alive is not None:
                 ondemand.lifecycle.keep_alive(managed, keep_alive)
             await self.relay_to(ctx, method, target, path, headers, body, info, out)
         finally:
             ondemand.release(managed)
+
+    async def wait_for_load(self, ondemand: OnDemand, model: str) -> Managed:
+        """Pin managed ``model``, waiting for its load (``load_wait``: how long) inside the
+        request's scope: a client that leaves stops waiting, the load goes on."""
+        began = trio.current_time()
+        managed = None
+        try:
+            with self.scope.open():
+                managed = await ondemand.acquire(model)
+        finally:
+            self.load_wait = trio.current_time() - began
+        if managed is None:  # the client left while it loaded
+            raise ClientGone
+        return managed
 
     async def relay_to(self, ctx: GatewayContext, method: bytes, target: bytes, path: str,
                        headers: list[Header], body: bytes, info: RequestInfo,

@@ -40,13 +40,14 @@ from protocol.ollama import (
     whole_answer,
 )
 from protocol.request_info import parse_request_body
-from proxy.errors import ClientGone
 
 if TYPE_CHECKING:
     from protocol.request_info import RequestInfo
     from proxy.context import GatewayContext
     from proxy.deadline import RequestScope
     from proxy.downstream import Downstream
+    from proxy.models.managed import Managed
+    from proxy.models.ondemand import OnDemand
 
 
 class ModelExchange(Protocol):
@@ -58,6 +59,8 @@ class ModelExchange(Protocol):
     info: RequestInfo | None
     started: float
     load_wait: float | None
+
+    async def wait_for_load(self, ondemand: OnDemand, model: str) -> Managed: ...
 
     async def to_model(self, method: bytes, target: bytes, path: str, headers: list[Header],
                        body: bytes, info: RequestInfo, out: Downstream | OllamaOut, *,
@@ -244,15 +247,7 @@ async def _load_only(exchange: ModelExchange, load: LoadOnly) -> None:
     elif load.unload:
         await ondemand.unload(name)
     else:
-        began = trio.current_time()
-        model = None
-        try:
-            with exchange.scope.open():
-                model = await ondemand.acquire(name)
-        finally:
-            exchange.load_wait = trio.current_time() - began
-        if model is None:  # the client left while it loaded (the load goes on)
-            raise ClientGone
+        model = await exchange.wait_for_load(ondemand, name)
         try:
             if load.keep_alive is not None:
                 ondemand.lifecycle.keep_alive(model, load.keep_alive)

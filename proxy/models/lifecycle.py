@@ -163,7 +163,6 @@ class Lifecycle:
             if isinstance(room, NoRoom):
                 return model_memory_exhausted(no_room_message(room))
             victims = [self.models[name] for name in room.unload]
-        model.load_started = trio.current_time()
         self._set(model, Move.LOAD)
         for victim in victims:
             self._set(victim, Move.UNLOAD)

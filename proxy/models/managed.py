@@ -85,7 +85,6 @@ class Managed:
     changed: trio.Event = attrs.field(factory=trio.Event)  # set at its next state change
     unload_asked: bool = False  # unload once no request is in flight (the API's unload)
     removed: bool = False  # its file is gone: dropped from the catalogue once unloaded
-    load_started: float | None = None  # when its load under way began
     loads: LoadFigures = attrs.field(factory=lambda: LoadFigures())
     keep_alive: float | None = None  # a client's keep_alive for this load (Ollama's), else
                                      # the spec's
