@@ -4,12 +4,13 @@ with every problem told as a :class:`ConfigError` naming the file (never its con
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from protocol.errors import ConfigError
 
-__all__ = ["atomic_write", "read_text", "remove_leftovers"]
+__all__ = ["FileSignature", "atomic_write", "file_signature", "read_text", "remove_leftovers"]
 
 
 def atomic_write(path: Path, data: bytes, mode: int) -> None:
@@ -61,3 +62,19 @@ def read_text(path: Path) -> str:
         raise ConfigError("", f"{path}: not valid UTF-8 text") from None
     except OSError as exc:
         raise ConfigError("", f"{path}: cannot read ({exc.strerror})") from None
+
+
+FileSignature = tuple[int, int, int, int]
+"""(device, inode, size, mtime in ns) of a regular file: what changes when it is written."""
+
+
+def file_signature(path: Path) -> FileSignature | None:
+    """The signature of the regular file at ``path`` (through symlinks); None when there is
+    none (gone, a folder, unreadable)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import trio
 
+from proxy.datadir import read_state
+
 log = logging.getLogger("sluice.listeners")
 
 SOCKET_NAME = "sluice.sock"
@@ -278,3 +280,31 @@ async def tcp_port_is_live(port: int) -> bool:
         return False
     finally:
         probe.close()
+
+
+async def refuse_if_running(data_dir: Path) -> None:
+    """Another gateway on this data dir (its state file names a live process whose local
+    listener answers) means we must not start: ListenerError saying so (exit 2)."""
+    state = read_state(data_dir)
+    if state is None or state.pid <= 0:
+        return
+    pid = state.pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return
+    except PermissionError:
+        pass
+    path, port = state.socket_path, state.local_tcp_port
+    where = None
+    if path is not None:
+        try:
+            if await socket_is_live(Path(path)):
+                where = path
+        except OSError:
+            pass
+    if port is not None and 0 < port < 65536 and await tcp_port_is_live(port):
+        where = f"127.0.0.1:{port}"
+    if where is not None:
+        raise ListenerError(f"another gateway (pid {pid}) is already running for "
+                            f"{data_dir}: it answers on {where}")

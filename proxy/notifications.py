@@ -1,5 +1,6 @@
 """Notifications: things the user should know about the running gateway (SPEC §4, §8),
-shown by ``GET /api/v1/notifications`` and ``sluice status`` and logged once at WARNING.
+shown by ``GET /api/v1/notifications`` and ``sluice status`` and logged once (at WARNING;
+at INFO for those of level ``info``).
 
 Each change is also a ``notification`` event on the hub (SPEC §9.3): a raised (or replaced)
 notification is its entry ``{code, level, message, createdAt}``; a cleared one is
@@ -29,7 +30,7 @@ class Notifications:
 
     def raise_(self, code: str, message: str, *, level: str = "warning") -> None:
         if self._items.get(code, {}).get("message") != message:
-            log.warning("%s", message)
+            log.log(logging.INFO if level == "info" else logging.WARNING, "%s", message)
         item = self._items[code] = {"code": code, "level": level, "message": message,
                                     "createdAt": now_iso()}
         if self._hub is not None and self._hub.wants("notification"):

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,9 +20,10 @@ from protocol.errors import overloaded
 from protocol.response import Response
 from proxy import logsetup
 from proxy.api.nodes import version
+from proxy.config_watch import ConfigWatcher, Follower
 from proxy.connection import IDLE_TIMEOUT, ClientConnection
 from proxy.context import Clients, GatewayContext, Listening
-from proxy.datadir import STATE_FILE, GatewayState, read_state, write_state
+from proxy.datadir import STATE_FILE, GatewayState, write_state
 from proxy.files import remove_leftovers
 from proxy.listeners import (
     SOCKET_NAME,
@@ -31,9 +33,8 @@ from proxy.listeners import (
     open_api_listeners,
     open_tcp_listener,
     open_unix_listener,
+    refuse_if_running,
     remove_stale_sockets,
-    socket_is_live,
-    tcp_port_is_live,
 )
 from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.notifications import Notifications
@@ -89,9 +90,8 @@ class Gateway:
         self.clients = Clients()
         self.metrics = Metrics(self.router, self.clients.by_transport, version())
         self.metrics.attach(self.hub)
-        configured = {m.name for m in settings.config.models}
-        self.models = [*settings.config.models,
-                       *(m for m in extra_models if m.name not in configured)]
+        self._extra_models = extra_models
+        self.models = self._model_configs()
         if self.models and not llama_available():
             raise StartupError(INSTALL_HINT)
         self._stop = trio.Event()
@@ -102,6 +102,21 @@ class Gateway:
 
     def __repr__(self) -> str:
         return f"Gateway({self.clients!r}, {self.connections!r})"
+
+    def _model_configs(self) -> list[ModelConfig]:
+        """The managed models the config names, and the demo's unless the config names it."""
+        models = self.settings.config.models
+        configured = {m.name for m in models}
+        return [*models, *(m for m in self._extra_models if m.name not in configured)]
+
+    def _follow(self, old: Config, new: Config) -> None:
+        """A new config, from any source (SPEC §13): the parts made from it at start follow
+        it; everything else reads ``ctx.config`` per use."""
+        self.backends.follow(new.backends, self.settings.secrets.backend_keys)
+        ondemand = self.ctx.ondemand
+        if ondemand is not None and (old.models != new.models or
+                                     old.model_loading != new.model_loading):
+            ondemand.follow(new)
 
     def shutdown(self) -> None:
         """Begin the graceful stop (what SIGTERM does)."""
@@ -123,7 +138,10 @@ class Gateway:
                 clients=self.clients, listening=listening, hub=self.hub,
                 request_log=self.request_log, metrics=self.metrics, ondemand=ondemand,
                 reports=Reports(AccessLog(logsetup.line_sink()), self.hub))
+            self.settings.subscribe(Follower(self._follow, self.settings.config))
+            watcher = ConfigWatcher(self.settings, self.notifications)
             async with trio.open_nursery() as background:
+                await background.start(partial(watcher.run, signals=handle_signals))
                 if handle_signals:  # the real process: sluice serve
                     background.start_soon(self._watch_signals, background.cancel_scope)
                     background.start_soon(logsetup.flush_periodically)
@@ -183,7 +201,7 @@ class Gateway:
             None if self._socket_path is None else self._socket_path.parent,
             self.backends, self.connections, self.hub,
             load_timeout=lambda: self.settings.config.timeouts.model_load,
-            models=lambda: self.models, config=lambda: self.settings.config,
+            models=self._model_configs, config=lambda: self.settings.config,
             estimates=estimates)
 
     async def _watch_signals(self, everything: trio.CancelScope) -> None:
@@ -214,7 +232,7 @@ class Gateway:
         local_tcp_port: int | None = None
         tcp_port: int | None = None
         try:
-            await self._refuse_if_running()
+            await refuse_if_running(self.settings.data_dir)
             choice = choose_socket_dir(cfg.local.socket_dir, self.settings.data_dir)
             await remove_stale_sockets(f for f in choice.candidates if f != choice.folder)
             if choice.folder is not None:
@@ -279,33 +297,6 @@ class Gateway:
             return None
         out.append((listener, "local-tcp"))
         return bound_port(listener)
-
-    async def _refuse_if_running(self) -> None:
-        """Another gateway on this data dir (its state file names a live process whose
-        local listener answers) means we must not start: exit 2 saying so."""
-        state = read_state(self.settings.data_dir)
-        if state is None or state.pid <= 0:
-            return
-        pid = state.pid
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            pass
-        path, port = state.socket_path, state.local_tcp_port
-        where = None
-        if path is not None:
-            try:
-                if await socket_is_live(Path(path)):
-                    where = path
-            except OSError:
-                pass
-        if port is not None and 0 < port < 65536 and await tcp_port_is_live(port):
-            where = f"127.0.0.1:{port}"
-        if where is not None:
-            raise ListenerError(f"another gateway (pid {pid}) is already running for "
-                                f"{self.settings.data_dir}: it answers on {where}")
 
     def _write_state(self, listening: Listening) -> None:
         """Where this gateway listens, for the CLI (``sluice status``) to find it: the

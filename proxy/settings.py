@@ -8,6 +8,13 @@ Writes happen in a worker thread, one at a time (a slow disk never stalls the ev
 and each change is computed from the current state under that one writer, so concurrent
 changes never undo each other. A failed write raises ``OSError`` and changes nothing in
 memory. Secret values never reach config.yaml, exceptions, logs or ``repr()``.
+
+config.yaml may also change by hand (SPEC §13): :meth:`Settings.reload_file` reads it (the
+watcher, :mod:`proxy.config_watch`, calls it), and every write first takes in a hand edit
+it has not seen yet, so a settings change never silently undoes one. The settings remember
+the text and the signature (device, inode, size, mtime) of the file as they last read or
+wrote it: their own writes are never read back as an edit. Every applied change keeps the
+file it replaced in ``config-history/`` (:mod:`proxy.config_history`).
 """
 
 from __future__ import annotations
@@ -32,15 +39,18 @@ from protocol.config import (
     rebuild_health_check,
     validate_config,
 )
+from protocol.config.changes import changed_sections
 from protocol.errors import ConfigError
 from protocol.names import is_fingerprint
 from protocol.secrets import Secrets, dump_secrets_yaml
+from proxy.config_file import ConfigFile, Reload
+from proxy.config_history import HISTORY_DIR, ConfigHistory
 from proxy.datadir import CONFIG_FILE, NODE_ID_FILE, SECRETS_FILE, make_data_dir
 from proxy.files import atomic_write, read_text
 from proxy.publish import Subscribers
 from proxy.timestamps import now_iso
 
-__all__ = ["NodesChange", "Settings"]
+__all__ = ["NodesChange", "Reload", "Settings"]
 
 log = logging.getLogger("sluice.settings")
 
@@ -53,7 +63,7 @@ class Settings:
     """config.yaml + secrets.yaml + node.id of one data dir. Create it with :meth:`open`."""
 
     def __init__(self, data_dir: Path, config_path: Path, config: Config, secrets: Secrets,
-                 node_id: str) -> None:
+                 node_id: str, *, text: str | None = None) -> None:
         self.data_dir = data_dir
         self.config_path = config_path
         self.config = config
@@ -61,6 +71,9 @@ class Settings:
         self.node_id = node_id
         self._subscribers: Subscribers[Config] = Subscribers()
         self._writer = trio.Lock()  # one write at a time, each in a worker thread
+        self.file = ConfigFile(config_path, dump_config_yaml(config) if text is None else text,
+                               ConfigHistory(data_dir / HISTORY_DIR))
+        self.on_reload: Callable[[Reload], None] | None = None  # the watcher's report
 
     def __repr__(self) -> str:
         return (
@@ -87,7 +100,8 @@ class Settings:
             config_path = data_dir / CONFIG_FILE
             if not config_path.exists():
                 atomic_write(config_path, dump_config_yaml(default_config()).encode(), 0o600)
-        config = parse_config_text(read_text(config_path))
+        text = read_text(config_path)
+        config = parse_config_text(text)
         secrets_file = data_dir / SECRETS_FILE
         if secrets_file.exists():
             loaded = Secrets.from_text(read_text(secrets_file), str(secrets_file))
@@ -95,7 +109,7 @@ class Settings:
                 os.chmod(secrets_file, 0o600)  # ours, and it must not be readable by others
         else:
             loaded = Secrets(admin_token="")
-        self = cls(data_dir, config_path, config, loaded, _load_node_id(data_dir))
+        self = cls(data_dir, config_path, config, loaded, _load_node_id(data_dir), text=text)
         if not self.secrets.admin_token:
             self.secrets.admin_token = secrets.token_urlsafe(32)
             self._write_secrets_text(dump_secrets_yaml(self.secrets))
@@ -107,21 +121,24 @@ class Settings:
 
     # ------------------------------------------------------------------------ the config
 
-    async def update(self, new: Config) -> Config:
+    async def update(self, new: Config, *, source: str = "api") -> Config:
         """Replace the config with ``new``: see :meth:`edit`."""
-        return await self.edit(lambda _: new)
+        return await self.edit(lambda _: new, source=source)
 
-    async def edit(self, change: Callable[[Config], Config]) -> Config:
+    async def edit(self, change: Callable[[Config], Config], *, source: str = "api") -> Config:
         """Apply ``change`` to the current config, derive the health_check block, validate,
         save, then publish. Returns the config as stored.
 
-        ``change`` runs under the one writer, on the config as it is then. An invalid result
-        raises :class:`ConfigError` (as does ``change`` itself) and a failed write OSError;
-        either way nothing changes (neither the file nor ``.config``).
+        ``change`` runs under the one writer, on the config as it is then (a hand edit of
+        the file not yet applied is applied first). An invalid result raises
+        :class:`ConfigError` (as does ``change`` itself) and a failed write OSError; either
+        way nothing changes (neither the file nor ``.config``).
         """
         async with self._writer:
+            await self._take_in_hand_edit()
             cfg = _checked(change(self.config))
-            await trio.to_thread.run_sync(self._write_config, cfg)
+            await trio.to_thread.run_sync(self._write_config, cfg, source,
+                                          changed_sections(self.config, cfg))
             self._publish(cfg)
             return cfg
 
@@ -130,18 +147,64 @@ class Settings:
         does. secrets.yaml is written first (when a key changed), then config.yaml; when the
         second write fails the first is undone, so the two files always agree."""
         async with self._writer:
+            await self._take_in_hand_edit()
             new, keys = change(self.config, dict(self.secrets.node_keys))
             cfg = _checked(new)
             keys = dict(keys)
+            sections = changed_sections(self.config, cfg)
             if keys == self.secrets.node_keys:
-                await trio.to_thread.run_sync(self._write_config, cfg)
+                await trio.to_thread.run_sync(self._write_config, cfg, "api", sections)
             else:
                 before = dump_secrets_yaml(self.secrets)
                 after = dump_secrets_yaml(attrs.evolve(self.secrets, node_keys=keys))
-                await trio.to_thread.run_sync(self._write_both, after, cfg, before)
+                await trio.to_thread.run_sync(self._write_both, after, cfg, before, sections)
                 self.secrets.node_keys = keys
             self._publish(cfg)
             return cfg
+
+    # ------------------------------------------------------------ hand edits, history
+
+    async def reload_file(self) -> Reload:
+        """Read config.yaml and apply it when it changed (a hand edit, SPEC §13): parsed and
+        validated as at start, or not applied at all."""
+        async with self._writer:
+            return await self._reload()
+
+    async def restore(self, version: str) -> Config | None:
+        """Apply a kept version of config.yaml (validated, written, live); None when there
+        is no such version. ConfigError when it is not valid today, OSError when it cannot
+        be written; either way nothing changes."""
+        async with self._writer:
+            await self._take_in_hand_edit()
+            text = await trio.to_thread.run_sync(self.file.history.read, version)
+            if text is None:
+                return None
+            cfg = parse_config_text(text)
+            await trio.to_thread.run_sync(self.file.write, text, "restore",
+                                          changed_sections(self.config, cfg))
+            self._publish(cfg)
+            return cfg
+
+    async def _reload(self) -> Reload:
+        file = self.file
+        found = await trio.to_thread.run_sync(file.read)
+        if found.outcome == "read":
+            found, cfg = file.parse(found, self.config)
+            if cfg is not None:
+                await trio.to_thread.run_sync(file.adopt, found, "file")
+                if found.outcome == "applied":
+                    log.info("config.yaml reloaded: %s", ", ".join(found.sections))
+                    self._publish(cfg)
+        if self.on_reload is not None and found.outcome != "unsettled":
+            self.on_reload(found)
+        return found
+
+    async def _take_in_hand_edit(self) -> None:
+        """Before a write: apply a hand edit of config.yaml not seen yet, so the write does
+        not undo it. One that is not valid is replaced by the write, and kept in the history
+        as the file the write replaced (:meth:`ConfigFile.write`)."""
+        found = await self._reload()
+        self.file.unseen = found.text if found.outcome == "invalid" else None
 
     # ----------------------------------------------------------------------- the secrets
 
@@ -213,20 +276,15 @@ class Settings:
     def _write_secrets_text(self, text: str) -> None:
         atomic_write(self.secrets_path, text.encode(), 0o600)
 
-    def _write_config(self, cfg: Config) -> None:
-        # Write through a symlinked config.yaml (e.g. kept in a dotfiles repo).
-        target = Path(os.path.realpath(self.config_path))
-        try:
-            mode = stat.S_IMODE(target.stat().st_mode)
-        except FileNotFoundError:
-            mode = 0o600
-        atomic_write(target, dump_config_yaml(cfg).encode(), mode)
+    def _write_config(self, cfg: Config, source: str, sections: tuple[str, ...]) -> None:
+        self.file.write(dump_config_yaml(cfg), source, sections)
 
-    def _write_both(self, secrets_text: str, cfg: Config, secrets_before: str) -> None:
+    def _write_both(self, secrets_text: str, cfg: Config, secrets_before: str,
+                    sections: tuple[str, ...]) -> None:
         """secrets.yaml, then config.yaml; if the second fails, secrets.yaml as it was."""
         self._write_secrets_text(secrets_text)
         try:
-            self._write_config(cfg)
+            self._write_config(cfg, "api", sections)
         except OSError:
             try:
                 self._write_secrets_text(secrets_before)

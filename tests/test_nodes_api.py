@@ -16,6 +16,7 @@ import pytest
 import trio
 import yaml
 
+import proxy.config_file
 import proxy.settings
 from protocol.config import NodeConfig
 from protocol.upstream_url import parse_upstream_url
@@ -310,6 +311,8 @@ async def test_a_failed_config_write_keeps_the_old_key(
         real(path, data, mode)
 
     monkeypatch.setattr(proxy.settings, "atomic_write", write)
+
+    monkeypatch.setattr(proxy.config_file, "atomic_write", write)
     reply = await admin(gw, "PATCH", f"/api/v1/nodes/{fp}",
                         {"apiKey": KEY + "-NEW", "enabled": False})
     assert reply.status == 500

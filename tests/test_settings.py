@@ -10,6 +10,7 @@ import pytest
 import trio
 import yaml
 
+import proxy.config_file
 import proxy.settings
 from protocol.config import (
     Config,
@@ -236,8 +237,11 @@ async def test_update_writes_and_publishes(fresh: Settings) -> None:
     assert seen == [stored]
     assert parse_config_text(fresh.config_path.read_text()) == stored
     assert fresh.config_path.read_text() == dump_config_yaml(stored)
-    assert sorted(p.name for p in fresh.data_dir.iterdir()) == ["config.yaml", "node.id",
-                                                                "secrets.yaml"]
+    # no temp file left; the file the write replaced is kept in the history (SPEC §13)
+    assert sorted(p.name for p in fresh.data_dir.iterdir()) == [
+        "config-history", "config.yaml", "node.id", "secrets.yaml"]
+    [kept] = fresh.file.history.entries()
+    assert kept.source == "api" and kept.sections == ("health_checks", "timeouts")
 
 
 async def test_update_uses_fsync_and_rename(fresh: Settings,
@@ -258,7 +262,10 @@ async def test_update_uses_fsync_and_rename(fresh: Settings,
     monkeypatch.setattr(os, "replace", replace)
     await fresh.update(attrs.evolve(fresh.config,
                                     api=attrs.evolve(fresh.config.api, port=4000)))
-    assert calls == ["fsync", "replace->config.yaml", "fsync"]
+    # config.yaml first, then the version it replaced goes to config-history/
+    assert calls[:3] == ["fsync", "replace->config.yaml", "fsync"]
+    assert calls[3:4] == ["fsync"] and calls[4].startswith("replace->") and \
+        calls[4].endswith("-api.yaml")
 
 
 async def test_failed_write_leaves_the_old_file(fresh: Settings,
@@ -332,6 +339,8 @@ def fail_writes_of(monkeypatch: pytest.MonkeyPatch, *names: str) -> list[str]:
         real(path, data, mode)
 
     monkeypatch.setattr(proxy.settings, "atomic_write", write)
+
+    monkeypatch.setattr(proxy.config_file, "atomic_write", write)
     return tried
 
 
@@ -345,6 +354,8 @@ async def test_concurrent_edits_never_undo_each_other(fresh: Settings,
         real(path, data, mode)
 
     monkeypatch.setattr(proxy.settings, "atomic_write", slow)
+
+    monkeypatch.setattr(proxy.config_file, "atomic_write", slow)
 
     async def port() -> None:
         await fresh.edit(lambda c: attrs.evolve(c, api=attrs.evolve(c.api, port=4000)))

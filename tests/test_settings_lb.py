@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+import proxy.config_file
 import proxy.settings
 from tests.client import Reply, request
 from tests.conftest import RunningGateway, StartGateway
@@ -170,6 +171,8 @@ def disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(proxy.settings, "atomic_write", write)
+
+    monkeypatch.setattr(proxy.config_file, "atomic_write", write)
 
 
 @pytest.mark.parametrize(("path", "body"), [

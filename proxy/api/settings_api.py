@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from protocol.config import Config
+from protocol.config.changes import restart_changes
 from protocol.errors import ConfigError
 from proxy.api.call import Call, saving
 from proxy.notifications import Notifications
@@ -39,13 +40,6 @@ def api_view(cfg: Config, restart: bool) -> dict[str, Any]:
 def restart_pending(notifications: Notifications) -> bool:
     """A change that needs a restart was saved since this gateway started."""
     return any(n["code"] == RESTART_CODE for n in notifications.all())
-
-
-def restart_changes(old: Config, new: Config) -> list[str]:
-    """The dotted paths of the fields that take effect at the next start and differ."""
-    return [f"{section}.{key}" for section, key, _, restart in FIELDS.values()
-            if restart and getattr(getattr(old, section), key)
-            != getattr(getattr(new, section), key)]
 
 
 def get_api(call: Call) -> tuple[int, Any]:

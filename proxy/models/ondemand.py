@@ -119,6 +119,7 @@ class OnDemand:
             load_timeout=load_timeout or (lambda: cfg.timeouts.model_load),
             on_change=self._changed, on_removed=self._removed, on_idle=self._idle)
         self.backends: dict[str, LocalBackend] = {}
+        self._look_again = trio.Event()  # set by follow(): rescan now
         for spec, _ in prepared:
             self._add_backend(spec.name)
 
@@ -143,8 +144,20 @@ class OnDemand:
 
     async def _rescan_periodically(self) -> None:
         while True:
-            await trio.sleep(RESCAN_EVERY)
+            with trio.move_on_after(RESCAN_EVERY):
+                await self._look_again.wait()
+            self._look_again = trio.Event()
             await self.rescan()
+
+    def follow(self, cfg: Config) -> None:
+        """A new config (SPEC §13): the budget and the limit apply to the next load; the
+        catalogue is looked at again at once (``models:`` and the folders may have
+        changed; a model that left stops once idle)."""
+        lifecycle = self.lifecycle
+        lifecycle.budget = memory_budget_bytes(cfg.model_loading.memory_budget,
+                                               physical_memory())
+        lifecycle.max_loaded = cfg.model_loading.max_loaded
+        self._look_again.set()
 
     async def rescan(self) -> dict[str, list[str]]:
         """Look at the folders again (SPEC §11): new files become models, changed ones get
@@ -167,7 +180,8 @@ class OnDemand:
         removed = sorted(known - seen)
         for name in removed:
             if name in self.lifecycle.models:
-                log.info("model %s: its file is gone", name)
+                log.info("model %s left the catalogue (config or file): it stops once idle",
+                         name)
                 self.lifecycle.remove(name)
         return {"added": added, "removed": removed}
 

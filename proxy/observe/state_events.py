@@ -35,10 +35,11 @@ from typing import Any
 import trio
 
 from protocol.config import Config
+from protocol.config.changes import restart_changes
 from proxy.api.nodes import registry_view
 from proxy.api.pool_status import endpoint_entry
 from proxy.api.settings_aliases import aliases_view
-from proxy.api.settings_api import api_view, restart_changes, restart_pending
+from proxy.api.settings_api import api_view, restart_pending
 from proxy.api.settings_lb import load_balancing_view, timeouts_view
 from proxy.notifications import Notifications
 from proxy.observe.hub import Hub

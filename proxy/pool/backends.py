@@ -79,6 +79,7 @@ class BackendRegistry:
         self._by_model: dict[str, LocalBackend] = {}
         self.changes: Subscribers[BackendRegistry] = Subscribers()  # after each re-index
         self.ready = trio.Event()  # every backend has been checked once
+        self.added = trio.Event()  # set when follow() adds a backend: check it now
         self._changed = trio.Event()  # replaced on every reindex
 
     def __repr__(self) -> str:
@@ -103,6 +104,31 @@ class BackendRegistry:
         if backend in self.backends:
             self.backends.remove(backend)
             self.reindex()
+
+    def follow(self, configs: Sequence[BackendConfig], keys: Mapping[str, str]) -> None:
+        """The ``backends:`` of a new config (SPEC §13): a new entry is added (and checked
+        at once), a removed one leaves (a request already sent to it finishes), a changed
+        one (url, kind or key) is replaced. Managed models' backends are not the config's
+        and stay."""
+        configured = {b.name: b for b in self.backends if b.pinned_model is None}
+        kept: list[LocalBackend] = []
+        added = False
+        for cfg in configs:
+            old = configured.pop(cfg.name, None)
+            if (old is not None and old.url == cfg.url and old.kind == cfg.kind
+                    and old.api_key == keys.get(cfg.name)):
+                kept.append(old)
+            else:
+                kept.append(LocalBackend(cfg, keys.get(cfg.name)))
+                added = True
+        if not added and not configured:
+            return
+        for gone in configured.values():
+            log.info("backend %s removed from the config", gone.name)
+        self.backends = [*kept, *(b for b in self.backends if b.pinned_model is not None)]
+        self.reindex()
+        if added:
+            self.added.set()
 
     def model_entries(self) -> list[dict[str, Any]]:
         return merge_model_lists((b.name, b.models) for b in self.backends if b.live)
@@ -190,4 +216,7 @@ async def run_health_checks(
         if not registry.ready.is_set():
             registry.ready.set()
             registry.reindex()  # wake waiters: the answer is now final
-        await trio.sleep(config.interval)
+        with trio.move_on_after(config.interval):
+            await registry.added.wait()
+        if registry.added.is_set():
+            registry.added = trio.Event()
