@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from proxy.api.settings_api import RESTART_CODE
+from proxy.api.settings_api import notify_restart
 from proxy.files import FileSignature, file_signature
 
 if TYPE_CHECKING:
@@ -142,9 +142,7 @@ class ConfigWatcher:
         message = f"config.yaml reloaded: {', '.join(found.sections)}"
         if found.restart:
             message += f" ({', '.join(found.restart)} apply at the next start)"
-            notes.raise_(RESTART_CODE, f"settings changed that apply at the next start "
-                                       f"({', '.join(found.restart)}): restart sluice to "
-                                       "apply them", level="info")
+            notify_restart(notes, found.restart)
         notes.raise_(RELOADED, message, level="info")
 
     def _all_clear(self) -> None:

@@ -26,6 +26,7 @@ from proxy.api import (
     requests_api,
     settings_aliases,
     settings_api,
+    settings_history,
     settings_lb,
 )
 from proxy.api.call import Call, Handler
@@ -133,6 +134,7 @@ ROUTES: dict[str, dict[bytes, AnyHandler]] = {
                                   b"PUT": settings_lb.put_timeouts},
     "/api/v1/settings/aliases": {b"GET": settings_aliases.get_aliases,
                                  b"PUT": settings_aliases.put_aliases},
+    settings_history.PATH: {b"GET": settings_history.list_history},
     "/api/v1/node/identity": {b"GET": nodes.identity},
     models_local.PATH: {b"GET": models_local.list_local},
     models_local.PREFIX + "rescan": {b"POST": models_local.rescan},
@@ -151,6 +153,7 @@ PREFIXES: dict[str, dict[bytes, AnyHandler]] = {
     models_local.PREFIX: {b"POST": models_local.model_action},
     **ollama.PREFIXES,  # type: ignore[dict-item]
     nodes.PREFIX: {b"PATCH": nodes.patch_node, b"DELETE": nodes.delete_node},
+    settings_history.PREFIX: {b"POST": settings_history.restore},
     "/ui/": {b"GET": console.serve_file, b"HEAD": console.serve_file},
 }
 

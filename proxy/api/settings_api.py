@@ -42,6 +42,14 @@ def restart_pending(notifications: Notifications) -> bool:
     return any(n["code"] == RESTART_CODE for n in notifications.all())
 
 
+def notify_restart(notifications: Notifications, fields: list[str] | tuple[str, ...]) -> None:
+    """Saved changes of fields that apply at the next start (none: nothing to say)."""
+    if fields:
+        notifications.raise_(
+            RESTART_CODE, f"settings changed that apply at the next start ({', '.join(fields)})"
+                          ": restart sluice to apply them", level="info")
+
+
 def get_api(call: Call) -> tuple[int, Any]:
     return 200, api_view(call.ctx.config, restart_pending(call.ctx.notifications))
 
@@ -83,8 +91,5 @@ async def put_api(call: Call) -> tuple[int, Any]:
 
     with saving("the settings"):
         stored = await ctx.settings.edit(change)  # ConfigError (422) changes nothing
-    if changed:
-        ctx.notifications.raise_(
-            RESTART_CODE, f"settings changed that apply at the next start ({', '.join(changed)})"
-                          ": restart sluice to apply them", level="info")
+    notify_restart(ctx.notifications, changed)
     return 200, api_view(stored, bool(changed) or restart_pending(ctx.notifications))

@@ -59,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
     console.add_argument("--no-open", action="store_true",
                          help="only print the URL, even where a browser is at hand")
     _keys_parser(sub)
+    _config_parser(sub)
     _nodes_parser(sub)
     _models_parser(sub)
     return top
@@ -72,6 +73,18 @@ def _models_parser(sub: Any) -> None:
                                            "flight; a later request loads it again)")
     unload.add_argument("name", help="the model's name (see: sluice ps)")
     for command in (ps, load, unload):
+        command.add_argument("--data-dir", help="data folder of the gateway")
+        command.add_argument("--json", action="store_true", help="print the raw JSON")
+
+
+def _config_parser(sub: Any) -> None:
+    config = sub.add_parser("config", help="config.yaml's earlier versions (each change keeps "
+                                           "the file it replaced)")
+    config_sub = config.add_subparsers(dest="action", required=True)
+    history = config_sub.add_parser("history", help="the kept versions, newest first")
+    restore = config_sub.add_parser("restore", help="apply a kept version now (live)")
+    restore.add_argument("id", help="the version's id (see: sluice config history)")
+    for command in (history, restore):
         command.add_argument("--data-dir", help="data folder of the gateway")
         command.add_argument("--json", action="store_true", help="print the raw JSON")
 

@@ -1,9 +1,10 @@
 """The CLI's commands: ``status``, ``keys``, ``nodes``, ``ps``/``load``/``unload``
-(:mod:`proxy.cli.models`), ``console`` (through the running
-gateway's admin API; ``console`` in :mod:`proxy.cli.console`), ``check-config`` (the file
-alone), and ``events`` and ``status --watch`` (the live feed: :mod:`proxy.cli.live`, loaded
-only for them). Each returns the process exit code: 0,
-1 when the gateway cannot be used (the reason on stderr), 2 for an invalid config."""
+(:mod:`proxy.cli.models`), ``config history|restore`` (:mod:`proxy.cli.config_history`),
+``console`` (through the running gateway's admin API; ``console`` in
+:mod:`proxy.cli.console`), ``check-config`` (the file alone), and ``events`` and ``status
+--watch`` (the live feed: :mod:`proxy.cli.live`, loaded only for them). Each returns the
+process exit code: 0, 1 when the gateway cannot be used (the reason on stderr), 2 for an
+invalid config."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from urllib.parse import quote
 from protocol.config import parse_config_text
 from protocol.errors import ConfigError
 from proxy.cli.admin import CliError, call, fetch_status
+from proxy.cli.config_history import config_main
 from proxy.cli.models import load_main, ps_main
 from proxy.cli.render import show, show_keys, show_nodes
 from proxy.datadir import CONFIG_FILE, resolve_data_dir
@@ -49,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
                          key_id=getattr(args, "id", None), as_json=args.json)
     if args.command == "nodes":
         return nodes_main(data_dir, args)
+    if args.command == "config":
+        return config_main(data_dir, args.action, getattr(args, "id", None), args.json)
     if args.command == "ps":
         return ps_main(data_dir, args.json)
     if args.command in ("load", "unload"):
