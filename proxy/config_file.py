@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -54,6 +55,7 @@ class ConfigFile:
     def __init__(self, path: Path, text: str, history: ConfigHistory) -> None:
         self.path = path
         self.text = text  # as last read or written here
+        self.stat: Callable[[Path], FileSignature | None] = file_signature  # tests: a fake
         self.signature = file_signature(path)
         self.history = history
         # a hand edit that is not valid, which the next write replaces: kept in the history
@@ -65,7 +67,7 @@ class ConfigFile:
     def read(self) -> Reload:
         """The file's text when it changed since last read or written here."""
         path = self.path
-        before = file_signature(path)
+        before = self.stat(path)
         if before is None:
             what = "not a file" if path.is_dir() else "the file is gone"
             return Reload("missing", error=ConfigError("", f"{path}: {what}"))
@@ -82,7 +84,7 @@ class ConfigFile:
         except OSError as exc:
             return Reload("missing", error=ConfigError("", f"{path}: cannot read "
                                                            f"({exc.strerror})"))
-        if file_signature(path) != before:
+        if self.stat(path) != before:
             return Reload("unsettled")
         return Reload("read", signature=before, text=text)
 
@@ -128,7 +130,7 @@ class ConfigFile:
             log.warning("config.yaml had a hand edit that is not valid; this settings change "
                         "replaced it and the edit is kept in %s/", HISTORY_DIR)
         self.text, self.unseen = text, None
-        self.signature = file_signature(self.path)
+        self.signature = self.stat(self.path)
         if previous != text:
             self.keep(previous, source, sections)
 

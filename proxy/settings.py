@@ -23,7 +23,7 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,8 @@ class Settings:
         self.node_id = node_id
         self._subscribers: Subscribers[Config] = Subscribers()
         self._writer = trio.Lock()  # one write at a time, each in a worker thread
+        # how file work leaves the loop (tests on a MockClock run it inline instead)
+        self.in_thread: Callable[..., Awaitable[Any]] = trio.to_thread.run_sync
         self.file = ConfigFile(config_path, dump_config_yaml(config) if text is None else text,
                                ConfigHistory(data_dir / HISTORY_DIR))
         self.on_reload: Callable[[Reload], None] | None = None  # the watcher's report
@@ -137,7 +139,7 @@ class Settings:
         async with self._writer:
             await self._take_in_hand_edit()
             cfg = _checked(change(self.config))
-            await trio.to_thread.run_sync(self._write_config, cfg, source,
+            await self.in_thread(self._write_config, cfg, source,
                                           changed_sections(self.config, cfg))
             self._publish(cfg)
             return cfg
@@ -153,11 +155,11 @@ class Settings:
             keys = dict(keys)
             sections = changed_sections(self.config, cfg)
             if keys == self.secrets.node_keys:
-                await trio.to_thread.run_sync(self._write_config, cfg, "api", sections)
+                await self.in_thread(self._write_config, cfg, "api", sections)
             else:
                 before = dump_secrets_yaml(self.secrets)
                 after = dump_secrets_yaml(attrs.evolve(self.secrets, node_keys=keys))
-                await trio.to_thread.run_sync(self._write_both, after, cfg, before, sections)
+                await self.in_thread(self._write_both, after, cfg, before, sections)
                 self.secrets.node_keys = keys
             self._publish(cfg)
             return cfg
@@ -176,22 +178,22 @@ class Settings:
         be written; either way nothing changes."""
         async with self._writer:
             await self._take_in_hand_edit()
-            text = await trio.to_thread.run_sync(self.file.history.read, version)
+            text = await self.in_thread(self.file.history.read, version)
             if text is None:
                 return None
             cfg = parse_config_text(text)
-            await trio.to_thread.run_sync(self.file.write, text, "restore",
+            await self.in_thread(self.file.write, text, "restore",
                                           changed_sections(self.config, cfg))
             self._publish(cfg)
             return cfg
 
     async def _reload(self) -> Reload:
         file = self.file
-        found = await trio.to_thread.run_sync(file.read)
+        found: Reload = await self.in_thread(file.read)
         if found.outcome == "read":
             found, cfg = file.parse(found, self.config)
             if cfg is not None:
-                await trio.to_thread.run_sync(file.adopt, found, "file")
+                await self.in_thread(file.adopt, found, "file")
                 if found.outcome == "applied":
                     log.info("config.yaml reloaded: %s", ", ".join(found.sections))
                     self._publish(cfg)
@@ -267,7 +269,7 @@ class Settings:
     async def _save(self, content: Secrets) -> None:
         """Write ``content`` as secrets.yaml (the caller holds the writer). The text is made
         here, on the loop, so the thread never reads state the loop may change."""
-        await trio.to_thread.run_sync(self._write_secrets_text, dump_secrets_yaml(content))
+        await self.in_thread(self._write_secrets_text, dump_secrets_yaml(content))
 
     def _publish(self, cfg: Config) -> None:
         self.config = cfg

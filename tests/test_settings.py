@@ -241,7 +241,8 @@ async def test_update_writes_and_publishes(fresh: Settings) -> None:
     assert sorted(p.name for p in fresh.data_dir.iterdir()) == [
         "config-history", "config.yaml", "node.id", "secrets.yaml"]
     [kept] = fresh.file.history.entries()
-    assert kept.source == "api" and kept.sections == ("health_checks", "timeouts")
+    assert kept.source == "api"
+    assert kept.sections == ("health_checks", "timeouts")
 
 
 async def test_update_uses_fsync_and_rename(fresh: Settings,
@@ -264,8 +265,9 @@ async def test_update_uses_fsync_and_rename(fresh: Settings,
                                     api=attrs.evolve(fresh.config.api, port=4000)))
     # config.yaml first, then the version it replaced goes to config-history/
     assert calls[:3] == ["fsync", "replace->config.yaml", "fsync"]
-    assert calls[3:4] == ["fsync"] and calls[4].startswith("replace->") and \
-        calls[4].endswith("-api.yaml")
+    assert calls[3:4] == ["fsync"]
+    assert calls[4].startswith("replace->")
+    assert calls[4].endswith("-api.yaml")
 
 
 async def test_failed_write_leaves_the_old_file(fresh: Settings,
