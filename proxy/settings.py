@@ -194,8 +194,7 @@ class Settings:
             found, cfg = file.parse(found, self.config)
             if cfg is not None:
                 await self.in_thread(file.adopt, found, "file")
-                if found.outcome == "applied":
-                    log.info("config.yaml reloaded: %s", ", ".join(found.sections))
+                if found.outcome == "applied":  # the watcher's notification tells it
                     self._publish(cfg)
         if self.on_reload is not None and found.outcome != "unsettled":
             self.on_reload(found)
