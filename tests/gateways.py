@@ -54,9 +54,11 @@ class Node:
     key: str | None = None
     enabled: bool = True
     name: str | None = None  # the registry's label (default: the fingerprint)
+    weight: int = 1  # its share under the weighted strategy
 
     def config(self) -> NodeConfig:
-        entry = node(self.fingerprint, self.base_url, self.priority, self.enabled)
+        entry = attrs.evolve(node(self.fingerprint, self.base_url, self.priority,
+                                  self.enabled), weight=self.weight)
         return entry if self.name is None else attrs.evolve(entry, name=self.name)
 
 

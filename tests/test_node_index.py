@@ -147,9 +147,11 @@ async def test_pool_status_disabled_and_removed_nodes(autojump_clock: trio.testi
                    {"id": "m3", "availableOn": ["node-b"], "loadedOn": ["node-b"]}],
         "endpoints": [
             {"fingerprint": "node-a", "baseUrl": a.url, "status": "online",
-             "loadedModelCount": 2, "priority": 2, "lastError": None},
+             "loadedModelCount": 2, "priority": 2, "weight": 1,
+             "lastError": None},
             {"fingerprint": "node-b", "baseUrl": b.url, "status": "online",
-             "loadedModelCount": 2, "priority": 1, "lastError": None}]}
+             "loadedModelCount": 2, "priority": 1, "weight": 1,
+             "lastError": None}]}
     assert (await get_json(gw, STATUS))["distributed"] == {
         "enabled": True, "strategy": "priority", "totalNodes": 2, "onlineNodes": 2,
         "remoteModels": 3}

@@ -80,10 +80,10 @@ async def test_add_uses_the_nodes_identity_and_sends_its_key(
                        {"baseUrl": url + "/", "apiKey": node_key, "name": "studio"})
     assert made.status == 201, made.body
     assert made.json() == {"fingerprint": node_fp, "name": "studio", "baseUrl": url,
-                           "priority": 255, "enabled": True, "hasApiKey": True}
+                           "priority": 255, "enabled": True, "weight": 1, "hasApiKey": True}
     nodes, keys, text = files(gw)
     assert nodes == [{"fingerprint": node_fp, "name": "studio", "base_url": url,
-                      "priority": 255, "enabled": True}]
+                      "priority": 255, "enabled": True, "weight": 1}]
     assert keys == {node_fp: node_key}
     assert node_key not in text
     listed = await request(gw.unix, "GET", "/api/v1/nodes")
@@ -155,7 +155,7 @@ async def test_order_patch_delete(start_gateway: StartGateway) -> None:
     nodes, keys, _ = files(gw)
     assert fps[0] not in keys
     assert {"fingerprint": fps[0], "name": "renamed", "base_url": new_url, "priority": 2,
-            "enabled": False} in nodes
+            "enabled": False, "weight": 1} in nodes
     assert (await admin(gw, "PATCH", path, {"apiKey": "sk-new"})).json()["hasApiKey"] is True
     assert files(gw)[1][fps[0]] == "sk-new"
     for bad, param in (({"baseUrl": "ftp://x"}, "baseUrl"), ({"enabled": "no"}, "enabled"),

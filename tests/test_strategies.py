@@ -1,4 +1,4 @@
-"""The four strategies (SPEC §7.3) over candidate lists, loaded candidates first with
+"""The five strategies (SPEC §7.3) over candidate lists, loaded candidates first with
 ``prefer_loaded`` (SPEC §11), and the latency average."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def names(candidates: list[Candidate]) -> str:
 
 def test_strategy_names_are_the_configs() -> None:
     assert tuple(s.value for s in Strategy) == STRATEGIES == (
-        "priority", "round-robin", "least-loaded", "fastest")
+        "priority", "round-robin", "least-loaded", "fastest", "weighted")
 
 
 def test_unknown_strategy() -> None:

@@ -15,6 +15,8 @@ itself. Import the names from here.
 from protocol.config.convert import config_to_dict, structure_config
 from protocol.config.schema import (
     BACKEND_KINDS,
+    MAX_WEIGHT,
+    MIN_WEIGHT,
     SOCKET_DIR_MAX_BYTES,
     STRATEGIES,
     ApiConfig,
@@ -42,7 +44,8 @@ from protocol.config.text import dump_config_yaml, parse_config_text
 from protocol.config.validate import validate_config
 
 __all__ = [
-    "BACKEND_KINDS", "SOCKET_DIR_MAX_BYTES", "STRATEGIES", "ApiConfig", "BackendConfig",
+    "BACKEND_KINDS", "MAX_WEIGHT", "MIN_WEIGHT", "SOCKET_DIR_MAX_BYTES", "STRATEGIES",
+    "ApiConfig", "BackendConfig",
     "CircuitBreakerConfig", "Config", "HealthCheckTimeouts", "HealthChecksConfig",
     "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "ObservabilityConfig",
     "OllamaApiConfig",

@@ -17,6 +17,8 @@ from protocol.aliases import AliasTable
 __all__ = [
     "AUTO_BUDGET",
     "BACKEND_KINDS",
+    "MAX_WEIGHT",
+    "MIN_WEIGHT",
     "SOCKET_DIR_MAX_BYTES",
     "STRATEGIES",
     "ApiConfig",
@@ -73,11 +75,14 @@ class Strategy(enum.StrEnum):
     ROUND_ROBIN = "round-robin"
     LEAST_LOADED = "least-loaded"
     FASTEST = "fastest"
+    WEIGHTED = "weighted"  # smooth weighted round-robin by nodes[].weight (SPEC §13)
 
 
 STRATEGIES: Final = tuple(s.value for s in Strategy)
 BACKEND_KINDS: Final = ("llm", "diffusion", "embedding")
 SOCKET_DIR_MAX_BYTES: Final = 62
+MIN_WEIGHT: Final = 1  # nodes[].weight, for the weighted strategy
+MAX_WEIGHT: Final = 100
 
 
 @attrs.frozen
@@ -136,6 +141,7 @@ class NodeConfig:
     base_url: str
     priority: int
     enabled: bool = True
+    weight: int = 1  # MIN_WEIGHT..MAX_WEIGHT: its share under the weighted strategy
 
 
 @attrs.frozen

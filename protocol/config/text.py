@@ -58,7 +58,8 @@ _SECTION_NOTES: Final = {
              "#     name: studio-mac\n"
              "#     base_url: http://192.168.1.50:39080\n"
              "#     priority: 5                    # 1..255, unique; largest = first\n"
-             "#     enabled: true                  # included in routing",
+             "#     enabled: true                  # included in routing\n"
+             "#     weight: 1                      # 1..100, its share under weighted",
     "aliases": "names clients send -> models that exist; a model that exists is never\n"
                "# aliased; else an exact name, else the first matching pattern in this order\n"
                "# ('*' matches any characters), e.g.\n"

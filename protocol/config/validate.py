@@ -6,6 +6,8 @@ from __future__ import annotations
 from protocol.aliases import AliasTable, model_id_problem
 from protocol.config.schema import (
     BACKEND_KINDS,
+    MAX_WEIGHT,
+    MIN_WEIGHT,
     SOCKET_DIR_MAX_BYTES,
     STRATEGIES,
     ApiConfig,
@@ -108,6 +110,7 @@ def _check_lists(cfg: Config) -> None:
         _check_name(f"nodes[{i}].fingerprint", node.fingerprint, fingerprints, "fingerprint")
         _check_url(f"nodes[{i}].base_url", node.base_url, unix=False)
         _check_range(f"nodes[{i}].priority", node.priority, 1, 255)
+        _check_range(f"nodes[{i}].weight", node.weight, MIN_WEIGHT, MAX_WEIGHT)
         if node.priority in priorities:
             raise ConfigError(f"nodes[{i}].priority", f"priority {node.priority} is already used "
                               f"by nodes[{priorities[node.priority]}]; priorities (1..255) "

@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from protocol.access import check_api_key
-from protocol.config import Config, NodeConfig, by_priority
+from protocol.config import MAX_WEIGHT, MIN_WEIGHT, Config, NodeConfig, by_priority
 from protocol.errors import ConfigError, no_such_item, node_exists
 from protocol.names import LABEL_RULE, is_fingerprint, is_label
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
@@ -40,7 +40,7 @@ MAX_PRIORITY = 255
 RESERVED = frozenset({"order", "routing-stats"})  # sub-paths of /api/v1/nodes/
 # A ConfigError about nodes[i].<key> names the JSON field instead.
 _JSON_FIELDS = {"base_url": "baseUrl", "name": "name", "enabled": "enabled",
-                "priority": "priority", "fingerprint": "fingerprint"}
+                "priority": "priority", "fingerprint": "fingerprint", "weight": "weight"}
 
 
 def version() -> str:
@@ -59,7 +59,7 @@ def identity(call: Call) -> tuple[int, Any]:
 
 def _public(node: NodeConfig, keys: Mapping[str, str]) -> dict[str, Any]:
     return {"fingerprint": node.fingerprint, "name": node.name, "baseUrl": node.base_url,
-            "priority": node.priority, "enabled": node.enabled,
+            "priority": node.priority, "enabled": node.enabled, "weight": node.weight,
             "hasApiKey": node.fingerprint in keys}
 
 
@@ -98,6 +98,14 @@ def _api_key(value: object) -> str:
 def _bool(field: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(field, "expected true or false")
+    return value
+
+
+def _weight(value: object) -> int:
+    """A whole number; whether it is within the limits is the config's rule (422 naming
+    ``weight`` from :func:`commit`)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError("weight", f"expected a whole number from {MIN_WEIGHT} to {MAX_WEIGHT}")
     return value
 
 
@@ -192,10 +200,11 @@ def list_nodes(call: Call) -> tuple[int, Any]:
 
 async def add_node(call: Call) -> tuple[int, Any]:
     doc = call.json_object()
-    _fields(doc, ("baseUrl", "apiKey", "name"))
+    _fields(doc, ("baseUrl", "apiKey", "name", "weight"))
     url, address = _base_url(doc.get("baseUrl"))
     key = _api_key(doc["apiKey"]) if doc.get("apiKey") is not None else None
     name = _name(doc["name"]) if doc.get("name") is not None else ""
+    weight = _weight(doc["weight"]) if doc.get("weight") is not None else 1
     ctx = call.ctx
     _check_room(ctx.config)  # before asking the node
     fingerprint = await ask_identity(call, address, key) or derived_fingerprint(address)
@@ -210,7 +219,7 @@ async def add_node(call: Call) -> tuple[int, Any]:
         current = by_priority(cfg.nodes)
         lowest = current[-1].priority if current else MAX_PRIORITY + 1
         node = NodeConfig(fingerprint=fingerprint, name=name or (address.host or url),
-                          base_url=url, priority=lowest - 1, enabled=True)
+                          base_url=url, priority=lowest - 1, enabled=True, weight=weight)
         nodes = (*current, node) if lowest > 1 else _renumber([*current, node])
         keys.pop(fingerprint, None)  # never inherit a stale key
         if key is not None:
@@ -226,13 +235,15 @@ async def patch_node(call: Call) -> tuple[int, Any]:
     fingerprint = _fingerprint(call)
     _find(call.ctx.config, fingerprint)  # 404 before looking at the body
     doc = call.json_object()
-    _fields(doc, ("name", "enabled", "apiKey", "baseUrl"))
+    _fields(doc, ("name", "enabled", "apiKey", "baseUrl", "weight"))
     changes: dict[str, Any] = {}
     name = _name(doc["name"]) if "name" in doc else None
     if "enabled" in doc:
         changes["enabled"] = _bool("enabled", doc["enabled"])
     if "baseUrl" in doc:
         changes["base_url"] = _base_url(doc["baseUrl"])[0]
+    if "weight" in doc:
+        changes["weight"] = _weight(doc["weight"])
     clear_key = "apiKey" in doc and (doc["apiKey"] is None or doc["apiKey"] == "")
     new_key = _api_key(doc["apiKey"]) if "apiKey" in doc and not clear_key else None
 

@@ -33,6 +33,7 @@ def endpoint_entry(cfg: NodeConfig, endpoint: NodeEndpoint | None,
         # the models it has loaded (a sluice node also lists its unloaded managed models)
         "loadedModelCount": len(endpoint.loaded_ids) if online and endpoint else 0,
         "priority": cfg.priority,
+        "weight": cfg.weight,  # its share under the weighted strategy (SPEC §13)
         # Beyond SPEC: why the last check failed (never a key: status and address).
         "lastError": endpoint.last_error if enabled and endpoint else None}
 

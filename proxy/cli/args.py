@@ -109,6 +109,8 @@ def _nodes_parser(sub: Any) -> None:
     add = nodes_sub.add_parser("add", help="register a node (added last)")
     add.add_argument("url", help="the node's base URL, e.g. http://192.168.1.50:39080")
     add.add_argument("--name", help="a label (default: the host)")
+    add.add_argument("--weight", type=int, help="its share under the weighted strategy, "
+                     "1..100 (default 1)")
     key = add.add_mutually_exclusive_group()
     key.add_argument("--api-key-file", metavar="FILE",
                      help="read the node's API key from FILE (never give it as an argument)")
@@ -123,7 +125,11 @@ def _nodes_parser(sub: Any) -> None:
     enable.add_argument("fingerprint")
     disable = nodes_sub.add_parser("disable", help="leave a node out of routing")
     disable.add_argument("fingerprint")
-    for command in (listed, add, remove, order, enable, disable):
+    weight = nodes_sub.add_parser(
+        "weight", help="set a node's weight (1..100): its share under the weighted strategy")
+    weight.add_argument("fingerprint")
+    weight.add_argument("weight", type=int, help="a whole number from 1 to 100")
+    for command in (listed, add, remove, order, enable, disable, weight):
         command.add_argument("--data-dir", help="data folder of the gateway")
         command.add_argument("--json", action="store_true", help="print the raw JSON")
 

@@ -146,6 +146,8 @@ def _nodes_action(data_dir: Path, args: argparse.Namespace) -> tuple[Any, str]:
             body["apiKey"] = key
         if args.name:
             body["name"] = args.name
+        if args.weight is not None:
+            body["weight"] = args.weight
         node = call(data_dir, "POST", "/api/v1/nodes", body, admin=True)
         return node, (f"added node {node['fingerprint']} ({node['name']}, {node['baseUrl']}), "
                       f"last in the order")
@@ -159,13 +161,16 @@ def _nodes_action(data_dir: Path, args: argparse.Namespace) -> tuple[Any, str]:
     if action == "remove":
         done = call(data_dir, "DELETE", path, admin=True)
         return done, f"removed node {args.fingerprint}"
+    if action == "weight":
+        node = call(data_dir, "PATCH", path, {"weight": args.weight}, admin=True)
+        return node, f"node {args.fingerprint}: weight {node['weight']}"
     enabled = action == "enable"
     node = call(data_dir, "PATCH", path, {"enabled": enabled}, admin=True)
     return node, f"node {args.fingerprint}: routing {'on' if enabled else 'off'}"
 
 
 def nodes_main(data_dir: Path, args: argparse.Namespace) -> int:
-    """``sluice nodes list|add|remove|order|enable|disable``."""
+    """``sluice nodes list|add|remove|order|enable|disable|weight``."""
     try:
         doc, text = _nodes_action(data_dir, args)
     except CliError as exc:

@@ -253,11 +253,12 @@ def show_pool(summary: Mapping[str, Any] | None, pool: Mapping[str, Any], *,
 def show_nodes(nodes: list[dict[str, Any]]) -> str:
     if not nodes:
         return "no nodes (add one with: sluice nodes add http://HOST:39080)"
-    lines = [f"{'#':>3} {'FINGERPRINT':<22} {'NAME':<20} {'URL':<32} {'ROUTING':<8} KEY"]
+    lines = [f"{'#':>3} {'FINGERPRINT':<22} {'NAME':<20} {'URL':<32} {'ROUTING':<8} "
+             f"{'WEIGHT':>6} KEY"]
     for i, node in enumerate(nodes, 1):
         lines.append(f"{i:>3} {node['fingerprint']:<22} {node['name'] or '-':<20} "
                      f"{node['baseUrl']:<32} {'on' if node['enabled'] else 'off':<8} "
-                     f"{'yes' if node['hasApiKey'] else 'no'}")
+                     f"{node.get('weight', 1):>6} {'yes' if node['hasApiKey'] else 'no'}")
     return "\n".join(lines)
 
 

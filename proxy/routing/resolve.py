@@ -2,8 +2,9 @@
 decided before this, by :meth:`proxy.routing.router.Router.plan`.
 
 Pure and synchronous: the caller snapshots its state into a :class:`RouteRequest` and
-:class:`NodeView` values, passes ``now`` (``trio.current_time()``) and a
-:class:`RoundRobinCursor`, and gets back one of
+:class:`NodeView` values, passes ``now`` (``trio.current_time()``), a
+:class:`RoundRobinCursor` and (for the weighted strategy) a :class:`WeightedCursor`, and
+gets back one of
 
 - a :class:`Forward` — the eligible nodes in strategy order (those that have the model
   loaded first, with ``prefer_loaded``), each with its breaker permit;
@@ -30,7 +31,12 @@ import attrs
 from protocol.config import Strategy
 from protocol.errors import SluiceError, all_circuits_open, model_not_available
 from proxy.routing.breaker import CircuitBreaker, Permit
-from proxy.routing.strategies import Candidate, RoundRobinCursor, order_candidates
+from proxy.routing.strategies import (
+    Candidate,
+    RoundRobinCursor,
+    WeightedCursor,
+    order_candidates,
+)
 
 MODEL_NOT_AVAILABLE = "model_not_available"
 ALL_CIRCUITS_OPEN = "all_circuits_open"
@@ -51,10 +57,11 @@ class NodeView:
     # The models it has loaded (SPEC §11; NodeEndpoint.loaded_ids): by default all it holds.
     loaded: frozenset[str] = attrs.field(
         default=attrs.Factory(lambda view: view.models, takes_self=True))
+    weight: int = 1  # nodes[].weight (SPEC §13)
 
     def candidate(self, model: str) -> Candidate:
         return Candidate(self.fingerprint, self.priority, self.in_flight, self.latency_ms,
-                         model in self.loaded)
+                         model in self.loaded, self.weight)
 
 
 @attrs.frozen
@@ -133,10 +140,11 @@ def holders(request: RouteRequest, nodes: Sequence[NodeView]) -> list[NodeView]:
 
 
 def resolve(
-    request: RouteRequest, nodes: Sequence[NodeView], cursor: RoundRobinCursor, now: float
+    request: RouteRequest, nodes: Sequence[NodeView], cursor: RoundRobinCursor, now: float,
+    *, weighted: WeightedCursor | None = None,
 ) -> Forward | NoRoute:
     """Resolve one request (see the module docstring). Advances ``cursor`` for round-robin
-    and takes breaker permits; nothing else changes."""
+    or ``weighted`` for weighted, and takes breaker permits; nothing else changes."""
     strategy = Strategy(request.strategy)  # an unknown one fails before any permit is taken
     eligible = holders(request, nodes)
     if not eligible:
@@ -153,7 +161,7 @@ def resolve(
     if not candidates:
         return NoRoute(request.model, ALL_CIRCUITS_OPEN)
     ordered = order_candidates(strategy, candidates, cursor,
-                               prefer_loaded=request.prefer_loaded)
+                               prefer_loaded=request.prefer_loaded, weighted=weighted)
     return Forward(
         targets=tuple(granted[c.fingerprint] for c in ordered),
         may_fail_over=request.failover and not request.tried,

@@ -9,7 +9,7 @@ resolve` (pure: this module snapshots the node index into views and reads the cl
 over, the way to the next node (:meth:`Plan.alternate`).
 
 :class:`Router` owns a circuit breaker and a set of counters per node, the counters of the
-local backends, the round-robin cursor and the failover count; their JSON is
+local backends, the round-robin and weighted cursors and the failover count; their JSON is
 :func:`proxy.routing.stats.routing_stats`. It publishes each breaker transition to the hub
 as a ``circuit`` event (SPEC §9.3, :meth:`Router.watch_circuits`).
 """
@@ -30,7 +30,7 @@ from proxy.pool.nodes import NodeEndpoint, NodeIndex
 from proxy.routing.attempts import Attempt, Counters, Outcome
 from proxy.routing.breaker import CircuitBreaker
 from proxy.routing.resolve import Forward, NodeView, NoRoute, RouteRequest, holders, resolve
-from proxy.routing.strategies import RoundRobinCursor
+from proxy.routing.strategies import RoundRobinCursor, WeightedCursor
 
 if TYPE_CHECKING:
     from protocol.config import CircuitBreakerConfig
@@ -97,7 +97,7 @@ class Plan:
             model=request.model, load_balancing=True, probe_ttl=request.probe_ttl,
             strategy=request.strategy, failover=False, prefer_loaded=request.prefer_loaded,
             tried=request.tried | {target.fingerprint})
-        route = resolve(retry, router.views(), router.cursor, now)
+        route = resolve(retry, router.views(), router.cursor, now, weighted=router.weighted)
         router.watch_circuits(now)
         if not isinstance(route, Forward):
             return False
@@ -119,6 +119,7 @@ class Router:
         self.hub = hub
         self.backend_counters: dict[str, Counters] = {}  # each local backend's
         self.cursor = RoundRobinCursor()
+        self.weighted = WeightedCursor()
         self.failovers = 0
         self.breakers: dict[str, CircuitBreaker] = {}
         self.counters: dict[str, Counters] = {}
@@ -159,7 +160,8 @@ class Router:
                 self.settings.config.timeouts.health_check.timeout):
             views = None  # right after start (or LB switched on): after the first checks
         now = trio.current_time()
-        route = resolve(request, self.views() if views is None else views, self.cursor, now)
+        route = resolve(request, self.views() if views is None else views, self.cursor, now,
+                        weighted=self.weighted)
         self.watch_circuits(now)
         if isinstance(route, NoRoute):
             raise route.error()
@@ -197,14 +199,15 @@ class Router:
                 loaded=endpoint.loaded_ids,
                 breaker=self._breaker(fp, cb), enabled=True, online=endpoint.online,
                 in_flight=counters.active if counters is not None else 0,
-                latency_ms=endpoint.speed.value))
+                latency_ms=endpoint.speed.value, weight=cfg.weight))
         return views
 
     def forget_removed(self, known: set[str]) -> None:
-        """Drop the breakers and counters of nodes no longer configured."""
+        """Drop the breakers, counters and weighted values of nodes no longer configured."""
         for table in (self.breakers, self.counters, self._published):
             for fp in [fp for fp in table if fp not in known]:
                 del table[fp]
+        self.weighted.forget(known)
 
     def watch_circuits(self, now: float) -> None:
         """:meth:`look_at_circuits`, after every routing decision and every outcome a

@@ -1,4 +1,4 @@
-"""The four load-balancing strategies (SPEC §7.3), pure: candidates in, an order out.
+"""The five load-balancing strategies (SPEC §7.3, §13), pure: candidates in, an order out.
 
 A :class:`Candidate` is a frozen snapshot of one eligible node taken at resolution time.
 Every order breaks ties the same way: higher ``priority`` first (the user's order; the
@@ -11,11 +11,16 @@ registry gives N..1, top first), then ``fingerprint`` so the result is determini
   adding or removing nodes never skips or repeats the others.
 - ``least-loaded``: fewest requests in flight now (``in_flight``, counted live by the caller).
 - ``fastest``: lowest ``latency_ms`` (a :class:`LatencyAverage`); unmeasured nodes last.
+- ``weighted``: smooth weighted round-robin (nginx's) by ``weight``, kept in a
+  :class:`WeightedCursor` the caller owns: the one picked goes first, then the others by
+  weight (largest first), then priority. Exact per cycle: weights 3:1:1 give 3, 1 and 1 of
+  every 5 picks, spread out (a b a c a), never a a a b c.
 
 With ``prefer_loaded`` (``load_balancing.prefer_loaded``, SPEC §11) the candidates that have
-the model loaded go first, and the strategy orders each group on its own: round-robin turns
-among the loaded ones (the cursor follows the first group), least-loaded and fastest compare
-within a group. When every candidate is loaded, or none is, the order is the strategy's alone.
+the model loaded go first, and the strategy orders each group on its own: round-robin and
+weighted turn among the loaded ones (the cursors follow the first group), least-loaded and
+fastest compare within a group. When every candidate is loaded, or none is, the order is
+the strategy's alone.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class Candidate:
     in_flight: int = 0  # requests sent to it and not finished, right now
     latency_ms: float | None = None  # LatencyAverage.value; None = never measured
     loaded: bool = True  # it has the requested model loaded (or does not say: SPEC §11)
+    weight: int = 1  # nodes[].weight: its share under the weighted strategy (SPEC §13)
 
 
 def priority_key(candidate: Candidate) -> tuple[int, str]:
@@ -55,6 +61,55 @@ class RoundRobinCursor:
         if self.last is None:
             return "RoundRobinCursor(start)"
         return f"RoundRobinCursor(last={self.last[1]!r}, priority={-self.last[0]})"
+
+
+def weight_key(candidate: Candidate) -> tuple[int, int, str]:
+    """The weighted strategy's tie order: the largest weight first, then by priority."""
+    return (-candidate.weight, -candidate.priority, candidate.fingerprint)
+
+
+class WeightedCursor:
+    """Where smooth weighted round-robin stands: each node's current value, by fingerprint.
+
+    A pick adds each candidate's weight to its value, takes the largest (ties: the weighted
+    tie order) and subtracts the candidates' total weight from it. So over any run of picks
+    among the same candidates each one is picked in proportion to its weight, exactly per
+    cycle of ``sum(weights)`` picks from a balanced start, and a heavy node's picks are spread
+    between the others'. A node that is not a candidate for a pick (offline, circuit open,
+    another model) keeps its value untouched, so the others rotate on among themselves and
+    it comes back where it left off; the sum over every node ever picked stays 0. A weight is
+    read at each pick, so a change applies at once.
+    """
+
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
+        self.current: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{fp}={value}" for fp, value in sorted(self.current.items()))
+        return f"WeightedCursor({shown or 'start'})"
+
+    def pick(self, candidates: Sequence[Candidate]) -> Candidate | None:
+        """The next candidate (None for none), the values moved as described above."""
+        current = self.current
+        best: Candidate | None = None
+        best_value = 0
+        total = 0
+        for candidate in sorted(candidates, key=weight_key):
+            value = current.get(candidate.fingerprint, 0) + candidate.weight
+            current[candidate.fingerprint] = value
+            total += candidate.weight
+            if best is None or value > best_value:
+                best, best_value = candidate, value
+        if best is not None:
+            current[best.fingerprint] = best_value - total
+        return best
+
+    def forget(self, known: set[str]) -> None:
+        """Drop the values of nodes no longer configured."""
+        for fp in [fp for fp in self.current if fp not in known]:
+            del self.current[fp]
 
 
 class LatencyAverage:
@@ -95,25 +150,35 @@ class LatencyAverage:
 
 def order_candidates(
     strategy: Strategy | str, candidates: Sequence[Candidate], cursor: RoundRobinCursor,
-    *, prefer_loaded: bool = True,
+    *, prefer_loaded: bool = True, weighted: WeightedCursor | None = None,
 ) -> list[Candidate]:
     """The candidates in the order to try them; loaded ones first with ``prefer_loaded``
-    (see the module docstring). Only round-robin touches ``cursor``, once per call.
+    (see the module docstring). Only round-robin touches ``cursor`` and only weighted
+    ``weighted`` (None: a fresh one, for a one-off order), once per call.
 
     Raises ValueError for an unknown strategy (config validation rejects those earlier).
     """
     strategy = Strategy(strategy)
+    if weighted is None:
+        weighted = WeightedCursor()
     if prefer_loaded:
         loaded = [c for c in candidates if c.loaded]
         if 0 < len(loaded) < len(candidates):
             rest = [c for c in candidates if not c.loaded]
-            return (_strategy_order(strategy, loaded, cursor)
-                    + _strategy_order(strategy, rest, cursor, advance=False))
-    return _strategy_order(strategy, candidates, cursor)
+            return (_strategy_order(strategy, loaded, cursor, weighted)
+                    + _strategy_order(strategy, rest, cursor, weighted, advance=False))
+    return _strategy_order(strategy, candidates, cursor, weighted)
 
 
 def _strategy_order(strategy: Strategy, candidates: Sequence[Candidate],
-                    cursor: RoundRobinCursor, advance: bool = True) -> list[Candidate]:
+                    cursor: RoundRobinCursor, weighted: WeightedCursor,
+                    advance: bool = True) -> list[Candidate]:
+    if strategy is Strategy.WEIGHTED:
+        by_weight = sorted(candidates, key=weight_key)
+        first = weighted.pick(candidates) if advance else None
+        if first is None:
+            return by_weight
+        return [first, *(c for c in by_weight if c is not first)]
     by_priority = sorted(candidates, key=priority_key)
     if strategy is Strategy.PRIORITY:
         return by_priority

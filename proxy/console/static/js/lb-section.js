@@ -1,7 +1,8 @@
 // The load-balancing section, the same on the Nodes and Distributed pool screens: the
 // "Load balancing" switch beside its heading and, only while it is on, the strategy,
 // failover, loaded first, the health-check interval and the computers in priority order
-// (reordered by drag, keyboard or buttons; each with its routing switch and routing details).
+// (reordered by drag, keyboard or buttons; each with its routing switch, its weight and
+// routing details).
 //
 // lbSection(app, state) -> element with .update(data); state is a pool-state.js store.
 
@@ -14,6 +15,7 @@ export const STRATEGIES = [
   { value: "round-robin", label: "Round robin: each in turn" },
   { value: "least-loaded", label: "Least loaded: fewest requests in flight" },
   { value: "fastest", label: "Fastest: lowest health-check latency" },
+  { value: "weighted", label: "Weighted: by each computer's weight" },
 ];
 
 const CIRCUIT = { closed: "closed", open: "open", half_open: "half-open" };
@@ -26,6 +28,36 @@ export function statusBadge(status) {
 export function circuitBadge(state) {
   const level = { closed: "ok", half_open: "warn", open: "bad" }[state] ?? "";
   return el("span", { class: `badge ${level}`, text: `circuit ${CIRCUIT[state] ?? state ?? "closed"}` });
+}
+
+// What the weight field sends: a whole number as a number; anything else as typed, so that
+// the server's refusal (and not a guess of ours) is what the field shows.
+function weightValue(text) {
+  const trimmed = text.trim();
+  const number = Number(trimmed);
+  return trimmed !== "" && Number.isInteger(number) ? number : trimmed;
+}
+
+// A computer's weight (1..100): saved on Enter or when the field loses focus, like the
+// health-check interval, with "Saved" or the server's error beside it.
+function weightField(app, item) {
+  const url = () => `/api/v1/nodes/${encodeURIComponent(item.fingerprint)}`;
+  const weight = field({
+    label: `Weight for ${item.name}`,
+    name: "weight",
+    type: "number",
+    value: String(item.weight ?? 1),
+    help: "1 to 100: its share of the requests under the weighted strategy",
+    disabled: app.readOnly,
+    save: async (value) => String((await app.api.patch(url(), { weight: weightValue(value) })).weight),
+  });
+  Object.assign(weight.input, { min: 1, max: 100, step: 1 });
+  weight.input.setAttribute("inputmode", "numeric");
+  weight.classList.add("weight-field");
+  weight.rename = (name) => {
+    weight.querySelector("label").textContent = `Weight for ${name}`;
+  };
+  return weight;
 }
 
 const ms = (value) => (value === null || value === undefined ? "–" : `${Math.round(value)} ms`);
@@ -56,12 +88,20 @@ function computerRow(app, state, item) {
       return node.enabled;
     },
   });
+  const weight = weightField(app, item);
+  let shownWeight = item.weight;
   const body = el("div", { class: "node-row" },
                   el("div", { class: "row wrap" }, title, place, status, el("span", { class: "spacer" }),
                      el("span", { class: "row" }, routing)),
+                  weight,
                   facts);
   body.update = (next, position, count) => {
     title.textContent = next.name;
+    weight.rename(next.name);
+    if (next.weight !== shownWeight) {  // a change from elsewhere; a refused value stays
+      shownWeight = next.weight;
+      weight.set(String(next.weight ?? 1));
+    }
     place.textContent = `${position} of ${count}`;
     const ep = next.endpoint;
     const st = next.stats;
