@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -417,6 +418,16 @@ async def test_the_units_exec_start_is_a_gateway_that_drains(box: Box, short_tmp
                 await trio.sleep(0.05)
         status = await trio.to_thread.run_sync(lambda: box.sluice("status"))
         assert f"gateway: running for that data dir (pid {proc.pid})" in status.stdout
+        # A fresh install while a gateway runs by hand on its data dir: said.
+        assert box.unit.exists()
+        box.unit.unlink()
+        again = await trio.to_thread.run_sync(
+            lambda: box.sluice("install", "--data-dir", str(data), python=str(python)))
+        assert again.returncode == 0, again.stderr
+        assert f"a gateway already runs for this data dir (pid {proc.pid})" in again.stderr
+        token = yaml.safe_load((data / "secrets.yaml").read_text())["admin_token"]
+        said = status.stdout + status.stderr + again.stdout + again.stderr
+        assert token not in said + box.unit.read_text()
         replies = []
 
         async def stream() -> None:
