@@ -62,7 +62,25 @@ def parser() -> argparse.ArgumentParser:
     _config_parser(sub)
     _nodes_parser(sub)
     _models_parser(sub)
+    _service_parser(sub)
     return top
+
+
+def _service_parser(sub: Any) -> None:
+    service = sub.add_parser("service", help="run sluice as a service of your session "
+                                             "(systemd user unit, launchd agent)")
+    service_sub = service.add_subparsers(dest="action", required=True)
+    install = service_sub.add_parser(
+        "install", help="write the service (same data dir), enable and start it; "
+                        "rewrites one already there")
+    install.add_argument("--data-dir", help="the data folder the service runs (default: "
+                         "$SLUICE_DATA_DIR, $XDG_DATA_HOME/sluice or ~/.local/share/sluice)")
+    install.add_argument("--config", help="config file instead of <data dir>/config.yaml")
+    install.add_argument("--no-start", action="store_true",
+                         help="only write it; print the commands that start it")
+    service_sub.add_parser("uninstall", help="stop and disable the service, remove its file")
+    service_sub.add_parser("status", help="whether it is installed, what it runs, whether "
+                                          "it runs")
 
 
 def _models_parser(sub: Any) -> None:

@@ -57,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
         return ps_main(data_dir, args.json)
     if args.command in ("load", "unload"):
         return load_main(data_dir, args.command, args.name, args.json)
+    if args.command == "service":
+        from proxy.cli.service import service_main
+
+        return service_main(args, data_dir)
     raise ValueError(f"not a CLI command: {args.command!r}")
 
 
