@@ -18,7 +18,7 @@ import attrs
 import pytest
 import trio
 
-from protocol.config import ModelConfig
+from protocol.config import ModelConfig, dump_config_yaml, parse_config_text
 from tests.client import Client, chat_body, connect
 from tests.gateways import GatewayProcess
 from tests.test_e2e_llama import gguf  # noqa: F401 (a fixture)
@@ -203,3 +203,31 @@ async def test_a_client_that_leaves_mid_load_does_not_cancel_it(
     two = await wait_state(gw, "two", "loaded")
     assert alive(two["pid"])
     assert (await gw.chat("two", via="unix")).status == 200
+
+
+async def test_a_models_entry_edited_in_by_hand_comes_and_goes(
+        gateway: GatewayProcess) -> None:
+    """SPEC §13: a ``models:`` entry added to config.yaml by hand is a model within one look
+    at the file; removed again, it stops once idle (its server by pid)."""
+    gw = gateway
+    path = gw.data_dir / "config.yaml"
+    cfg = parse_config_text(path.read_text())
+    extra = ModelConfig(name="four", path="models/two.gguf", context=512, parallel=1,
+                        threads=1)
+    path.write_text(dump_config_yaml(attrs.evolve(cfg, models=(*cfg.models, extra))))
+
+    async def listed() -> bool:
+        return "four" in by_name(await local(gw))
+
+    await gw.wait_until(listed, "four in the catalogue", 20)
+    assert (await gw.chat("four", via="unix")).status == 200
+    pid = (await wait_state(gw, "four", "loaded"))["pid"]
+    assert alive(pid)
+    path.write_text(dump_config_yaml(cfg))  # the entry removed by hand
+
+    async def forgotten() -> bool:
+        return "four" not in by_name(await local(gw))
+
+    await gw.wait_until(forgotten, "four forgotten", 30)
+    assert not alive(pid)
+    assert (await gw.chat("one", via="unix")).status == 200  # the others serve on
