@@ -142,6 +142,7 @@ class ConfigWatcher:
         if found.restart:
             message += f" ({', '.join(found.restart)} apply at the next start)"
             notify_restart(notes, found.restart)
+        notes.clear(RELOADED)  # each reload is news (and a log line), even in the same words
         notes.raise_(RELOADED, message, level="info")
 
     def _all_clear(self) -> None:
