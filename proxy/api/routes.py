@@ -147,7 +147,7 @@ ROUTES.update(ollama.ROUTES)  # type: ignore[arg-type]  # the Ollama API (SPEC Â
 # Paths with a trailing parameter: prefix -> method -> handler.
 PREFIXES: dict[str, dict[bytes, AnyHandler]] = {
     "/v1/models/": {b"GET": get_model},
-    "/api/v1/access-keys/": {b"DELETE": access_keys.revoke_key},
+    access_keys.PREFIX: {b"PATCH": access_keys.update_key, b"DELETE": access_keys.revoke_key},
     models_local.PREFIX: {b"POST": models_local.model_action},
     **ollama.PREFIXES,  # type: ignore[dict-item]
     nodes.PREFIX: {b"PATCH": nodes.patch_node, b"DELETE": nodes.delete_node},
