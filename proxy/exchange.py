@@ -257,7 +257,7 @@ class Exchange:
             await backends.ready.wait()
         query = target.partition(b"?")[2].decode("latin-1")
         reply = handler(Call(self.ctx, method, path, body, query, self.source.headers,
-                             self.peer.transport))
+                             self.peer.transport, self.grant))
         if not isinstance(reply, tuple):  # an async handler
             reply = await reply
         status, payload = reply

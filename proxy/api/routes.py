@@ -45,12 +45,12 @@ def health(call: Call) -> tuple[int, Any]:
 
 
 def list_models(call: Call) -> tuple[int, Any]:
-    return 200, {"object": "list", "data": model_entries(call.ctx)}
+    return 200, {"object": "list", "data": model_entries(call.ctx, call.grant)}
 
 
 def get_model(call: Call) -> tuple[int, Any]:
     model_id = call.path[len("/v1/models/"):]
-    for entry in model_entries(call.ctx):
+    for entry in model_entries(call.ctx, call.grant):
         if entry["id"] == model_id:
             return 200, entry
     raise model_not_found(model_id)
