@@ -129,6 +129,11 @@ def _presented(headers: Sequence[Header]) -> str | None:
 def _offered_key(ctx: GatewayContext, headers: Sequence[Header]) -> Grant | None:
     """Where no key is needed: the grant of one of our access keys if the request carries
     one; None for no token or any other (never hashed unless it looks like ours)."""
+    for name, _ in headers:  # most requests here carry no credential: one pass, no parse
+        if name == b"authorization" or name == b"x-api-key":
+            break
+    else:
+        return None
     token = _presented(headers)
     if token is None or not token.startswith(KEY_PREFIX):
         return None
