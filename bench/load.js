@@ -65,7 +65,7 @@ if (stream) {
   payload.bench_gap_ms = gapMs;
 }
 const body = Buffer.from(JSON.stringify(payload));
-base.headers = { 'Content-Type': 'application/json', 'Content-Length': body.length };
+base.headers = { 'Content-Type': 'application/json', 'Content-Length': body.length, ...(args.headers ?? {}) };
 
 // Results.
 const latencies = [];   // send -> last byte

@@ -38,7 +38,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: bench/ is not a package on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import aliases, held, ollama, ondemand, watch
+from bench import aliases, held, keys, ollama, ondemand, watch
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -193,16 +193,18 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 
 def http_call(target: dict[str, str], method: str, path: str, body: bytes | None = None,
-              timeout: float = 2.0) -> tuple[int, dict[str, str], bytes]:
-    """One request to a target's ``tcp`` or ``unix`` address: status, headers, body."""
+              timeout: float = 2.0, headers: dict[str, str] | None = None
+              ) -> tuple[int, dict[str, str], bytes]:
+    """One request to a target's ``tcp`` or ``unix`` address (with these ``headers``):
+    status, headers, body."""
     if "unix" in target:
         conn: http.client.HTTPConnection = UnixHTTPConnection(target["unix"], timeout)
     else:
         host, port = target["tcp"].split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        conn.request(method, path, body=body, headers=headers)
+        sent = {"Content-Type": "application/json"} if body is not None else {}
+        conn.request(method, path, body=body, headers={**sent, **(headers or {})})
         resp = conn.getresponse()
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
     finally:
@@ -326,11 +328,12 @@ def start_gateway(kids: Children, tmp: Path, mock: dict[str, Any], extra: str = 
     return {**gw, "pids": with_descendants(gw["pid"]), "procs": [("sluice", gw)]}
 
 
-def create_access_key(gw: dict[str, Any], name: str) -> str:
-    """``sluice keys create`` against a running gateway (its local socket, admin token)."""
+def create_access_key(gw: dict[str, Any], name: str, *limits: str) -> str:
+    """``sluice keys create`` against a running gateway (its local socket, admin token);
+    ``limits``: more options, e.g. ``--rpm 100``."""
     sluice = Path(sys.executable).parent / "sluice"
     proc = subprocess.run([str(sluice), "keys", "create", "--data-dir", str(gw["data"]),
-                           "--name", name, "--json"], capture_output=True, text=True,
+                           "--name", name, *limits, "--json"], capture_output=True, text=True,
                           timeout=30, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
                           env=tree_env())
     if proc.returncode != 0:
@@ -442,9 +445,11 @@ def start_nginx(kids: Children, tmp: Path, mock: dict[str, Any], name: str = "ng
 
 # -- measuring -------------------------------------------------------------------------------
 
-def run_load(target: dict[str, str], model: str, params: dict[str, Any]) -> dict[str, Any]:
+def run_load(target: dict[str, str], model: str, params: dict[str, Any],
+             headers: dict[str, str] | None = None) -> dict[str, Any]:
     limit = params["duration_s"] + 20 if "duration_s" in params else 50
-    args = {"target": target, "model": model, "time_limit_s": limit, **params}
+    args = {"target": target, "model": model, "time_limit_s": limit, **params,
+            **({"headers": headers} if headers else {})}
     proc = subprocess.run(["node", str(BENCH / "load.js"), json.dumps(args)],
                           capture_output=True, text=True, timeout=limit + 20,
                           preexec_fn=_die_with_parent)
@@ -471,7 +476,8 @@ def measure(env: dict[str, Any], target: str, transport: str,
     cpu0, mock0, t0 = cpu_seconds(pids), cpu_seconds(mock_pids), time.monotonic()
     try:
         model = proxy.get("model", "bench") if proxy else "bench"  # "aliased": the alias
-        load = run_load(addr, f"{model}-{transport}", params)
+        load = run_load(addr, f"{model}-{transport}", params,
+                        proxy.get("headers") if proxy else None)  # "keyed", "limited"
     finally:
         peak = sampler.stop()
         watched = watcher.stop() if watcher is not None else None
@@ -774,6 +780,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="add target 'aliased': the same gateway, given model aliases "
                          "(bench/aliases.py), asked for the alias; a table of its CPU per "
                          "request against the unaliased one's (issue 23)")
+    ap.add_argument("--keyed", action="store_true",
+                    help="add targets 'keyed' and 'limited': the same gateway sent an access "
+                         "key without limits, and one with a models pattern and an rpm "
+                         "(bench/keys.py); a table of the limited key's CPU per request "
+                         "against the unlimited one's (issue 24)")
     ap.add_argument("--json", type=Path, default=None,
                     help="where to write the JSON (default bench/results/latest.json, "
                          "smoke.json for --smoke)")
@@ -822,8 +833,15 @@ def main(argv: list[str] | None = None) -> int:
         if opts.aliased and "sluice" in env:
             env["aliased"] = {**env["sluice"], "model": aliases.PREFIX, "procs": []}
             alias_problems = aliases.check(http_call, env["sluice"], transports)
-        targets: list[str] = [t for t in ("direct", "sluice", "aliased", "watched", "nginx",
-                                          "forwarded")
+        key_problems: list[str] = []
+        if opts.keyed and "sluice" in env:
+            made = {"keyed": create_access_key(env["sluice"], "bench unlimited"),
+                    "limited": create_access_key(env["sluice"], "bench limited", *keys.LIMITED)}
+            for name, key in made.items():
+                env[name] = {**env["sluice"], "headers": keys.headers(key), "procs": []}
+            key_problems = keys.check(http_call, env["sluice"], made, transports)
+        targets: list[str] = [t for t in ("direct", "sluice", "aliased", "keyed", "limited",
+                                          "watched", "nginx", "forwarded")
                               if t in env or (t == "direct" and "mock" in env)]
         print(f"targets: {', '.join(targets)}; transports: {', '.join(transports)}; "
               f"rounds: {rounds}", file=sys.stderr)
@@ -839,7 +857,7 @@ def main(argv: list[str] | None = None) -> int:
                 for n in range(rounds):
                     # --aliased: every other round the other way round (ABBA), so that no
                     # target gains from its place in a round
-                    for tg in (mine[::-1] if opts.aliased and n % 2 else mine):
+                    for tg in (mine[::-1] if (opts.aliased or opts.keyed) and n % 2 else mine):
                         r = measure(env, tg, tr, params)
                         runs.append({"scenario": sc, "transport": tr, "round": n,
                                      "target": tg, "params": params, **r})
@@ -880,6 +898,13 @@ def main(argv: list[str] | None = None) -> int:
                                            lambda r: metrics(r)["proxy_cpu_ms_per_req"])
             problems += alias_problems
             md += "\n\n" + aliases.table(alias_result, opts.smoke)
+        key_result = None
+        if opts.keyed:
+            key_result = keys.summary(runs, scenarios, transports,
+                                      lambda r: metrics(r)["proxy_cpu_ms_per_req"],
+                                      lambda r: metrics(r)["lat_p50"])
+            problems += key_problems
+            md += "\n\n" + keys.table(key_result, opts.smoke)
         if s7:
             fw = env["forwarded"]
             by_node = f"node:{fw['fingerprint']}"
@@ -922,6 +947,7 @@ def main(argv: list[str] | None = None) -> int:
             "s6": {"all_equal": all(v["equal"] for v in s6.values()), "by_target": s6},
             "s7": s7_result,
             "aliased": alias_result,
+            "keyed": key_result,
             "s8": s8_result,
             "s9": s9_result,
             "s10": s10_result,

@@ -21,8 +21,9 @@ __all__ = [
     "admin_token_missing", "api_key_header", "bearer_token", "check_api_key",
     "check_secret_maps",
     "cors_headers", "forbidden_host", "forbidden_origin", "hash_key", "host_allowed",
-    "is_loopback_ip", "key_invalid", "key_matches", "key_missing", "new_access_key",
-    "origin_allowed", "preflight_headers", "token_equals",
+    "is_loopback_ip", "key_expired", "key_invalid", "key_matches", "key_missing",
+    "model_not_allowed", "new_access_key", "origin_allowed", "preflight_headers",
+    "rate_limited", "token_equals",
 ]
 
 KEY_PREFIX = "sk-sluice-"  # public and recognisable (for secret scanners); the rest is random
@@ -237,6 +238,27 @@ def key_missing() -> SluiceError:
 def key_invalid() -> SluiceError:
     return _auth_error(401, "the access key is not valid (unknown or revoked)",
                        "invalid_api_key", challenge=True)
+
+
+def key_expired(expires_at: str) -> SluiceError:
+    """401 for a known key past its ``expiresAt`` (SPEC §13)."""
+    return _auth_error(401, f"the access key expired at {expires_at}", "key_expired",
+                       challenge=True)
+
+
+def model_not_allowed(model: str) -> SluiceError:
+    """403 for a model outside the key's ``models`` (SPEC §13)."""
+    return SluiceError(403, f"this access key may not use model {model!r}",
+                       type="invalid_request_error", code="model_not_allowed", param="model",
+                       source=Source.CLIENT)
+
+
+def rate_limited(rpm: int, retry_after: int) -> SluiceError:
+    """429 for a key over its ``rpm`` (SPEC §13), with ``Retry-After`` in whole seconds."""
+    return SluiceError(429, f"this access key may send {rpm} requests a minute; retry in "
+                            f"{retry_after} s", type="rate_limit_error",
+                       code="rate_limit_exceeded", source=Source.CLIENT,
+                       headers=((b"retry-after", str(retry_after).encode()),))
 
 
 def admin_token_missing() -> SluiceError:

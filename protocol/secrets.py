@@ -14,6 +14,7 @@ import yaml
 
 from protocol.access import check_secret_maps
 from protocol.errors import ConfigError
+from protocol.key_limits import check_stored
 from protocol.yaml_loader import load_yaml
 
 __all__ = ["SECRETS_HEADER", "Secrets", "dump_secrets_yaml"]
@@ -29,7 +30,8 @@ class Secrets:
     admin_token: str
     node_keys: dict[str, str] = attrs.field(factory=dict)  # fingerprint -> API key
     backend_keys: dict[str, str] = attrs.field(factory=dict)  # backend name -> API key
-    # Access keys as stored (id, name, hash, timestamps); never the key itself.
+    # Access keys as stored (id, name, hash, timestamps, limits: protocol.key_limits);
+    # never the key itself.
     access_keys: list[dict[str, Any]] = attrs.field(factory=list)
 
     def __repr__(self) -> str:
@@ -77,6 +79,11 @@ class Secrets:
         access = data.get("access_keys") or []
         if not isinstance(access, list) or not all(isinstance(k, dict) for k in access):
             raise ConfigError("", f"{where}: access_keys must be a list of mappings")
+        for i, entry in enumerate(access):
+            try:
+                check_stored(entry, f"access_keys[{i}]")
+            except ConfigError as exc:  # limits are no secret: the message may say why
+                raise ConfigError(exc.path, f"{where}: {exc.message}") from None
         try:
             check_secret_maps(maps)
         except ConfigError as exc:

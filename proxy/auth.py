@@ -7,6 +7,10 @@ its peer and the request head. The rules themselves are pure (:mod:`protocol.acc
 - The ``tcp`` API listener: an access key (or the admin token) from a non-loopback peer,
   and from loopback peers too when ``api.require_auth`` is on. ``GET /health`` and
   preflight ``OPTIONS`` need none.
+- Where no key is needed, a request that carries one of our access keys anyway
+  (``sk-sluice-...``: another gateway forwarding with our key, an app given a limited key)
+  is held to that key's limits (SPEC §13); any other token there is ignored, unhashed (apps
+  send dummy keys).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from protocol.access import (
+    KEY_PREFIX,
     admin_token_invalid,
     admin_token_missing,
     api_key_header,
@@ -39,6 +44,7 @@ from protocol.errors import bad_request
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
+    from proxy.key_grants import Grant
 
 log = logging.getLogger("sluice.auth")
 
@@ -111,21 +117,44 @@ def guard(ctx: GatewayContext, transport: str, headers: Sequence[Header]) -> byt
     return None
 
 
+def _presented(headers: Sequence[Header]) -> str | None:
+    """The credential a request carries: ``Authorization: Bearer``, else ``x-api-key``
+    (Anthropic's clients, SPEC §12)."""
+    token = bearer_token(_values(headers, b"authorization"))
+    if token is None:
+        token = api_key_header(_values(headers, b"x-api-key"))
+    return token
+
+
+def _offered_key(ctx: GatewayContext, headers: Sequence[Header]) -> Grant | None:
+    """Where no key is needed: the grant of one of our access keys if the request carries
+    one; None for no token or any other (never hashed unless it looks like ours)."""
+    for name, _ in headers:  # most requests here carry no credential: one pass, no parse
+        if name == b"authorization" or name == b"x-api-key":
+            break
+    else:
+        return None
+    token = _presented(headers)
+    if token is None or not token.startswith(KEY_PREFIX):
+        return None
+    entry = key_matches(token, ctx.settings.secrets.access_keys)
+    return None if entry is None else ctx.key_grants.grant(entry)
+
+
 def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, method: bytes,
-              path: str, headers: Sequence[Header]) -> str | None:
-    """The admin token and access-key checks; raises 401/403. Returns the id of the access
-    key the request used (the caller records its use: :meth:`Settings.key_used`), else
+              path: str, headers: Sequence[Header]) -> Grant | None:
+    """The admin token and access-key checks; raises 401/403 (401 ``key_expired`` for a
+    key past its expiry). Returns the grant of the access key the request used (the caller
+    records its use: :meth:`Settings.key_used`, and holds the request to its limits), else
     None."""
     if method == b"OPTIONS":  # a preflight carries no credentials
         return None
     admin_call = needs_admin(method, path)
     if not admin_call and (transport != "tcp" or path in OPEN_PATHS or
                            (loopback_peer and not ctx.config.api.require_auth)):
-        return None
+        return None if path in OPEN_PATHS else _offered_key(ctx, headers)
     settings = ctx.settings
-    token = bearer_token(_values(headers, b"authorization"))
-    if token is None:  # Anthropic's clients send the key as x-api-key (SPEC §12)
-        token = api_key_header(_values(headers, b"x-api-key"))
+    token = _presented(headers)
     admin = settings.secrets.admin_token
     if admin_call:
         if token is None:
@@ -140,5 +169,4 @@ def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, method: 
     entry = key_matches(token, settings.secrets.access_keys)
     if entry is None:
         raise key_invalid()
-    key_id = entry.get("id")
-    return key_id if isinstance(key_id, str) else None
+    return ctx.key_grants.grant(entry)

@@ -13,7 +13,8 @@ passed explicitly (no module-level singletons). Each part has its own owner:
   ``metrics``, what ``/metrics`` shows (:mod:`proxy.observe.metrics`), and ``events``, the
   live events subscribers (:mod:`proxy.observe.feed`), and ``reports``, the report phase
   of each request: its access-log line and its record (:mod:`proxy.observe.reports`);
-- ``notifications``, ``ondemand`` (managed models on demand, when there are any).
+- ``notifications``, ``ondemand`` (managed models on demand, when there are any);
+- ``key_grants``, the access keys' token buckets (:mod:`proxy.key_grants`, SPEC §13).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import attrs
 import trio
 
 from protocol.config import Config
+from proxy.key_grants import KeyGrants
 from proxy.notifications import Notifications
 from proxy.observe.access_log import AccessLog
 from proxy.observe.feed import EventFeed
@@ -132,6 +134,7 @@ class GatewayContext:
     events: EventFeed = attrs.field(
         default=attrs.Factory(lambda ctx: EventFeed(ctx.hub), takes_self=True))
     reports: Reports = attrs.field(factory=lambda: Reports(AccessLog()))
+    key_grants: KeyGrants = attrs.field(factory=KeyGrants)  # access keys' buckets (SPEC §13)
 
     def __repr__(self) -> str:
         return f"GatewayContext({self.listening!r}, {self.clients!r}, {self.connections!r})"

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from proxy.context import GatewayContext
     from proxy.deadline import RequestScope
     from proxy.downstream import Downstream
+    from proxy.key_grants import Grant
     from proxy.models.managed import Managed
     from proxy.models.ondemand import OnDemand
     from proxy.ollama import OllamaOut
@@ -93,9 +94,8 @@ def _small_body(headers: list[Header]) -> bool:
 class Exchange:
     """One request (see the module docstring)."""
 
-    __slots__ = ("ctx", "info", "load_wait", "out", "outcome", "peer", "relay", "request",
-                 "scope", "source",
-                 "started", "wall")
+    __slots__ = ("ctx", "grant", "info", "load_wait", "out", "outcome", "peer", "relay",
+                 "request", "scope", "source", "started", "wall")
 
     def __init__(self, ctx: GatewayContext, source: RequestSource, out: Downstream,
                  scope: RequestScope, peer: Peer) -> None:
@@ -111,6 +111,7 @@ class Exchange:
         self.relay: Relay | None = None
         self.outcome: Outcome | None = None  # the last attempt's, once settled
         self.load_wait: float | None = None  # seconds it waited for its model to load
+        self.grant: Grant | None = None  # the access key it presented, with its limits
 
     def __repr__(self) -> str:
         return f"Exchange({self.peer.transport}, {self.out!r})"
@@ -161,14 +162,15 @@ class Exchange:
         ctx, peer = self.ctx, self.peer
         try:
             self.out.response.cors_origin = auth.guard(ctx, peer.transport, headers)
-            key_id = auth.authorize(ctx, peer.transport, peer.loopback, request.method,
-                                    request_path(request.target), headers)
+            grant = auth.authorize(ctx, peer.transport, peer.loopback, request.method,
+                                   request_path(request.target), headers)
         except SluiceError as denied:
             if not _small_body(headers):
                 raise
             return denied
-        if key_id is not None:
-            await ctx.settings.key_used(key_id)
+        if grant is not None:
+            self.grant = grant
+            await ctx.settings.key_used(grant.key_id)
         return None
 
     async def answer(self, request: h11.Request, headers: list[Header], body: bytes) -> None:
@@ -192,11 +194,15 @@ class Exchange:
     async def to_model(self, method: bytes, target: bytes, path: str, headers: list[Header],
                        body: bytes, info: RequestInfo, out: Downstream | OllamaOut, *,
                        keep_alive: float | None = None) -> None:
-        """A request for a model, relayed to ``out``: its alias resolved, a managed model
-        loaded first if need be (``keep_alive``: a client's, Ollama's)."""
+        """A request for a model, relayed to ``out``: its alias resolved, its access key's
+        limits checked, a managed model loaded first if need be (``keep_alive``: a
+        client's, Ollama's)."""
         ctx = self.ctx
+        asked = info.model
         if ctx.config.aliases:  # SPEC §12: served as another model (self.info stays as asked)
             info, body = await aliasing.apply(ctx, info, headers, body)
+        if self.grant is not None:  # SPEC §13: the key's models and rpm
+            ctx.key_grants.admit(self.grant, asked, info.model)
         ondemand = ctx.ondemand
         if ondemand is None or not ondemand.holds(info.model):
             await self.relay_to(ctx, method, target, path, headers, body, info, out)
@@ -251,7 +257,7 @@ class Exchange:
             await backends.ready.wait()
         query = target.partition(b"?")[2].decode("latin-1")
         reply = handler(Call(self.ctx, method, path, body, query, self.source.headers,
-                             self.peer.transport))
+                             self.peer.transport, self.grant))
         if not isinstance(reply, tuple):  # an async handler
             reply = await reply
         status, payload = reply

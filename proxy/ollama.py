@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from proxy.context import GatewayContext
     from proxy.deadline import RequestScope
     from proxy.downstream import Downstream
+    from proxy.key_grants import Grant
     from proxy.models.managed import Managed
     from proxy.models.ondemand import OnDemand
 
@@ -59,6 +60,7 @@ class ModelExchange(Protocol):
     info: RequestInfo | None
     started: float
     load_wait: float | None
+    grant: Grant | None
 
     async def wait_for_load(self, ondemand: OnDemand, model: str) -> Managed: ...
 
@@ -238,9 +240,11 @@ async def answer(exchange: ModelExchange, request: h11.Request, path: str, heade
 
 async def _load_only(exchange: ModelExchange, load: LoadOnly) -> None:
     """Ollama's way to load a model (a request with nothing to answer), or with
-    ``keep_alive: 0`` to unload it."""
+    ``keep_alive: 0`` to unload it. A limited access key may load only its models."""
     ondemand = exchange.ctx.ondemand
     name = load.model
+    if exchange.grant is not None:
+        exchange.ctx.key_grants.check_model(exchange.grant, name)
     if ondemand is None or not ondemand.holds(name):
         if exchange.ctx.backends.holder_of(name) is None:
             raise model_not_available(name)

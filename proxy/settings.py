@@ -209,10 +209,12 @@ class Settings:
 
     # ----------------------------------------------------------------------- the secrets
 
-    async def add_access_key(self, name: str) -> tuple[dict[str, Any], str]:
+    async def add_access_key(self, name: str, limits: Mapping[str, Any] | None = None
+                             ) -> tuple[dict[str, Any], str]:
         """Make an access key and save its hash: ``(the stored entry, the key)``. The key
-        itself is returned this once and kept nowhere. A failed write raises OSError and
-        adds nothing."""
+        itself is returned this once and kept nowhere. ``limits``: ``models``, ``rpm``,
+        ``expires_at`` as stored (checked by the caller; None or absent = no limit). A
+        failed write raises OSError and adds nothing."""
         async with self._writer:
             stored = self.secrets.access_keys
             taken = {e.get("id") for e in stored}
@@ -221,9 +223,34 @@ class Settings:
                 key_id, key = new_access_key()
             entry: dict[str, Any] = {"id": key_id, "name": name, "hash": hash_key(key),
                                      "created_at": now_iso(), "last_used_at": None}
+            entry.update(_limit_fields(limits or {}))
             await self._save(attrs.evolve(self.secrets, access_keys=[*stored, entry]))
             stored.append(entry)
         return dict(entry), key
+
+    async def update_access_key(self, key_id: str, changes: Mapping[str, Any]
+                                ) -> dict[str, Any] | None:
+        """Change an access key's ``name`` and limits (``models``, ``rpm``, ``expires_at``
+        as stored, checked by the caller; None clears a limit); the stored entry after,
+        or None when there is no key with that id. Requests authorized from then on see the
+        new limits. A failed write raises OSError and changes nothing."""
+        async with self._writer:
+            stored = self.secrets.access_keys
+            i = next((n for n, e in enumerate(stored) if e.get("id") == key_id), None)
+            if i is None:
+                return None
+            changed = dict(stored[i])
+            if "name" in changes:
+                changed["name"] = changes["name"]
+            for field in _LIMIT_FIELDS:
+                if field in changes:
+                    changed.pop(field, None)
+            changed.update(_limit_fields(changes))
+            kept = list(stored)
+            kept[i] = changed
+            await self._save(attrs.evolve(self.secrets, access_keys=kept))
+            stored[i] = changed  # the same list: whoever holds it sees the change
+        return dict(changed)
 
     async def revoke_access_key(self, key_id: str) -> bool:
         """Forget an access key; False when there is none with that id. A failed write
@@ -293,6 +320,15 @@ class Settings:
                 log.error("cannot restore secrets.yaml after a failed config write: %s",
                           exc.strerror)
             raise
+
+
+_LIMIT_FIELDS = ("models", "rpm", "expires_at")  # an access key's limits in secrets.yaml
+
+
+def _limit_fields(limits: Mapping[str, Any]) -> dict[str, Any]:
+    """The limits that are set, in their stored order (an unset one is not written)."""
+    return {f: (list(limits[f]) if f == "models" else limits[f])
+            for f in _LIMIT_FIELDS if limits.get(f) is not None}
 
 
 def _checked(new: Config) -> Config:

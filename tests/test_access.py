@@ -170,8 +170,9 @@ async def test_authorize_decision_by_peer(start_gateway: StartGateway) -> None:
         assert check(transport, True, admin, b"DELETE", "/api/v1/access-keys/x") == 200
     # The key's use is the caller's to record (Settings.key_used): authorize names it.
     def used(token: str) -> str | None:
-        return auth.authorize(ctx, "tcp", False, b"POST", "/v1/chat/completions",
-                              [(b"authorization", f"Bearer {token}".encode())])
+        grant = auth.authorize(ctx, "tcp", False, b"POST", "/v1/chat/completions",
+                               [(b"authorization", f"Bearer {token}".encode())])
+        return None if grant is None else grant.key_id
 
     assert used(key) == "ak-1"
     assert used(admin) is None

@@ -42,17 +42,20 @@ async def test_create_list_revoke(start_gateway: StartGateway) -> None:
     made = await admin_call(gw, "POST", "/api/v1/access-keys", {"name": "laptop"})
     assert made.status == 201
     doc = made.json()
-    assert set(doc) == {"id", "name", "key", "createdAt"}
+    assert set(doc) == {"id", "name", "key", "createdAt", "models", "rpm", "expiresAt"}
+    assert (doc["models"], doc["rpm"], doc["expiresAt"]) == (None, None, None)
     assert doc["name"] == "laptop"
     assert doc["key"].startswith("sk-sluice-")
     unnamed = (await admin_call(gw, "POST", "/api/v1/access-keys")).json()
     assert unnamed["name"] == ""
     listed = await request(gw.unix, "GET", "/api/v1/access-keys")
     assert listed.status == 200
+    unlimited = {"models": None, "rpm": None, "expiresAt": None, "expired": False}
     assert listed.json() == [
-        {"id": doc["id"], "name": "laptop", "createdAt": doc["createdAt"], "lastUsedAt": None},
+        {"id": doc["id"], "name": "laptop", "createdAt": doc["createdAt"], "lastUsedAt": None,
+         **unlimited},
         {"id": unnamed["id"], "name": "", "createdAt": unnamed["createdAt"],
-         "lastUsedAt": None},
+         "lastUsedAt": None, **unlimited},
     ]
     assert doc["key"] not in listed.body.decode()
     # secrets.yaml holds the hash only.
@@ -71,10 +74,17 @@ async def test_create_list_revoke(start_gateway: StartGateway) -> None:
 
 async def test_create_refuses_bad_input(start_gateway: StartGateway) -> None:
     gw = await start_gateway([])
-    for body in (b"[1]", b"{nope", b'{"name": 5}', b'{"name": "a\\nb"}', b'{"other": 1}'):
+    for body in (b"[1]", b"{nope"):
         reply = await request(gw.unix, "POST", "/api/v1/access-keys", body, admin_headers(gw))
         assert reply.status == 400, body
         assert reply.json()["error"]["type"] == "invalid_request_error"
+    # A bad field: 422 naming it (SPEC §13).
+    for body, param in ((b'{"name": 5}', "name"), (b'{"name": "a\\nb"}', "name"),
+                        (b'{"other": 1}', "other")):
+        reply = await request(gw.unix, "POST", "/api/v1/access-keys", body, admin_headers(gw))
+        assert reply.status == 422, body
+        error = reply.json()["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", param), body
     assert gw.gateway.settings.secrets.access_keys == []
 
 

@@ -1,47 +1,87 @@
-"""``/api/v1/access-keys`` (SPEC §5): make, list and revoke the keys remote clients send.
+"""``/api/v1/access-keys`` (SPEC §5, §13): make, list, limit and revoke the keys clients
+send.
 
-A key is shown once, in the answer to its creation; secrets.yaml keeps only its hash. The
-settings make each change and write it (:meth:`Settings.add_access_key`,
-:meth:`Settings.revoke_access_key`); a failed write answers 500 and changes nothing.
+A key is shown once, in the answer to its creation; secrets.yaml keeps only its hash and
+its limits (``models``, ``rpm``, ``expires_at``: :mod:`protocol.key_limits`). The settings
+make each change and write it (:meth:`Settings.add_access_key`,
+:meth:`Settings.update_access_key`, :meth:`Settings.revoke_access_key`); a failed write
+answers 500 and changes nothing. A field the body should not have, or a bad value, answers
+422 naming it in ``error.param``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from protocol.errors import bad_request, no_such_item
+from protocol.errors import ConfigError, no_such_item
+from protocol.key_limits import parse_expiry, parse_models, parse_rpm, stored_limits
 from protocol.names import LABEL_RULE, is_label
 from proxy.api.call import Call, saving
 
+FIELDS = ("name", "models", "rpm", "expiresAt")  # what a POST or PATCH body may hold
+PREFIX = "/api/v1/access-keys/"
 
-def _public(entry: dict[str, Any]) -> dict[str, Any]:
+
+def _public(entry: dict[str, Any], now: float) -> dict[str, Any]:
+    limits = stored_limits(entry)
     return {"id": entry.get("id"), "name": entry.get("name"),
-            "createdAt": entry.get("created_at"), "lastUsedAt": entry.get("last_used_at")}
+            "createdAt": entry.get("created_at"), "lastUsedAt": entry.get("last_used_at"),
+            "models": None if limits.models is None else list(limits.models),
+            "rpm": limits.rpm, "expiresAt": limits.expires_at,
+            "expired": limits.expired(now)}
+
+
+def _fields(call: Call, *, empty_ok: bool) -> dict[str, Any]:
+    """The body's fields, checked, in the stored (snake_case) names; only those given."""
+    doc = call.json_object(empty_ok=empty_ok)
+    unknown = sorted(set(doc) - set(FIELDS))
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown field (the fields: {', '.join(FIELDS)})")
+    out: dict[str, Any] = {}
+    if "name" in doc:
+        name = "" if doc["name"] is None else doc["name"]
+        if not is_label(name):
+            raise ConfigError("name", LABEL_RULE)
+        out["name"] = name
+    if "models" in doc:
+        out["models"] = parse_models(doc["models"], "models")
+    if "rpm" in doc:
+        out["rpm"] = parse_rpm(doc["rpm"], "rpm")
+    if "expiresAt" in doc:
+        out["expires_at"] = parse_expiry(doc["expiresAt"], "expiresAt")
+    return out
 
 
 def list_keys(call: Call) -> tuple[int, Any]:
-    return 200, [_public(e) for e in call.ctx.settings.secrets.access_keys]
+    now = call.ctx.key_grants.wall()
+    return 200, [_public(e, now) for e in call.ctx.settings.secrets.access_keys]
 
 
 async def create_key(call: Call) -> tuple[int, Any]:
-    doc = call.json_object(empty_ok=True)
-    unknown = sorted(set(doc) - {"name"})
-    if unknown:
-        raise bad_request(f"unknown field {unknown[0]!r}", param=unknown[0])
-    name = doc.get("name")
-    if name is None:
-        name = ""
-    if not is_label(name):
-        raise bad_request(f"name {LABEL_RULE}", param="name")
+    fields = _fields(call, empty_ok=True)
+    name = fields.pop("name", "")
     with saving("the access key"):
-        entry, key = await call.ctx.settings.add_access_key(name)
+        entry, key = await call.ctx.settings.add_access_key(name, fields)
     call.ctx.notifications.clear("external_access_without_keys")
-    return 201, {"id": entry["id"], "name": name, "key": key, "createdAt": entry["created_at"]}
+    shown = _public(entry, call.ctx.key_grants.wall())
+    del shown["lastUsedAt"], shown["expired"]
+    return 201, {**shown, "key": key}
+
+
+async def update_key(call: Call) -> tuple[int, Any]:
+    key_id = call.path[len(PREFIX):]
+    fields = _fields(call, empty_ok=False)
+    with saving("the access key"):
+        entry = await call.ctx.settings.update_access_key(key_id, fields)
+    if entry is None:
+        raise no_such_item("access key", "id", key_id)
+    return 200, _public(entry, call.ctx.key_grants.wall())
 
 
 async def revoke_key(call: Call) -> tuple[int, Any]:
-    key_id = call.path.rsplit("/", 1)[1]
+    key_id = call.path[len(PREFIX):]
     with saving("the access keys"):
         if not await call.ctx.settings.revoke_access_key(key_id):
             raise no_such_item("access key", "id", key_id)
+    call.ctx.key_grants.forget(key_id)
     return 200, {"id": key_id, "deleted": True}

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import trio
 
     from proxy.context import GatewayContext
+    from proxy.key_grants import Grant
 
 
 @attrs.frozen(repr=False)
@@ -29,6 +30,7 @@ class Call:
     query: str = ""  # the target's query string, without the "?"
     headers: Sequence[tuple[bytes, bytes]] = ()  # names lowercased; values may hold keys
     transport: str = "tcp"  # the listener's: "unix", "tcp" or "local-tcp" (proxy.exchange.Peer)
+    grant: Grant | None = None  # the access key the request presented (proxy.key_grants)
 
     def params(self) -> dict[str, str]:
         """The query string's parameters (the last value of a repeated one)."""

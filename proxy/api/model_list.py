@@ -10,15 +10,28 @@ from protocol.openai import merge_model_lists
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
+    from proxy.key_grants import Grant
 
 
-def model_entries(ctx: GatewayContext) -> list[dict[str, Any]]:
+def model_entries(ctx: GatewayContext, grant: Grant | None = None) -> list[dict[str, Any]]:
     """SPEC §7.5: local models, then (load balancing on) the nodes' as ``remote``; then the
-    exact aliases whose target is listed (SPEC §12)."""
+    exact aliases whose target is listed (SPEC §12). For a request that presented an access
+    key with ``models`` (``grant``), only the ones it may use (SPEC §13)."""
     local = ctx.backends.model_entries()
     if ctx.ondemand is not None:
         local = ctx.ondemand.listed(local)
     config = ctx.config
     if config.load_balancing.enabled:
         local = merge_model_lists([("", local)], ctx.nodes.remote_models())
-    return alias_entries(config.aliases, local) if config.aliases else local
+    listed = alias_entries(config.aliases, local) if config.aliases else local
+    if grant is None or grant.limits.models is None:
+        return listed
+    allows = grant.limits.allows
+    return [e for e in listed if allows(e["id"]) or allows(_alias_of(e))]
+
+
+def _alias_of(entry: dict[str, Any]) -> str:
+    """The target of an alias's entry; "" for a model's own."""
+    extra = entry.get("sluice")
+    target = extra.get("aliasOf") if isinstance(extra, dict) else None
+    return target if isinstance(target, str) else ""

@@ -32,14 +32,15 @@ from proxy.api.model_list import model_entries
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
+    from proxy.key_grants import Grant
 
 
-def _facts(ctx: GatewayContext) -> dict[str, ModelFacts]:
-    """Every model of the unified list (SPEC §7.5) as Ollama lists it; a managed model
-    with its file's size and ``gguf``, its context."""
+def _facts(ctx: GatewayContext, grant: Grant | None = None) -> dict[str, ModelFacts]:
+    """Every model of the unified list (SPEC §7.5) as Ollama lists it (for a limited key,
+    those it may use); a managed model with its file's size and ``gguf``, its context."""
     ondemand = ctx.ondemand
     out = {}
-    for entry in model_entries(ctx):
+    for entry in model_entries(ctx, grant):
         name = entry["id"]
         found = ondemand.entries.get(name) if ondemand is not None else None
         if found is None or ondemand is None:
@@ -57,7 +58,7 @@ def _json(data: bytes, status: int = 200) -> tuple[int, Any]:
 
 
 def tags(call: Call) -> tuple[int, Any]:
-    return _json(tags_body(_facts(call.ctx).values()))
+    return _json(tags_body(_facts(call.ctx, call.grant).values()))
 
 
 def ps(call: Call) -> tuple[int, Any]:

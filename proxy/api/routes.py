@@ -46,12 +46,12 @@ def health(call: Call) -> tuple[int, Any]:
 
 
 def list_models(call: Call) -> tuple[int, Any]:
-    return 200, {"object": "list", "data": model_entries(call.ctx)}
+    return 200, {"object": "list", "data": model_entries(call.ctx, call.grant)}
 
 
 def get_model(call: Call) -> tuple[int, Any]:
     model_id = call.path[len("/v1/models/"):]
-    for entry in model_entries(call.ctx):
+    for entry in model_entries(call.ctx, call.grant):
         if entry["id"] == model_id:
             return 200, entry
     raise model_not_found(model_id)
@@ -149,7 +149,7 @@ ROUTES.update(ollama.ROUTES)  # type: ignore[arg-type]  # the Ollama API (SPEC Â
 # Paths with a trailing parameter: prefix -> method -> handler.
 PREFIXES: dict[str, dict[bytes, AnyHandler]] = {
     "/v1/models/": {b"GET": get_model},
-    "/api/v1/access-keys/": {b"DELETE": access_keys.revoke_key},
+    access_keys.PREFIX: {b"PATCH": access_keys.update_key, b"DELETE": access_keys.revoke_key},
     models_local.PREFIX: {b"POST": models_local.model_action},
     **ollama.PREFIXES,  # type: ignore[dict-item]
     nodes.PREFIX: {b"PATCH": nodes.patch_node, b"DELETE": nodes.delete_node},

@@ -108,16 +108,42 @@ def _config_parser(sub: Any) -> None:
 
 
 def _keys_parser(sub: Any) -> None:
-    keys = sub.add_parser("keys", help="access keys for remote clients")
+    keys = sub.add_parser("keys", help="access keys for clients, with their limits")
     keys_sub = keys.add_subparsers(dest="action", required=True)
     create = keys_sub.add_parser("create", help="make a key (printed once)")
     create.add_argument("--name", help="a label, e.g. the client's name")
-    keys_sub.add_parser("list", help="list the keys (never the keys themselves)")
+    _limit_options(create)
+    keys_sub.add_parser("list", help="list the keys and their limits (never the keys "
+                                     "themselves)")
+    update = keys_sub.add_parser("update", help="change a key's name or limits")
+    update.add_argument("id", help="the key's id (see: sluice keys list)")
+    update.add_argument("--name", help="a new label")
+    _limit_options(update, clearing=True)
     revoke = keys_sub.add_parser("revoke", help="revoke a key")
     revoke.add_argument("id", help="the key's id (see: sluice keys list)")
-    for command in (create, keys_sub.choices["list"], revoke):
+    for command in (create, keys_sub.choices["list"], update, revoke):
         command.add_argument("--data-dir", help="data folder of the gateway")
         command.add_argument("--json", action="store_true", help="print the raw JSON")
+
+
+def _limit_options(command: Any, *, clearing: bool = False) -> None:
+    """--models, --rpm, --expires; with ``clearing``, each with its way back to no limit."""
+    models = command.add_mutually_exclusive_group() if clearing else command
+    models.add_argument("--models", metavar="M,...",
+                        help="the models it may use: ids or patterns with * (e.g. "
+                             "'smollm2-135m,qwen*'); default: all")
+    rpm = command.add_mutually_exclusive_group() if clearing else command
+    rpm.add_argument("--rpm", type=int, metavar="R", help="requests a minute it may send "
+                                                           "(default: no limit)")
+    expires = command.add_mutually_exclusive_group() if clearing else command
+    expires.add_argument("--expires", metavar="X",
+                         help="when it stops working: a duration from now (30d, 12h, 90m, "
+                              "2w) or an ISO date or time (2025-06-30: the end of that day, "
+                              "UTC); default: never")
+    if clearing:
+        models.add_argument("--all-models", action="store_true", help="let it use every model")
+        rpm.add_argument("--no-rpm", action="store_true", help="remove its rate limit")
+        expires.add_argument("--no-expiry", action="store_true", help="never expire")
 
 
 def _nodes_parser(sub: Any) -> None:

@@ -1,10 +1,10 @@
-"""The CLI's commands: ``status``, ``keys``, ``nodes``, ``ps``/``load``/``unload``
-(:mod:`proxy.cli.models`), ``config history|restore`` (:mod:`proxy.cli.config_history`),
-``console`` (through the running gateway's admin API; ``console`` in
-:mod:`proxy.cli.console`), ``check-config`` (the file alone), and ``events`` and ``status
---watch`` (the live feed: :mod:`proxy.cli.live`, loaded only for them). Each returns the
-process exit code: 0, 1 when the gateway cannot be used (the reason on stderr), 2 for an
-invalid config."""
+"""The CLI's commands: ``status``, ``keys`` (:mod:`proxy.cli.keys`), ``nodes``,
+``ps``/``load``/``unload`` (:mod:`proxy.cli.models`), ``config history|restore``
+(:mod:`proxy.cli.config_history`), ``console`` (through the running gateway's admin API;
+``console`` in :mod:`proxy.cli.console`), ``check-config`` (the file alone), and ``events``
+and ``status --watch`` (the live feed: :mod:`proxy.cli.live`, loaded only for them). Each
+returns the process exit code: 0, 1 when the gateway cannot be used (the reason on stderr),
+2 for an invalid config."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ from protocol.config import parse_config_text
 from protocol.errors import ConfigError
 from proxy.cli.admin import CliError, call, fetch_status
 from proxy.cli.config_history import config_main
+from proxy.cli.keys import keys_main
 from proxy.cli.models import load_main, ps_main
-from proxy.cli.render import show, show_keys, show_nodes
+from proxy.cli.render import show, show_nodes
 from proxy.datadir import CONFIG_FILE, resolve_data_dir
 from proxy.files import read_text
 
-__all__ = ["check_config", "keys_main", "nodes_main", "run", "status_main"]
+__all__ = ["check_config", "nodes_main", "run", "status_main"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
         return console_main(data_dir, open_browser=not args.no_open)
     if args.command == "keys":
-        return keys_main(data_dir, args.action, name=getattr(args, "name", None),
-                         key_id=getattr(args, "id", None), as_json=args.json)
+        return keys_main(data_dir, args)
     if args.command == "nodes":
         return nodes_main(data_dir, args)
     if args.command == "config":
@@ -88,33 +88,6 @@ def status_main(data_dir: Path, as_json: bool) -> int:
         print(f"sluice: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(status, indent=2) if as_json else show(status))
-    return 0
-
-
-def keys_main(data_dir: Path, action: str, *, name: str | None = None,
-              key_id: str | None = None, as_json: bool = False) -> int:
-    """``sluice keys create|list|revoke``."""
-    try:
-        if action == "create":
-            body = {"name": name} if name else {}
-            made = call(data_dir, "POST", "/api/v1/access-keys", body, admin=True)
-            if as_json:
-                print(json.dumps(made, indent=2))
-            else:
-                label = f" ({made['name']})" if made.get("name") else ""
-                print(f"created access key {made['id']}{label}", file=sys.stderr)
-                print(made["key"])
-                print("this key is shown only once: store it now", file=sys.stderr)
-        elif action == "list":
-            keys = call(data_dir, "GET", "/api/v1/access-keys", admin=True)
-            print(json.dumps(keys, indent=2) if as_json else show_keys(keys))
-        else:
-            quoted = quote(key_id or "", safe="")
-            call(data_dir, "DELETE", f"/api/v1/access-keys/{quoted}", admin=True)
-            print(f"revoked access key {key_id}")
-    except CliError as exc:
-        print(f"sluice: {exc}", file=sys.stderr)
-        return 1
     return 0
 
 

@@ -263,11 +263,18 @@ def show_nodes(nodes: list[dict[str, Any]]) -> str:
 
 
 def show_keys(keys: list[dict[str, Any]]) -> str:
-    """The access keys (``GET /api/v1/access-keys``) as a table; never the keys themselves."""
+    """The access keys (``GET /api/v1/access-keys``) and their limits as a table; never the
+    keys themselves."""
     if not keys:
         return "no access keys (make one with: sluice keys create --name NAME)"
-    lines = [f"{'ID':<16} {'NAME':<24} {'CREATED':<21} LAST USED"]
+    lines = [f"{'ID':<15} {'NAME':<16} {'MODELS':<24} {'RPM':>6}  {'EXPIRES':<20} LAST USED"]
     for key in keys:
-        lines.append(f"{key['id']:<16} {key['name'] or '-':<24} {key['createdAt']:<21} "
-                     f"{key['lastUsedAt'] or 'never'}")
+        models = key.get("models")
+        expires = key.get("expiresAt") or "never"
+        if key.get("expired"):
+            expires += " (expired)"
+        lines.append(clean(f"{key['id']:<15} {_cut(key['name'] or '-', 16):<16} "
+                           f"{_cut(','.join(models) if models else 'all', 24):<24} "
+                           f"{key.get('rpm') or '-':>6}  {expires:<20} "
+                           f"{key['lastUsedAt'] or 'never'}"))
     return "\n".join(lines)

@@ -1,11 +1,49 @@
-// API > Access keys: create one (the key is shown this once, with a copy button), list
-// them (name, created, last used) and revoke one after an in-page confirmation (a modal
+// API > Access keys: create one, with its limits (the models it may use, requests a minute,
+// an expiry date; the key is shown this once, with a copy button), list them (name, limits,
+// created, last used), change a key's limits where they are shown (saved when the field
+// loses focus or on Enter, the server's refusal beside the field: PATCH
+// /api/v1/access-keys/{id}) and revoke one after an in-page confirmation (a modal
 // <dialog>: focus moves into it, Escape cancels, focus returns to the button after).
 
+import { field, showError } from '../components/field.js';
 import { el, errorText, fill, guard, readOnlyNote, screen, when } from './common.js';
 
 const KEYS = '/api/v1/access-keys';
 const QUIET_MS = 2000; // at most one re-read of "last used" per this, while requests finish
+
+/** "small, qwen*" as the API takes it: a list, or null (every model) when empty. */
+export function modelsValue(text) {
+  const names = String(text).split(',').map((n) => n.trim()).filter(Boolean);
+  return names.length ? names : null;
+}
+
+/** A requests-a-minute field as the API takes it: null when empty, a number when it is
+ * digits, else the text as it is (so the server's own message names the problem). */
+export function rpmValue(text) {
+  const trimmed = String(text).trim();
+  if (trimmed === '') return null;
+  return /^-?\d+$/.test(trimmed) ? Number(trimmed) : trimmed;
+}
+
+/** A date input's "YYYY-MM-DD" as the API takes it: the end of that day here (local
+ * time), in UTC; null when empty. */
+export function expiryValue(text) {
+  const match = /^(\d{4})-(\d{2})-(\d{2})$/.exec(String(text).trim());
+  if (!match) return String(text).trim() === '' ? null : String(text);
+  const [, y, m, d] = match.map(Number);
+  return new Date(y, m - 1, d, 23, 59, 59).toISOString().replace(/\.\d{3}Z$/, 'Z');
+}
+
+/** The local date ("YYYY-MM-DD") of an expiry, for a date input; "" for none. */
+export function expiryDate(iso) {
+  if (!iso) return '';
+  const at = new Date(iso);
+  if (Number.isNaN(at.getTime())) return '';
+  const pad = (n) => String(n).padStart(2, '0');
+  return `${at.getFullYear()}-${pad(at.getMonth() + 1)}-${pad(at.getDate())}`;
+}
+
+const modelsText = (key) => (key.models ?? []).join(', ');
 
 async function copy(text) {
   if (navigator.clipboard?.writeText) {
@@ -24,13 +62,25 @@ export function mount(root, app) {
     id: 'keys-name', name: 'name', type: 'text', autocomplete: 'off',
     'aria-describedby': 'keys-name-hint keys-create-error',
   });
+  const modelsInput = el('input', {
+    id: 'keys-models', name: 'models', type: 'text', autocomplete: 'off', placeholder: 'all models',
+    spellcheck: 'false', 'aria-describedby': 'keys-models-hint',
+  });
+  const rpmInput = el('input', {
+    id: 'keys-rpm', name: 'rpm', type: 'text', inputmode: 'numeric', autocomplete: 'off',
+    placeholder: 'no limit', 'aria-describedby': 'keys-rpm-hint',
+  });
+  const expiresInput = el('input', {
+    id: 'keys-expires', name: 'expiresAt', type: 'date', 'aria-describedby': 'keys-expires-hint',
+  });
+  const createInputs = { name: nameInput, models: modelsInput, rpm: rpmInput, expiresAt: expiresInput };
   const createButton = el('button', { type: 'submit', class: 'primary', text: 'Create key' });
   const createError = el('p', { class: 'form-status bad', id: 'keys-create-error', role: 'alert' });
   const fresh = el('div', { class: 'card stack', role: 'region', 'aria-label': 'New access key', tabindex: '-1' });
   const body = el('tbody');
   const table = el('table', { class: 'table' },
     el('caption', { class: 'sr-only', text: 'Access keys' }),
-    el('thead', {}, el('tr', {}, ['Name', 'Created', 'Last used']
+    el('thead', {}, el('tr', {}, ['Name', 'Created', 'Last used', 'Models', 'Requests a minute', 'Expires']
       .map((h) => el('th', { scope: 'col', text: h })),
     el('th', { scope: 'col' }, el('span', { class: 'sr-only', text: 'Actions' })))),
     body);
@@ -48,16 +98,27 @@ export function mount(root, app) {
     el('h2', { text: 'Create a key' }),
     el('div', { class: 'field' },
       el('label', { for: 'keys-name', text: 'Key name' }), nameInput,
-      el('p', { class: 'help muted', id: 'keys-name-hint', text: 'Optional: who or what will use it, e.g. laptop.' }),
-      createError),
+      el('p', { class: 'help muted', id: 'keys-name-hint', text: 'Optional: who or what will use it, e.g. laptop.' })),
+    el('div', { class: 'grid3' },
+      el('div', { class: 'field' },
+        el('label', { for: 'keys-models', text: 'Models' }), modelsInput,
+        el('p', { class: 'help muted', id: 'keys-models-hint', text: 'Comma separated ids or patterns with *, e.g. smollm2-135m, qwen*. Empty: every model.' })),
+      el('div', { class: 'field' },
+        el('label', { for: 'keys-rpm', text: 'Requests a minute' }), rpmInput,
+        el('p', { class: 'help muted', id: 'keys-rpm-hint', text: 'Empty: no limit.' })),
+      el('div', { class: 'field' },
+        el('label', { for: 'keys-expires', text: 'Expires' }), expiresInput,
+        el('p', { class: 'help muted', id: 'keys-expires-hint', text: 'Works until the end of that day. Empty: never.' }))),
+    createError,
     el('div', { class: 'row wrap' }, createButton));
-  guard(app, nameInput);
+  for (const input of Object.values(createInputs)) guard(app, input);
   guard(app, createButton);
 
   screen(root, 'Access keys',
     readOnlyNote(app, 'creating or revoking keys'),
     el('p', {}, 'Clients on other machines, and loopback TCP clients when "Require auth" is '
-      + 'on, send one as "Authorization: Bearer <key>". Only a hash of each key is kept.'),
+      + 'on, send one as "Authorization: Bearer <key>". Only a hash of each key is kept. '
+      + 'A key\'s limits hold wherever it is sent, also where no key is needed.'),
     form, fresh,
     el('section', { class: 'card stack', 'aria-labelledby': 'keys-list' },
       el('h2', { id: 'keys-list', text: 'Keys' }),
@@ -72,18 +133,34 @@ export function mount(root, app) {
     if (app.readOnly) return;
     createButton.disabled = true;
     createError.hidden = true;
-    nameInput.removeAttribute('aria-invalid');
+    for (const input of Object.values(createInputs)) {
+      input.removeAttribute('aria-invalid');
+      if (input.saveStatus) input.saveStatus.textContent = '';
+    }
+    const body = { name: nameInput.value.trim() };
+    const models = modelsValue(modelsInput.value);
+    const rpm = rpmValue(rpmInput.value);
+    const expiresAt = expiryValue(expiresInput.value);
+    if (models !== null) body.models = models;
+    if (rpm !== null) body.rpm = rpm;
+    if (expiresAt !== null) body.expiresAt = expiresAt;
     try {
-      const made = await app.api.post(KEYS, { name: nameInput.value.trim() });
+      const made = await app.api.post(KEYS, body);
       if (!alive) return;
-      nameInput.value = '';
+      for (const input of Object.values(createInputs)) input.value = '';
       showFresh(made);
       await reload();
     } catch (err) {
       if (!alive) return;
-      createError.textContent = errorText(err);
-      createError.hidden = false;
-      nameInput.setAttribute('aria-invalid', 'true');
+      // Beside the field the server names (models[2] is the models field), else below.
+      const named = createInputs[String(err?.param ?? '').replace(/\[\d+\]$/, '')];
+      if (named) {
+        showError(named, errorText(err));
+        named.focus();
+      } else {
+        createError.textContent = errorText(err);
+        createError.hidden = false;
+      }
     } finally {
       createButton.disabled = false;
     }
@@ -151,19 +228,79 @@ export function mount(root, app) {
     confirmNo.focus();
   }
 
+  /** Save one of a key's fields; the key as the server keeps it comes back. */
+  async function patch(key, change) {
+    const saved = await app.api.patch(`${KEYS}/${encodeURIComponent(key.id)}`, change);
+    if (alive && saved) {
+      keys = keys.map((k) => (k.id === saved.id ? saved : k));
+      rows.get(saved.id)?.update(saved);
+    }
+    return saved;
+  }
+
+  /** A field in a table cell: its visible label is the column's header, its accessible
+   * name says whose it is. */
+  function cellField(key, options) {
+    const wrapper = field({ ...options, disabled: app.readOnly });
+    wrapper.querySelector('label').classList.add('sr-only');
+    return wrapper;
+  }
+
+  const rows = new Map(); // key id -> its row (kept across redraws: focus and errors stay)
+
+  function row(key) {
+    let r = rows.get(key.id);
+    if (r) return r;
+    const current = () => keys.find((k) => k.id === key.id) ?? key;
+    const models = cellField(key, {
+      label: 'Models', name: 'models', value: modelsText(key), placeholder: 'all models',
+      save: async (v) => modelsText(await patch(current(), { models: modelsValue(v) })),
+    });
+    const rpm = cellField(key, {
+      label: 'Requests a minute', name: 'rpm', value: String(key.rpm ?? ''), placeholder: 'no limit',
+      save: async (v) => String((await patch(current(), { rpm: rpmValue(v) })).rpm ?? ''),
+    });
+    rpm.input.setAttribute('inputmode', 'numeric');
+    const expires = cellField(key, {
+      label: 'Expires', name: 'expiresAt', type: 'date', value: expiryDate(key.expiresAt),
+      save: async (v) => expiryDate((await patch(current(), { expiresAt: expiryValue(v) })).expiresAt),
+    });
+    const expired = el('span', { class: 'badge warn', text: 'expired' });
+    const revoke = el('button', { type: 'button', class: 'danger small', text: 'Revoke' });
+    revoke.addEventListener('click', () => askRevoke(current(), revoke));
+    guard(app, revoke);
+    const name = el('th', { scope: 'row' });
+    const created = el('td');
+    const used = el('td');
+    r = el('tr', {}, name, created, used, el('td', { class: 'key-models' }, models), el('td', {}, rpm),
+      el('td', {}, expires, expired), el('td', {}, revoke));
+    r.update = (k) => {
+      const label = k.name || k.id;
+      fill(name, k.name || el('span', { class: 'muted', text: `(no name) ${k.id}` }));
+      created.title = k.createdAt ?? '';
+      created.textContent = when(k.createdAt);
+      used.title = k.lastUsedAt ?? '';
+      used.textContent = when(k.lastUsedAt);
+      models.set(modelsText(k));
+      rpm.set(String(k.rpm ?? ''));
+      expires.set(expiryDate(k.expiresAt));
+      models.input.setAttribute('aria-label', `Models ${label} may use`);
+      rpm.input.setAttribute('aria-label', `Requests a minute for ${label}`);
+      expires.input.setAttribute('aria-label', `Expiry date of ${label}`);
+      expires.input.title = k.expiresAt ? `until ${when(k.expiresAt)}` : 'never expires';
+      expired.hidden = !k.expired;
+      revoke.setAttribute('aria-label', `Revoke ${label}`);
+    };
+    rows.set(key.id, r);
+    return r;
+  }
+
   function draw() {
+    for (const id of [...rows.keys()]) if (!keys.some((k) => k.id === id)) rows.delete(id);
     fill(body, keys.map((key) => {
-      const label = key.name || key.id;
-      const revoke = el('button', {
-        type: 'button', class: 'danger small', text: 'Revoke', 'aria-label': `Revoke ${label}`,
-      });
-      revoke.addEventListener('click', () => askRevoke(key, revoke));
-      guard(app, revoke);
-      return el('tr', {},
-        el('th', { scope: 'row' }, key.name || el('span', { class: 'muted', text: `(no name) ${key.id}` })),
-        el('td', { title: key.createdAt, text: when(key.createdAt) }),
-        el('td', { title: key.lastUsedAt, text: when(key.lastUsedAt) }),
-        el('td', {}, revoke));
+      const r = row(key);
+      r.update(key);
+      return r;
     }));
     table.hidden = keys.length === 0;
     empty.hidden = keys.length > 0;
