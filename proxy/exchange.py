@@ -32,9 +32,9 @@ from protocol.errors import SluiceError, family_of
 from protocol.headers import Header, connection_tokens, header_value
 from protocol.request_info import RequestInfo, parse_request_body, request_path
 from protocol.response import Response
-from proxy import aliasing, auth, ollama
+from proxy import aliasing, auth
 from proxy.api.call import Body, Takeover
-from proxy.api.ollama import TRANSLATED
+from proxy.api.ollama_routes import TRANSLATED
 from proxy.api.routes import NEEDS_MODELS, AnyHandler, Call, route
 from proxy.errors import ClientGone
 from proxy.relay import Relay
@@ -183,6 +183,8 @@ class Exchange:
         handler = route(request.method, path)  # raises 404 / 405
         if handler is not None:
             if handler in TRANSLATED:  # Ollama's model endpoints (proxy/ollama.py)
+                from proxy import ollama  # loaded by the first one (proxy/api/ollama_routes)
+
                 await ollama.answer(self, request, path, headers, body)
                 return
             await self.call(handler, request.method, path, body, request.target)

@@ -85,3 +85,46 @@ def test_a_gateway_that_can_have_no_managed_model_leaves_their_modules_out(
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert done.stdout.strip() == repr(sorted(ON_DEMAND) if imported else []), done.stdout
+
+
+OLLAMA = ("protocol.ollama", "protocol.ollama.stream", "protocol.ollama.requests",
+          "proxy.ollama", "proxy.api.ollama")
+
+# A gateway in a process of its own: which of OLLAMA it holds after OpenAI requests only,
+# then after one Ollama listing (its relay, proxy.ollama, waits for a chat or generate).
+OLLAMA_GATEWAY = """
+import sys
+from pathlib import Path
+import attrs, trio
+from protocol.config import default_config, dump_config_yaml
+from proxy.server import Gateway
+from proxy.settings import Settings
+from tests.client import request
+folder, wanted = Path(sys.argv[1]), {wanted!r}
+cfg = default_config()
+cfg = attrs.evolve(cfg, api=attrs.evolve(cfg.api, port=0),
+                   local=attrs.evolve(cfg.local, socket_dir=str(folder / "s")))
+(folder / "data").mkdir(mode=0o700)
+(folder / "data" / "config.yaml").write_text(dump_config_yaml(cfg))
+async def main():
+    gateway = Gateway(Settings.open(folder / "data"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gateway.run)
+        unix = "unix:" + gateway.ctx.socket_path
+        assert (await request(unix, "GET", "/v1/models")).status == 200
+        print(sorted(m for m in wanted if m in sys.modules))
+        assert (await request(unix, "GET", "/api/version")).status == 200
+        print(sorted(m for m in wanted if m in sys.modules))
+        gateway.shutdown()
+trio.run(main)
+"""
+
+
+def test_the_ollama_api_is_loaded_by_the_first_ollama_request(short_tmp: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", OLLAMA_GATEWAY.format(wanted=OLLAMA),
+                           str(short_tmp)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    before, after = done.stdout.strip().splitlines()
+    assert before == "[]"
+    assert after == repr(sorted(set(OLLAMA) - {"proxy.ollama"})), after

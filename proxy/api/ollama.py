@@ -1,9 +1,8 @@
 """The Ollama API's own endpoints (SPEC §12): ``GET /api/tags``, ``GET /api/ps``,
 ``POST /api/show``, ``GET /api/version``, and a clear refusal for the endpoints that manage
-model files. The endpoints that run a model (``/api/chat``, ``/api/generate``,
-``/api/embed``, ``/api/embeddings``) are in :data:`TRANSLATED`: the exchange sends them
-through :mod:`proxy.ollama` (routing, failover and timeouts as every ``/v1/*`` request),
-never through a handler. The bodies are made by :mod:`protocol.ollama`."""
+model files. The bodies are made by :mod:`protocol.ollama`. This module (and with it
+:mod:`protocol.ollama`) is imported by the first Ollama request: the route table is
+:mod:`proxy.api.ollama_routes`, which also marks the endpoints that run a model."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ from protocol.ollama import (
     tags_body,
     version_body,
 )
-from proxy.api.call import Body, Call, Handler
+from proxy.api.call import Body, Call
 from proxy.api.model_list import model_entries
 
 if TYPE_CHECKING:
@@ -100,28 +99,3 @@ def refuse(call: Call) -> tuple[int, Any]:
     """``/api/pull``, ``/api/push``, ``/api/create``, ``/api/copy``, ``/api/delete``,
     ``/api/blobs/...``: sluice does not manage model files that way."""
     raise not_supported(call.path)
-
-
-def translated(call: Call) -> tuple[int, Any]:  # pragma: no cover (never called)
-    """A marker: the exchange relays these paths itself (:mod:`proxy.ollama`)."""
-    raise AssertionError(f"{call.path} is relayed by the exchange, not answered here")
-
-
-TRANSLATED = frozenset({translated})
-
-ROUTES: dict[str, dict[bytes, Handler]] = {
-    "/api/tags": {b"GET": tags, b"HEAD": tags},
-    "/api/ps": {b"GET": ps},
-    "/api/show": {b"POST": show},
-    "/api/version": {b"GET": version},
-    "/api/chat": {b"POST": translated},
-    "/api/generate": {b"POST": translated},
-    "/api/embed": {b"POST": translated},
-    "/api/embeddings": {b"POST": translated},
-    "/api/pull": {b"POST": refuse},
-    "/api/push": {b"POST": refuse},
-    "/api/create": {b"POST": refuse},
-    "/api/copy": {b"POST": refuse},
-    "/api/delete": {b"DELETE": refuse},
-}
-PREFIXES: dict[str, dict[bytes, Handler]] = {"/api/blobs/": {b"HEAD": refuse, b"POST": refuse}}

@@ -21,7 +21,7 @@ from proxy.api import (
     metrics_api,
     models_local,
     nodes,
-    ollama,
+    ollama_routes,
     pool_status,
     requests_api,
     settings_aliases,
@@ -144,14 +144,14 @@ ROUTES: dict[str, dict[bytes, AnyHandler]] = {
     "/ui/": {b"GET": console.serve_file, b"HEAD": console.serve_file},
 }
 
-ROUTES.update(ollama.ROUTES)  # type: ignore[arg-type]  # the Ollama API (SPEC §12)
+ROUTES.update(ollama_routes.ROUTES)  # type: ignore[arg-type]  # the Ollama API (SPEC §12)
 
 # Paths with a trailing parameter: prefix -> method -> handler.
 PREFIXES: dict[str, dict[bytes, AnyHandler]] = {
     "/v1/models/": {b"GET": get_model},
     access_keys.PREFIX: {b"PATCH": access_keys.update_key, b"DELETE": access_keys.revoke_key},
     models_local.PREFIX: {b"POST": models_local.model_action},
-    **ollama.PREFIXES,  # type: ignore[dict-item]
+    **ollama_routes.PREFIXES,  # type: ignore[dict-item]
     nodes.PREFIX: {b"PATCH": nodes.patch_node, b"DELETE": nodes.delete_node},
     settings_history.PREFIX: {b"POST": settings_history.restore},
     "/ui/": {b"GET": console.serve_file, b"HEAD": console.serve_file},
