@@ -7,9 +7,9 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import httpx
@@ -32,6 +32,9 @@ from tests.client import Client, Reply
 from tests.fakeupstream import FakeUpstream
 from tests.figures import Figures
 
+if TYPE_CHECKING:
+    from tests.gateways import Launcher
+
 # The web console's browser fixtures (browser, console_gateway, make_console_gateway,
 # console_page, axe, screenshot): see tests/browser.py.
 pytest_plugins = ["tests.browser"]
@@ -53,6 +56,18 @@ def short_tmp() -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+async def launch(short_tmp: Path) -> AsyncIterator[Launcher]:
+    """Real gateway processes for one test (tests/gateways.py), all stopped at its end."""
+    from tests.gateways import Launcher  # it imports this module
+
+    launcher = Launcher(short_tmp)
+    try:
+        yield launcher
+    finally:
+        await launcher.aclose()
 
 
 def _given(obj: Any, **fields: Any) -> Any:

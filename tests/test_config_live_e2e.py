@@ -15,12 +15,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import attrs
-import pytest
 import trio
 
 from protocol.config import BackendConfig, dump_config_yaml, parse_config_text
@@ -30,15 +28,6 @@ from tests.gateways import GatewayProcess, Launcher
 
 CHAT = "/v1/chat/completions"
 EVENTS = 12
-
-
-@pytest.fixture
-async def launch(short_tmp: Path) -> AsyncIterator[Launcher]:
-    launcher = Launcher(short_tmp)
-    try:
-        yield launcher
-    finally:
-        await launcher.aclose()
 
 
 def rename_over(path: Path, text: str) -> None:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,15 +22,6 @@ from tests.gateways import GatewayProcess, Launcher, Node
 
 KEYS = "/api/v1/access-keys"
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture
-async def launch(short_tmp: Path) -> AsyncIterator[Launcher]:
-    launcher = Launcher(short_tmp)
-    try:
-        yield launcher
-    finally:
-        await launcher.aclose()
 
 
 @pytest.fixture

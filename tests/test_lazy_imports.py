@@ -22,9 +22,8 @@ ON_DEMAND = ("proxy.models.ondemand", "proxy.models.lifecycle", "proxy.models.ma
              "proxy.models.servers", "proxy.models.process", "proxy.models.scan",
              "proxy.models.logs", "protocol.gguf", "protocol.catalogue")
 
-# A gateway in a process of its own, with model_loading.dirs as given and no models: entry;
-# once it has answered the listing and the status, it prints which of ON_DEMAND it imported.
-GATEWAY = """
+# What both scripts below start with: the imports a gateway in a process of its own needs.
+PREAMBLE = """
 import sys
 from pathlib import Path
 import attrs, trio
@@ -32,7 +31,11 @@ from protocol.config import default_config, dump_config_yaml
 from proxy.server import Gateway
 from proxy.settings import Settings
 from tests.client import request
-folder, dirs, wanted = Path(sys.argv[1]), tuple(sys.argv[2:]), {wanted!r}
+"""
+
+# A gateway in a process of its own, with model_loading.dirs as given and no models: entry;
+# once it has answered the listing and the status, it prints which of ON_DEMAND it imported.
+GATEWAY = PREAMBLE + """folder, dirs, wanted = Path(sys.argv[1]), tuple(sys.argv[2:]), {wanted!r}
 cfg = default_config()
 cfg = attrs.evolve(cfg, api=attrs.evolve(cfg.api, port=0),
                    local=attrs.evolve(cfg.local, socket_dir=str(folder / "s")),
@@ -92,15 +95,7 @@ OLLAMA = ("protocol.ollama", "protocol.ollama.stream", "protocol.ollama.requests
 
 # A gateway in a process of its own: which of OLLAMA it holds after OpenAI requests only,
 # then after one Ollama listing (its relay, proxy.ollama, waits for a chat or generate).
-OLLAMA_GATEWAY = """
-import sys
-from pathlib import Path
-import attrs, trio
-from protocol.config import default_config, dump_config_yaml
-from proxy.server import Gateway
-from proxy.settings import Settings
-from tests.client import request
-folder, wanted = Path(sys.argv[1]), {wanted!r}
+OLLAMA_GATEWAY = PREAMBLE + """folder, wanted = Path(sys.argv[1]), {wanted!r}
 cfg = default_config()
 cfg = attrs.evolve(cfg, api=attrs.evolve(cfg.api, port=0),
                    local=attrs.evolve(cfg.local, socket_dir=str(folder / "s")))

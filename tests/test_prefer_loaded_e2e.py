@@ -8,23 +8,10 @@ health checks report."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 import trio
 
 from tests.fakenode import FakeNode
 from tests.gateways import GatewayProcess, Launcher, Node
-
-
-@pytest.fixture
-async def launch(short_tmp: Path) -> AsyncIterator[Launcher]:
-    launcher = Launcher(short_tmp)
-    try:
-        yield launcher
-    finally:
-        await launcher.aclose()
 
 
 async def served(gw: GatewayProcess, count: int) -> list[str | None]:

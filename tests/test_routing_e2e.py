@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +56,6 @@ from tests.fakenode import (
 )
 from tests.fakeupstream import FakeUpstream, close_mid_stream, status
 from tests.gateways import GatewayProcess, Launcher, Node
-
-
-@pytest.fixture
-async def launch(short_tmp: Path) -> AsyncIterator[Launcher]:
-    launcher = Launcher(short_tmp)
-    try:
-        yield launcher
-    finally:
-        await launcher.aclose()
 
 
 async def local_backend(nursery: trio.Nursery, models: list[str],

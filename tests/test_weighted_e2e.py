@@ -8,11 +8,8 @@ changed through the API applies to the next request."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import attrs
-import pytest
 import trio
 
 from tests.fakenode import CHAT, chat_answer
@@ -20,15 +17,6 @@ from tests.fakeupstream import FakeUpstream
 from tests.gateways import GatewayProcess, Launcher
 
 NAMES = ("x", "y", "z")
-
-
-@pytest.fixture
-async def launch(short_tmp: Path) -> AsyncIterator[Launcher]:
-    launcher = Launcher(short_tmp)
-    try:
-        yield launcher
-    finally:
-        await launcher.aclose()
 
 
 @attrs.frozen

@@ -34,8 +34,8 @@ from proxy.cli.service_host import (
     STOPPING,
     Host,
     Ran,
-    describe_command,
     gateway_line,
+    installed,
     pid_alive,
     run_tool,
     say,
@@ -142,16 +142,10 @@ def systemd_uninstall(host: Host) -> int:
 
 
 def systemd_status(host: Host) -> int:
-    path = unit_path(host)
-    if not path.exists():
-        say(f"sluice service: not installed (no {path})")
+    found, data_dir = installed(unit_path(host),
+                                lambda path: unit_command(path.read_text(encoding="utf-8")))
+    if not found:
         return 0
-    say(f"sluice service: installed: {path}")
-    data_dir = None
-    try:
-        data_dir = describe_command(unit_command(path.read_text(encoding="utf-8")))
-    except (UnitError, OSError, UnicodeDecodeError) as exc:
-        say(f"cannot read the command it runs: {exc}")
     reasons = []
     for query in ("is-active", "is-enabled"):
         ran = run_tool(host, _systemctl(query, UNIT_NAME), QUICK)

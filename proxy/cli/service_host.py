@@ -10,7 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -145,3 +145,17 @@ def describe_command(command: Sequence[str]) -> str | None:
     if config is not None:
         say(f"config: {config}")
     return data_dir
+
+
+def installed(path: Path, command: Callable[[Path], Sequence[str]]) -> tuple[bool, str | None]:
+    """The first lines of ``status``: whether the unit or agent at ``path`` is there and,
+    read back with ``command``, the data dir it runs (None when it cannot be read)."""
+    if not path.exists():
+        say(f"sluice service: not installed (no {path})")
+        return False, None
+    say(f"sluice service: installed: {path}")
+    try:
+        return True, describe_command(command(path))
+    except (UnitError, OSError, UnicodeDecodeError) as exc:
+        say(f"cannot read the command it runs: {exc}")
+        return True, None

@@ -13,7 +13,6 @@ from pathlib import Path
 from protocol.service_unit import (
     LAUNCHD_LABEL,
     ServiceSpec,
-    UnitError,
     launchd_plist,
     plist_command,
 )
@@ -21,8 +20,8 @@ from proxy.cli.service_host import (
     QUICK,
     STOPPING,
     Host,
-    describe_command,
     gateway_line,
+    installed,
     run_tool,
     say,
     tell_commands,
@@ -91,16 +90,9 @@ def uninstall(host: Host) -> int:
 
 
 def status(host: Host) -> int:
-    path = agent_path(host)
-    if not path.exists():
-        say(f"sluice service: not installed (no {path})")
+    found, data_dir = installed(agent_path(host), lambda path: plist_command(path.read_bytes()))
+    if not found:
         return 0
-    say(f"sluice service: installed: {path}")
-    data_dir = None
-    try:
-        data_dir = describe_command(plist_command(path.read_bytes()))
-    except (UnitError, OSError) as exc:
-        say(f"cannot read the command it runs: {exc}")
     ran = run_tool(host, ["launchctl", "print", f"{_domain(host)}/{LAUNCHD_LABEL}"], QUICK)
     if ran.ok:
         facts = ", ".join(f"{k} {v}" for k, v in _STATE.findall(ran.text))
