@@ -39,7 +39,14 @@ async def gateway(nursery: trio.Nursery, short_tmp: Path, start_gateway: StartGa
     await nursery.start(up.serve)
     up.on("POST", CHAT, json_completion("hi", model="small"))
     gw = await start_gateway([("local", up.url)], **options)
+    # Settings writes (a new key, PATCH) run inline: a worker thread would let the autojump
+    # clock move on while the file is written, and refill a bucket mid-test.
+    gw.gateway.settings.in_thread = inline
     return gw, up
+
+
+async def inline(fn: Any, *args: Any) -> Any:
+    return fn(*args)
 
 
 async def make_key(gw: RunningGateway, **limits: Any) -> dict[str, Any]:
