@@ -360,7 +360,7 @@ def _read_record(data: bytes, offset: int) -> tuple[Record, int]:
     return Record(name, rtype, ttl, rdata, bool(rclass & _TOP_BIT)), stop
 
 
-def decode(data: bytes) -> Message:
+def decode(data: bytes | bytearray | memoryview) -> Message:
     """The message in ``data``; anything wrong with it is a :class:`MalformedPacket`. Bytes
     after the counted records are ignored."""
     try:
