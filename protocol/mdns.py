@@ -4,8 +4,7 @@ Pure bytes and values: :func:`encode` makes a packet from a :class:`Message` (na
 with pointers to earlier suffixes), :func:`decode` reads one. Decoding trusts nothing: every
 length, count and pointer is checked against the bytes there are before it is followed, so any
 bytes give a :class:`Message` or a :class:`MalformedPacket`, never another exception, and a
-lying packet costs neither memory nor time (pointers only go backwards, at most
-``_MAX_JUMPS`` of them per name).
+lying packet costs neither memory nor time (pointers only go backwards, a few per name).
 
 Names are dotted strings ending with ``"."``: ``"My Mac._sluice._tcp.local."``. A label is
 UTF-8 and may hold spaces; a ``"."`` or ``"\\"`` inside a label is written ``\\.`` / ``\\\\``
@@ -29,8 +28,7 @@ __all__ = [
 # Record types. A and AAAA name the rdata classes, so their numbers are TYPE_A and TYPE_AAAA.
 TYPE_A, PTR, TXT, TYPE_AAAA, SRV, NSEC, ANY = 1, 12, 16, 28, 33, 47, 255
 CLASS_IN = 1
-_TOP_BIT = 0x8000  # QU in a question's class, cache-flush in a record's
-_QR = 0x8000
+_TOP_BIT = _QR = 0x8000  # QU in a question's class, cache-flush in a record's; QR in flags
 MAX_LABEL = 63
 MAX_NAME = 255  # wire bytes, the final zero length included
 _MAX_JUMPS = 64  # compression pointers followed in one name
@@ -249,23 +247,22 @@ class _Writer:
 
 def encode(msg: Message) -> bytes:
     """The wire bytes of ``msg``. A label over 63 bytes, a name over 255, an address that is
-    not one, or a count or field out of range is a ValueError (struct.error is one)."""
+    not one, or a number that does not fit its field is a ValueError."""
     w = _Writer()
     sections = (msg.answers, msg.authorities, msg.additionals)
-    w.out += _HEADER.pack(msg.id, msg.flags, len(msg.questions), *map(len, sections))
-    for q in msg.questions:
-        w.question(q)
-    for section in sections:
-        for r in section:
-            w.record(r)
+    try:
+        w.out += _HEADER.pack(msg.id, msg.flags, len(msg.questions), *map(len, sections))
+        for q in msg.questions:
+            w.question(q)
+        for section in sections:
+            for r in section:
+                w.record(r)
+    except struct.error as exc:  # a port, TTL, type or count out of range
+        raise ValueError(str(exc)) from None
     return bytes(w.out)
 
 
 # ---------------------------------------------------------------- decoding
-
-
-def _label_text(raw: bytes) -> str:
-    return _escape(raw.decode("utf-8", "replace"))
 
 
 def _read_name(data: bytes, offset: int) -> tuple[str, int]:
@@ -307,7 +304,7 @@ def _read_name(data: bytes, offset: int) -> tuple[str, int]:
         stop = offset + 1 + length
         if stop > size:
             raise MalformedPacket("a label runs past the end of the packet")
-        parts.append(_label_text(data[offset + 1 : stop]) + ".")
+        parts.append(_escape(data[offset + 1 : stop].decode("utf-8", "replace")) + ".")
         offset = stop
 
 

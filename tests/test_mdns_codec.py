@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from protocol import mdns
+from protocol import dnssd, mdns
 from protocol.mdns import (
     AAAA,
     ANY,
@@ -295,3 +295,65 @@ def test_bad_utf8_is_replaced_not_raised() -> None:
 def test_decode_takes_bytearray_and_memoryview() -> None:
     wire = mdns.encode(Message(answers=(RECORDS[1],)))
     assert mdns.decode(bytearray(wire)) == mdns.decode(memoryview(wire)) == mdns.decode(wire)
+
+
+def test_numbers_out_of_range_are_value_errors() -> None:
+    for msg in (Message(id=1 << 16),
+                Message(answers=(Record("x.", SRV, 1, Srv(0, 0, 70000, "y.")),)),
+                Message(answers=(Record("x.", TYPE_A, -1, A("1.2.3.4")),))):
+        with pytest.raises(ValueError, match=r"format requires|argument out of range"):
+            mdns.encode(msg)
+
+
+# ---------------------------------------------------------------- dnssd's own edges
+
+def test_an_announcement_that_cannot_be_sent() -> None:
+    for bad in (dnssd.Announcement("x", "x.local.", 70000, "f", "v"),
+                dnssd.Announcement("x" * 64, "x.local.", 1, "f", "v"),
+                dnssd.Announcement("x", "x.local.", 1, "f", "v", ("300.1.1.1",))):
+        with pytest.raises(ValueError):  # noqa: PT011 - struct's, ipaddress's or ours
+            dnssd.announce_packet(bad)
+        assert dnssd.answer(dnssd.query_packet(), bad) is None
+
+
+def test_an_instance_name_with_a_dot_is_one_label() -> None:
+    ours = dnssd.Announcement("v1.2 box", "box.local.", 1, "f", "v")
+    assert dnssd.instance_name("v1.2 box") == "v1\\.2 box._sluice._tcp.local."
+    [seen] = dnssd.sightings(dnssd.announce_packet(ours))
+    assert seen.instance == "v1.2 box"
+
+
+def _response(*records: Record, flags: int = 0x8400) -> bytes:
+    return mdns.encode(Message(flags=flags, answers=records))
+
+
+def test_one_instance_however_its_names_are_spelled() -> None:
+    packet = _response(
+        Record(dnssd.SERVICE, PTR, 4500, Ptr("Studio._sluice._tcp.local.")),
+        Record("STUDIO._SLUICE._TCP.local.", SRV, 120, Srv(0, 0, 9, "Box.local.")),
+        Record("studio._sluice._tcp.LOCAL.", TXT, 4500, Txt((b"Fp=x", b"v=2", b"fp=y"))),
+        Record("box.LOCAL.", TYPE_A, 120, A("10.0.0.1")),
+        Record("box.local.", TYPE_A, 120, A("10.0.0.1")),
+        Record("other.local.", TYPE_A, 120, A("10.0.0.2")),
+    )
+    assert dnssd.sightings(packet) == [
+        dnssd.Sighting("Studio", "x", "2", "Box.local.", 9, ("10.0.0.1",), 4500)]
+
+
+def test_sightings_skip_what_is_not_a_sluice_to_pair_with() -> None:
+    ptr = Record(dnssd.SERVICE, PTR, 4500, Ptr("a._sluice._tcp.local."))
+    assert dnssd.sightings(_response(ptr, Record("a._sluice._tcp.local.", TXT, 1, Txt(
+        (b"fp=", b"v=1"))))) == []
+    assert dnssd.sightings(_response(ptr)) == []  # no TXT: nothing to pair with yet
+    nested = Record(dnssd.SERVICE, PTR, 4500, Ptr("a.b._sluice._tcp.local."))
+    assert dnssd.sightings(_response(nested, Record("a.b._sluice._tcp.local.", TXT, 1, Txt(
+        (b"fp=1",))))) == []
+    whole = dnssd.announce_packet(dnssd.Announcement("a", "a.local.", 1, "f", "v"))
+    assert dnssd.sightings(whole[:2] + b"\x2c" + whole[3:]) == []  # opcode 5 (UPDATE)
+    assert dnssd.sightings(whole[:2] + b"\x04" + whole[3:]) == []  # a query
+
+
+def test_srv_alone_gives_its_ttl_and_a_goodbye_without_ptr() -> None:
+    srv = Record("a._sluice._tcp.local.", SRV, 0, Srv(0, 0, 5, "a.local."))
+    assert dnssd.sightings(_response(srv)) == [
+        dnssd.Sighting("a", "", "", "a.local.", 5, (), 0)]
