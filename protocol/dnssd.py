@@ -216,7 +216,7 @@ def _answer(packet: bytes, a: Announcement, legacy_id: int | None) -> bytes | No
         return None
     msg = mdns.decode(packet)
     rec = _records(a, None if legacy_id is None else LEGACY_TTL)
-    full, host = mdns.fold(instance_name(a.instance)), mdns.fold(a.host)
+    full, host = mdns.fold(instance_name(a.instance)), mdns.fold(mdns.join(mdns.labels(a.host)))
     answers: list[Record] = []
     extra: list[Record] = []
     asked: list[Question] = []

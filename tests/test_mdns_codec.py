@@ -357,3 +357,11 @@ def test_srv_alone_gives_its_ttl_and_a_goodbye_without_ptr() -> None:
     srv = Record("a._sluice._tcp.local.", SRV, 0, Srv(0, 0, 5, "a.local."))
     assert dnssd.sightings(_response(srv)) == [
         dnssd.Sighting("a", "", "", "a.local.", 5, (), 0)]
+
+
+def test_a_host_name_without_its_final_dot_is_answered() -> None:
+    ours = dnssd.Announcement("a", "Box.local", 1, "f", "v", ("10.0.0.3",))
+    query = mdns.encode(Message(questions=(Question("box.local.", TYPE_A),)))
+    reply = dnssd.answer(query, ours)
+    assert reply is not None
+    assert mdns.decode(reply).answers == (Record("Box.local.", TYPE_A, 120, A("10.0.0.3"), True),)
