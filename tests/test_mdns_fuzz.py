@@ -144,11 +144,11 @@ _record = st.builds(
 _message = st.builds(
     mdns.Message, st.integers(0, 0xFFFF), st.integers(0, 0xFFFF),
     st.lists(st.builds(mdns.Question, _name, st.integers(0, 0xFFFF), st.booleans()),
-             max_size=3).map(tuple),
-    *[st.lists(_record, max_size=4).map(tuple)] * 3)
+             max_size=2).map(tuple),
+    *[st.lists(_record, max_size=3).map(tuple)] * 3)
 
 
-@FUZZ
+@settings(FUZZ, max_examples=300)
 @given(_message)
 def test_random_messages_round_trip(msg: mdns.Message) -> None:
     try:
