@@ -1,0 +1,263 @@
+// Nodes > Let another computer connect (SPEC §14): a button that makes a pairing code
+// (POST /api/v1/pairing -> {code, expiresAt}: 6 digits, 5 minutes, one use), the code shown
+// large ("123 456") with a countdown to its expiry (mm:ss, every second; a role="timer",
+// which screen readers do not read out on each change), Cancel (DELETE), and what became of
+// it: claimed ("<name> connected"), expired, cancelled, void after too many wrong tries.
+// Those changes, and one at a minute left, go to a polite live line; nothing else does.
+//
+// While a code is shown the section reads GET /api/v1/pairing every 2 s ({active,
+// expiresAt, triesLeft}); a `pairing` event ({state, name}) or the gateway's notification
+// "<name> connected with a pairing code" tells it sooner and names the computer.
+//
+// pairing(app) -> section element with .close()
+
+import { el, uid } from "./components/field.js";
+
+const PAIRING = "/api/v1/pairing";
+const POLL_MS = 2000;
+const CLAIMED = / connected with a pairing code\.?$/;
+
+// "123456" -> "123 456" (shown), "1 2 3 4 5 6" (read out digit by digit).
+export function codeShown(code) {
+  const digits = String(code);
+  return digits.length === 6 ? `${digits.slice(0, 3)} ${digits.slice(3)}` : digits;
+}
+
+// Milliseconds since the epoch of an expiresAt (ISO text, or seconds / milliseconds).
+export function expiryMs(value) {
+  if (typeof value === "number") return value < 1e12 ? value * 1000 : value;
+  const at = Date.parse(value);
+  return Number.isNaN(at) ? null : at;
+}
+
+// Whole seconds as m:ss ("4:59", "0:07").
+export function mmss(seconds) {
+  const s = Math.max(0, Math.ceil(seconds));
+  return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, "0")}`;
+}
+
+export function pairing(app) {
+  let alive = true;
+  // What is shown: null (nothing), or { code (null when made elsewhere), expires (ms),
+  // triesLeft, mine }.
+  let shown = null;
+  let ticker = null;
+  let poller = null;
+  let warned = false;
+  const pairingIds = { heading: uid("pairing-heading"), timer: uid("pairing-timer") };
+
+  const start = el("button", { type: "button", class: "primary", disabled: app.readOnly,
+                               text: "Show a pairing code" });
+  const startStatus = el("span", { class: "form-status" });
+  const codeText = el("span", { "aria-hidden": "true" });
+  const codeSpoken = el("span", { class: "sr-only" });
+  const code = el("p", { class: "pairing-code mono" }, codeText, codeSpoken);
+  const timer = el("span", { id: pairingIds.timer, class: "countdown", role: "timer",
+                             "aria-live": "off" });
+  const tries = el("span", { class: "muted small" });
+  const cancel = el("button", { type: "button", class: "small", disabled: app.readOnly });
+  cancel.append("Cancel", el("span", { class: "sr-only", text: " pairing code" }));
+  const cancelStatus = el("span", { class: "form-status" });
+  const intro = el("p", { class: "muted pairing-intro" });
+  const box = el("div", { class: "pairing-box stack" },
+                 intro, code,
+                 el("p", { class: "row wrap" }, el("span", {}, "Expires in ", timer), tries),
+                 el("div", { class: "row wrap" }, cancel, cancelStatus));
+  box.hidden = true;
+  // The one place that speaks: a state change, never a tick.
+  const said = el("p", { class: "pairing-state", role: "status", "aria-live": "polite" });
+
+  const section = el("section", { class: "card stack pairing", "aria-labelledby": pairingIds.heading },
+                     el("h2", { id: pairingIds.heading, text: "Let another computer connect" }),
+                     el("p", { class: "muted" },
+                        "Shows a code to type on the other computer, under \"Found on this network\", " +
+                        "Connect. It works once, for 5 minutes. The other computer reaches this one " +
+                        "over the network: this one needs external access on (",
+                        el("a", { href: "#/api/general", text: "API > General" }), ")."),
+                     el("div", { class: "row wrap" }, start, startStatus),
+                     box, said);
+
+  const say = (text, level = "") => {
+    said.className = `pairing-state ${level ? `notice ${level}` : ""}`.trim();
+    said.textContent = text;
+  };
+
+  function stopTimers() {
+    clearInterval(ticker);
+    clearInterval(poller);
+    ticker = poller = null;
+  }
+
+  function tick() {
+    if (!shown) return;
+    const left = (shown.expires - Date.now()) / 1000;
+    timer.textContent = mmss(left);
+    if (left <= 0) {
+      end("The code expired. Show a new one to try again.", "warn");
+      return;
+    }
+    if (left <= 60 && !warned) {
+      warned = true;
+      say("1 minute left on the pairing code.");
+    }
+  }
+
+  // Shows a code (or, for one made elsewhere, that one is active) and starts counting.
+  function showCode(next, announce) {
+    shown = next;
+    warned = (next.expires - Date.now()) / 1000 <= 60;
+    if (next.code) {
+      codeText.textContent = codeShown(next.code);
+      codeSpoken.textContent = `Pairing code ${String(next.code).split("").join(" ")}`;
+      intro.textContent = "Type this code on the other computer:";
+      code.hidden = false;
+    } else {
+      codeText.textContent = "";
+      codeSpoken.textContent = "";
+      intro.textContent = "A pairing code is active (it is shown where it was made).";
+      code.hidden = true;
+    }
+    drawTries(next.triesLeft);
+    cancelStatus.textContent = "";
+    box.hidden = false;
+    start.textContent = "Show a new code";
+    if (announce) say(announce);
+    stopTimers();
+    tick();
+    ticker = setInterval(tick, 1000);
+    poller = setInterval(poll, POLL_MS);
+  }
+
+  function drawTries(left) {
+    tries.textContent = typeof left === "number" && left < 5
+      ? `${left} wrong ${left === 1 ? "try" : "tries"} left` : "";
+  }
+
+  function end(text, level) {
+    stopTimers();
+    shown = null;
+    box.hidden = true;
+    codeText.textContent = "";
+    codeSpoken.textContent = "";
+    start.textContent = "Show a pairing code";
+    say(text, level);
+  }
+
+  function claimed(name) {
+    if (!shown) return;
+    end(name ? `${name} connected` : "The code was used: the other computer connected.", "ok");
+  }
+
+  async function poll() {
+    if (!shown) return;
+    let now;
+    try {
+      now = await app.api.get(PAIRING);
+    } catch {
+      return; // the gateway restarting, say: the next poll or the feed tells
+    }
+    if (!alive || !shown) return;
+    if (now?.active) {
+      const expires = expiryMs(now.expiresAt);
+      if (expires && Math.abs(expires - shown.expires) > 1000) showCode({ ...shown, code: null, expires });
+      drawTries(now.triesLeft);
+      return;
+    }
+    // No longer active: claimed (named by the notification, if there is one), void, expired.
+    if (now?.triesLeft === 0) {
+      end("The code is void after too many wrong tries. Show a new one to try again.", "bad");
+      return;
+    }
+    if (shown.expires - Date.now() <= 0) {
+      tick();
+      return;
+    }
+    let name = null;
+    try {
+      const notes = await app.api.get("/api/v1/notifications");
+      const note = (notes?.notifications ?? []).filter((n) => CLAIMED.test(n.message ?? "")).pop();
+      name = note ? note.message.replace(CLAIMED, "") : null;
+    } catch {
+      /* named or not, it was claimed */
+    }
+    if (alive) claimed(name);
+  }
+
+  async function make() {
+    if (app.readOnly) return;
+    start.disabled = true;
+    startStatus.className = "form-status";
+    startStatus.textContent = "Making a code…";
+    try {
+      const made = await app.api.post(PAIRING, {});
+      if (!alive) return;
+      startStatus.textContent = "";
+      const expires = expiryMs(made.expiresAt);
+      const minutes = Math.max(1, Math.round((expires - Date.now()) / 60000));
+      showCode({ code: made.code, expires, triesLeft: 5, mine: true },
+               `Pairing code shown. It expires in ${minutes} minute${minutes === 1 ? "" : "s"}.`);
+      cancel.focus();
+    } catch (err) {
+      startStatus.className = "form-status bad";
+      startStatus.textContent = err.message;
+    } finally {
+      start.disabled = app.readOnly;
+    }
+  }
+
+  async function stop() {
+    if (app.readOnly) return;
+    cancel.disabled = true;
+    try {
+      await app.api.del(PAIRING);
+      if (!alive) return;
+      end("Pairing code cancelled.");
+      start.focus();
+    } catch (err) {
+      cancelStatus.className = "form-status bad";
+      cancelStatus.textContent = err.message;
+    } finally {
+      cancel.disabled = app.readOnly;
+    }
+  }
+
+  async function reload() {
+    try {
+      const now = await app.api.get(PAIRING);
+      if (!alive) return;
+      const expires = expiryMs(now?.expiresAt);
+      if (now?.active && expires) {
+        if (!shown) showCode({ code: null, expires, triesLeft: now.triesLeft, mine: false }, null);
+      } else if (shown) {
+        poll();
+      }
+    } catch {
+      /* a gateway without pairing, or read-only: the button says what it can */
+    }
+  }
+
+  start.addEventListener("click", make);
+  cancel.addEventListener("click", stop);
+
+  const off = [
+    app.feed.on("pairing", (event) => {
+      if (event?.state === "claimed") claimed(event.name ?? null);
+      else if (event?.state === "created" && !shown) reload();
+      else if (shown) poll();
+    }),
+    app.feed.on("notification", (entry) => {
+      if (shown && !entry?.cleared && CLAIMED.test(entry?.message ?? "")) {
+        claimed(entry.message.replace(CLAIMED, ""));
+      }
+    }),
+    app.feed.on("refresh", () => { reload(); }),
+  ];
+  reload();
+
+  section.close = () => {
+    alive = false;
+    stopTimers();
+    for (const unsubscribe of off) unsubscribe();
+  };
+  return section;
+}
