@@ -93,55 +93,25 @@ export function discovery(app, state) {
     drawFound();
   }
 
-  function row(computer) {
-    let li = rows.get(computer.fingerprint);
-    if (li) return li;
-    let current = computer;
-    const name = el("strong", { class: "node-name" });
-    const address = el("span", { class: "muted mono" });
-    const version = el("span", { class: "muted small" });
-    const connected = el("span", { class: "badge ok", text: "Connected" });
-    const objectText = el("span", { class: "sr-only" });
-    const connect = el("button", { type: "button", class: "small", "aria-expanded": "false",
-                                   "aria-disabled": app.readOnly ? "true" : undefined },
-                       "Connect", objectText);
-    // The code form, shown by Connect.
+  // The code field Connect opens (made then, gone when it closes: one "Pairing code" on the
+  // page at a time). Enter sends it, Escape or Cancel closes it.
+  function codeForm(computer, close, connected) {
     const codeId = uid("pairing-code");
     const helpId = uid("pairing-help");
     const code = el("input", { id: codeId, name: "pairingCode", type: "text", inputmode: "numeric",
                                autocomplete: "one-time-code", maxlength: "7", spellcheck: "false",
                                class: "code-input", "aria-describedby": helpId });
-    const help = el("span", { id: helpId, class: "help muted" });
-    const submitObject = el("span", { class: "sr-only" });
-    const submit = el("button", { type: "submit", class: "primary small" }, "Connect", submitObject);
+    const help = el("span", { id: helpId, class: "help muted",
+                              text: `The 6 digits ${computer().name} shows under "Let another ` +
+                                    "computer connect\". Enter connects, Escape cancels." });
+    const submit = el("button", { type: "submit", class: "primary small" }, "Connect",
+                      el("span", { class: "sr-only", text: ` ${computer().name}` }));
     const cancel = el("button", { type: "button", class: "small", text: "Cancel" });
-    const form = el("form", { class: "code-form" },
-                    el("div", { class: "field" }, el("label", { for: codeId, text: "Pairing code" }),
-                       el("div", { class: "row wrap" }, code, submit, cancel), help));
-    form.hidden = true;
-    const done = el("p", { class: "save-status ok", role: "status" });
-    li = el("li", { class: "found-item", tabindex: "-1" },
-            el("div", { class: "row wrap" }, name, address, version, el("span", { class: "spacer" }),
-               connected, connect),
-            form, done);
-    li.dataset.fp = computer.fingerprint;
-
-    const close = (focus) => {
-      form.hidden = true;
-      code.value = "";
-      clearStatus(code);
-      connect.hidden = isAdded(current);
-      connect.setAttribute("aria-expanded", "false");
-      if (focus && !connect.hidden) connect.focus();
-    };
-    connect.addEventListener("click", () => {
-      if (app.readOnly || isAdded(current)) return;
-      done.textContent = "";
-      form.hidden = false;
-      connect.hidden = true;
-      connect.setAttribute("aria-expanded", "true");
-      code.focus();
-    });
+    // The refusal goes under the field's line (the field wrapper is its status's place).
+    const field = el("div", { class: "field" }, el("label", { for: codeId, text: "Pairing code" }),
+                     el("div", { class: "row wrap" }, code, submit, cancel), help);
+    field.input = code;
+    const form = el("form", { class: "code-form" }, field);
     cancel.addEventListener("click", () => close(true));
     form.addEventListener("keydown", (event) => {
       if (event.key === "Escape") {
@@ -153,30 +123,23 @@ export function discovery(app, state) {
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
       if (busy) return;
+      const { baseUrl, name } = computer();
       const digits = codeDigits(code.value);
       if (!/^\d{6}$/.test(digits)) {
-        showError(code, `Type the 6 digits ${current.name} shows`);
+        showError(field, `Type the 6 digits ${name} shows`);
         code.focus();
         return;
       }
       busy = true;
       submit.setAttribute("aria-disabled", "true");
       submit.classList.add("busy");
-      clearStatus(code);
+      clearStatus(field);
       try {
-        const node = await app.api.post("/api/v1/nodes", { baseUrl: current.baseUrl, pairingCode: digits,
-                                                          name: current.name });
-        if (!alive) return;
-        nodes = [...nodes.filter((n) => n.fingerprint !== node.fingerprint), node];
-        current = { ...current, added: true };
-        close(false);
-        done.textContent = `Connected ${node.name}: last in the order`;
-        update();
-        li.focus();
-        state.reload();
+        const node = await app.api.post("/api/v1/nodes", { baseUrl, pairingCode: digits, name });
+        if (alive) connected(node);
       } catch (err) {
         if (!alive) return;
-        showError(code, err.message);
+        showError(field, err.message);
         code.focus();
         code.select();
       } finally {
@@ -184,6 +147,54 @@ export function discovery(app, state) {
         submit.removeAttribute("aria-disabled");
         submit.classList.remove("busy");
       }
+    });
+    form.code = code;
+    return form;
+  }
+
+  function row(computer) {
+    let li = rows.get(computer.fingerprint);
+    if (li) return li;
+    let current = computer;
+    let form = null;
+    const name = el("strong", { class: "node-name" });
+    const address = el("span", { class: "muted mono" });
+    const version = el("span", { class: "muted small" });
+    const badge = el("span", { class: "badge ok", text: "Connected" });
+    const objectText = el("span", { class: "sr-only" });
+    const connect = el("button", { type: "button", class: "small",
+                                   "aria-disabled": app.readOnly ? "true" : undefined },
+                       "Connect", objectText);
+    const done = el("p", { class: "found-done ok-text small", role: "status" });
+    li = el("li", { class: "found-item", tabindex: "-1" },
+            el("div", { class: "row wrap" }, name, address, version, el("span", { class: "spacer" }),
+               badge, connect),
+            done);
+    li.dataset.fp = computer.fingerprint;
+
+    const close = (focus) => {
+      form?.remove();
+      form = null;
+      connect.hidden = isAdded(current);
+      if (focus && !connect.hidden) connect.focus();
+    };
+    const connected = (node) => {
+      nodes = [...nodes.filter((n) => n.fingerprint !== node.fingerprint), node];
+      current = { ...current, added: true };
+      close(false);
+      done.textContent = `Connected ${node.name}: last in the order`;
+      update();
+      li.focus();
+      state.reload();
+    };
+    connect.addEventListener("click", () => {
+      if (app.readOnly || isAdded(current) || form) return;
+      for (const other of rows.values()) if (other !== li) other.closeForm();
+      done.textContent = "";
+      form = codeForm(() => current, close, connected);
+      done.before(form);
+      connect.hidden = true;
+      form.code.focus();
     });
 
     const update = (next = current) => {
@@ -193,14 +204,12 @@ export function discovery(app, state) {
       address.textContent = next.baseUrl;
       version.textContent = next.version ? `sluice ${next.version}` : "";
       objectText.textContent = ` ${next.name}`;
-      submitObject.textContent = ` ${next.name}`;
-      help.textContent = `The 6 digits ${next.name} shows under "Let another computer connect". ` +
-                         "Enter connects, Escape cancels.";
-      connected.hidden = !added;
-      if (added && !form.hidden) close(false);
-      connect.hidden = added || !form.hidden;
+      badge.hidden = !added;
+      if (added && form) close(false);
+      connect.hidden = added || Boolean(form);
     };
     li.update = update;
+    li.closeForm = () => form && close(false);
     rows.set(computer.fingerprint, li);
     return li;
   }

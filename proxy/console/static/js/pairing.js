@@ -93,7 +93,7 @@ export function pairing(app) {
     const left = (shown.expires - Date.now()) / 1000;
     timer.textContent = mmss(left);
     if (left <= 0) {
-      end("The code expired. Show a new one to try again.", "warn");
+      end("The code expired. Show a new one to try again.", "warn", true);
       return;
     }
     if (left <= 60 && !warned) {
@@ -133,13 +133,14 @@ export function pairing(app) {
       ? `${left} wrong ${left === 1 ? "try" : "tries"} left` : "";
   }
 
-  function end(text, level) {
+  // No code any more: `text` says why; the button then offers a new one.
+  function end(text, level, again = false) {
     stopTimers();
     shown = null;
     box.hidden = true;
     codeText.textContent = "";
     codeSpoken.textContent = "";
-    start.textContent = "Show a pairing code";
+    start.textContent = again ? "Show a new code" : "Show a pairing code";
     say(text, level);
   }
 
@@ -165,7 +166,7 @@ export function pairing(app) {
     }
     // No longer active: claimed (named by the notification, if there is one), void, expired.
     if (now?.triesLeft === 0) {
-      end("The code is void after too many wrong tries. Show a new one to try again.", "bad");
+      end("The code is void after too many wrong tries. Show a new one to try again.", "bad", true);
       return;
     }
     if (shown.expires - Date.now() <= 0) {
