@@ -33,6 +33,8 @@ PREFLIGHT_METHODS = b"GET, POST, PUT, PATCH, DELETE, OPTIONS"
 PREFLIGHT_HEADERS = b"Authorization, Content-Type"
 MAX_KEY_LENGTH = 4096
 _WWW_AUTHENTICATE = ((b"www-authenticate", b"Bearer"),)
+PAIRING_CLAIM_PATH = "/api/v1/pairing/claim"  # SPEC §14: how another computer gets a key
+__all__ += ["PAIRING_CLAIM_PATH", "open_to_strangers"]
 
 
 # ----------------------------------------------------------------------- DNS rebinding
@@ -131,6 +133,13 @@ def preflight_headers() -> list[tuple[bytes, bytes]]:
 
 
 # ----------------------------------------------------------------------- tokens and keys
+
+
+def open_to_strangers(method: bytes, path: str) -> bool:
+    """The one request that needs neither the admin token nor an access key, on every
+    listener: a pairing claim (SPEC §14), guarded by its one-time code, the code's tries and
+    a rate limit per peer (:mod:`protocol.pairing`). The Host/Origin guard still applies."""
+    return method == b"POST" and path == PAIRING_CLAIM_PATH
 
 
 _VISIBLE_ASCII = re.compile("[!-~]+")  # U+0021 to U+007E

@@ -7,6 +7,8 @@ its peer and the request head. The rules themselves are pure (:mod:`protocol.acc
 - The ``tcp`` API listener: an access key (or the admin token) from a non-loopback peer,
   and from loopback peers too when ``api.require_auth`` is on. ``GET /health`` and
   preflight ``OPTIONS`` need none.
+- ``POST /api/v1/pairing/claim`` (SPEC §14) needs neither (its one-time code is the
+  credential; :mod:`proxy.pairing`), only a small body.
 - Where no key is needed, a request that carries one of our access keys anyway
   (``sk-sluice-...``: another gateway forwarding with our key, an app given a limited key)
   is held to that key's limits (SPEC §13); any other token there is ignored, unhashed (apps
@@ -37,10 +39,12 @@ from protocol.access import (
     key_invalid,
     key_matches,
     key_missing,
+    open_to_strangers,
     origin_allowed,
     token_equals,
 )
 from protocol.errors import bad_request
+from protocol.pairing import check_claim_body
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
@@ -148,6 +152,9 @@ def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, method: 
     records its use: :meth:`Settings.key_used`, and holds the request to its limits), else
     None."""
     if method == b"OPTIONS":  # a preflight carries no credentials
+        return None
+    if open_to_strangers(method, path):  # a pairing claim (SPEC §14): its code is its key
+        check_claim_body(headers)
         return None
     admin_call = needs_admin(method, path)
     if not admin_call and (transport != "tcp" or path in OPEN_PATHS or

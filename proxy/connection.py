@@ -120,7 +120,8 @@ class ClientConnection:
             if self.transport == "unix":
                 return auth.unix_peer_allowed(sock)
             if self.transport == "tcp":
-                self.peer = Peer("tcp", auth.peer_is_loopback(str(sock.getpeername()[0])))
+                host = str(sock.getpeername()[0])
+                self.peer = Peer("tcp", auth.peer_is_loopback(host), host)
         except OSError:  # the peer is already gone
             return False
         return True

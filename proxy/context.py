@@ -14,7 +14,8 @@ passed explicitly (no module-level singletons). Each part has its own owner:
   live events subscribers (:mod:`proxy.observe.feed`), and ``reports``, the report phase
   of each request: its access-log line and its record (:mod:`proxy.observe.reports`);
 - ``notifications``, ``ondemand`` (managed models on demand, when there are any);
-- ``key_grants``, the access keys' token buckets (:mod:`proxy.key_grants`, SPEC §13).
+- ``key_grants``, the access keys' token buckets (:mod:`proxy.key_grants`, SPEC §13);
+- ``pairing``, the pairing code and the claims against it (:mod:`proxy.pairing`, SPEC §14).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from proxy.observe.hub import Hub
 from proxy.observe.metrics import Metrics
 from proxy.observe.reports import Reports
 from proxy.observe.request_log import RequestLog
+from proxy.pairing import Pairing
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
 from proxy.routing.router import Router
@@ -135,6 +137,8 @@ class GatewayContext:
         default=attrs.Factory(lambda ctx: EventFeed(ctx.hub), takes_self=True))
     reports: Reports = attrs.field(factory=lambda: Reports(AccessLog()))
     key_grants: KeyGrants = attrs.field(factory=KeyGrants)  # access keys' buckets (SPEC §13)
+    pairing: Pairing = attrs.field(  # the pairing code and its claims (SPEC §14)
+        default=attrs.Factory(lambda ctx: Pairing(ctx.hub, ctx.notifications), takes_self=True))
 
     def __repr__(self) -> str:
         return f"GatewayContext({self.listening!r}, {self.clients!r}, {self.connections!r})"

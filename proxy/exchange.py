@@ -69,6 +69,7 @@ class Peer:
 
     transport: str  # "unix", "tcp" (the API listener) or "local-tcp" (the fallback)
     loopback: bool = True
+    address: str = ""  # the TCP API listener's peer IP ("" elsewhere: one local peer)
 
 
 class SwitchProtocols(Exception):
@@ -259,7 +260,7 @@ class Exchange:
             await backends.ready.wait()
         query = target.partition(b"?")[2].decode("latin-1")
         reply = handler(Call(self.ctx, method, path, body, query, self.source.headers,
-                             self.peer.transport, self.grant))
+                             self.peer.transport, self.grant, self.peer.address))
         if not isinstance(reply, tuple):  # an async handler
             reply = await reply
         status, payload = reply

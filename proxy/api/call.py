@@ -31,6 +31,7 @@ class Call:
     headers: Sequence[tuple[bytes, bytes]] = ()  # names lowercased; values may hold keys
     transport: str = "tcp"  # the listener's: "unix", "tcp" or "local-tcp" (proxy.exchange.Peer)
     grant: Grant | None = None  # the access key the request presented (proxy.key_grants)
+    peer: str = ""  # the TCP API listener's peer IP; "" on the Unix socket and local-tcp
 
     def params(self) -> dict[str, str]:
         """The query string's parameters (the last value of a repeated one)."""

@@ -1,4 +1,6 @@
 """The node registry (SPEC §8 "Nodes"): ``/api/v1/nodes`` and ``/api/v1/node/identity``.
+A node added with a ``pairingCode`` (SPEC §14) gives its fingerprint and a key for the code
+(:mod:`proxy.pairing_client`) instead of being asked who it is.
 
 Nodes live in config.yaml (``nodes:``), their API keys in secrets.yaml (``node_keys``). The
 order is the priority: the first node has the largest, the last 1; priorities stay unique in
@@ -25,8 +27,10 @@ from protocol.access import check_api_key
 from protocol.config import MAX_WEIGHT, MIN_WEIGHT, Config, NodeConfig, by_priority
 from protocol.errors import ConfigError, no_such_item, node_exists
 from protocol.names import LABEL_RULE, is_fingerprint, is_label
+from protocol.pairing import CODE_DIGITS, normalize_code
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.api.call import Call, saving
+from proxy.pairing_client import claim_key, computer_name
 from proxy.settings import NodesChange
 from proxy.upstream import UpstreamFailure
 from proxy.upstream_pool import fetch
@@ -93,6 +97,20 @@ def _api_key(value: object) -> str:
     check_api_key("apiKey", value)  # names the field, never the value
     assert isinstance(value, str)
     return value
+
+
+def _pairing_code(doc: dict[str, Any]) -> str | None:
+    """``pairingCode`` (SPEC §14) as six digits; None when not given. Never with
+    ``apiKey``: the code is how the node's key is got."""
+    if doc.get("pairingCode") is None:
+        return None
+    if doc.get("apiKey") is not None:
+        raise ConfigError("pairingCode", "give either apiKey or pairingCode, not both")
+    code = normalize_code(doc["pairingCode"])
+    if code is None:
+        raise ConfigError("pairingCode", f"expected the {CODE_DIGITS}-digit code the other "
+                                         "computer shows (sluice pair), as a string")
+    return code
 
 
 def _bool(field: str, value: object) -> bool:
@@ -200,14 +218,20 @@ def list_nodes(call: Call) -> tuple[int, Any]:
 
 async def add_node(call: Call) -> tuple[int, Any]:
     doc = call.json_object()
-    _fields(doc, ("baseUrl", "apiKey", "name", "weight"))
+    _fields(doc, ("baseUrl", "apiKey", "name", "weight", "pairingCode"))
     url, address = _base_url(doc.get("baseUrl"))
+    code = _pairing_code(doc)
     key = _api_key(doc["apiKey"]) if doc.get("apiKey") is not None else None
     name = _name(doc["name"]) if doc.get("name") is not None else ""
     weight = _weight(doc["weight"]) if doc.get("weight") is not None else 1
     ctx = call.ctx
     _check_room(ctx.config)  # before asking the node
-    fingerprint = await ask_identity(call, address, key) or derived_fingerprint(address)
+    if code is not None:  # SPEC §14: the node gives its fingerprint and a key for the code
+        fingerprint, key = await claim_key(
+            ctx.connections, address, url, code=code, fingerprint=ctx.settings.node_id,
+            name=computer_name(), connect_timeout=ctx.config.timeouts.connection)
+    else:
+        fingerprint = await ask_identity(call, address, key) or derived_fingerprint(address)
     if fingerprint == ctx.settings.node_id:
         raise ConfigError("baseUrl", "that URL is this gateway itself")
 

@@ -22,6 +22,7 @@ from proxy.api import (
     models_local,
     nodes,
     ollama_routes,
+    pairing,
     pool_status,
     requests_api,
     settings_aliases,
@@ -140,6 +141,9 @@ ROUTES: dict[str, dict[bytes, AnyHandler]] = {
     models_local.PREFIX + "rescan": {b"POST": models_local.rescan},
     "/api/v1/nodes": {b"GET": nodes.list_nodes, b"POST": nodes.add_node},
     "/api/v1/nodes/order": {b"PUT": nodes.put_order},
+    pairing.PATH: {b"GET": pairing.show_code, b"POST": pairing.make_code,
+                   b"DELETE": pairing.cancel_code},
+    pairing.CLAIM_PATH: {b"POST": pairing.claim_code},
     "/ui": {b"GET": console.redirect, b"HEAD": console.redirect},
     "/ui/": {b"GET": console.serve_file, b"HEAD": console.serve_file},
 }

@@ -10,7 +10,8 @@ __all__ = ["parse_args", "parser"]
 
 # The event types of SPEC §9.3 (as proxy.cli.lines has them, kept here so that parsing the
 # arguments loads nothing else).
-EVENT_TYPES = ("node", "circuit", "settings", "notification", "request", "stats", "model")
+EVENT_TYPES = ("node", "circuit", "settings", "notification", "request", "stats", "model",
+               "pairing")
 FEED_TYPES = ("hello", "resync")
 
 
@@ -61,6 +62,13 @@ def parser() -> argparse.ArgumentParser:
     _keys_parser(sub)
     _config_parser(sub)
     _nodes_parser(sub)
+    pair = sub.add_parser("pair", help="let another computer connect: print a one-time "
+                                       "pairing code (6 digits, 5 minutes) for its "
+                                       "'sluice nodes add URL --code C'")
+    pair.add_argument("--data-dir", help="data folder of the gateway")
+    pair.add_argument("--wait", action="store_true",
+                      help="then wait until the other computer has used the code")
+    pair.add_argument("--json", action="store_true", help="print the raw JSON")
     _models_parser(sub)
     _service_parser(sub)
     return top
@@ -160,6 +168,9 @@ def _nodes_parser(sub: Any) -> None:
                      help="read the node's API key from FILE (never give it as an argument)")
     key.add_argument("--api-key-stdin", action="store_true",
                      help="read the node's API key from standard input")
+    key.add_argument("--code", metavar="CODE",
+                     help="the pairing code the node shows ('sluice pair' there): the node "
+                          "gives this gateway an access key of its own")
     remove = nodes_sub.add_parser("remove", help="unregister a node (and forget its key)")
     remove.add_argument("fingerprint")
     order = nodes_sub.add_parser(

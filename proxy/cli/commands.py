@@ -1,4 +1,5 @@
-"""The CLI's commands: ``status``, ``keys`` (:mod:`proxy.cli.keys`), ``nodes``,
+"""The CLI's commands: ``status``, ``keys`` (:mod:`proxy.cli.keys`), ``nodes``, ``pair``
+(:mod:`proxy.cli.pair`),
 ``ps``/``load``/``unload`` (:mod:`proxy.cli.models`), ``config history|restore``
 (:mod:`proxy.cli.config_history`), ``console`` (through the running gateway's admin API;
 ``console`` in :mod:`proxy.cli.console`), ``check-config`` (the file alone), and ``events``
@@ -17,15 +18,18 @@ from urllib.parse import quote
 
 from protocol.config import parse_config_text
 from protocol.errors import ConfigError
-from proxy.cli.admin import CliError, call, fetch_status
+from proxy.cli.admin import TIMEOUT, CliError, call, fetch_status
 from proxy.cli.config_history import config_main
 from proxy.cli.keys import keys_main
 from proxy.cli.models import load_main, ps_main
+from proxy.cli.pair import pair_main
 from proxy.cli.render import show, show_nodes
 from proxy.datadir import CONFIG_FILE, resolve_data_dir
 from proxy.files import read_text
 
 __all__ = ["check_config", "nodes_main", "run", "status_main"]
+
+PAIRING_TIMEOUT = 20.0  # seconds: the gateway asks the other computer (10 s at most) first
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         return keys_main(data_dir, args)
     if args.command == "nodes":
         return nodes_main(data_dir, args)
+    if args.command == "pair":
+        return pair_main(data_dir, wait=args.wait, as_json=args.json)
     if args.command == "config":
         return config_main(data_dir, args.action, getattr(args, "id", None), args.json)
     if args.command == "ps":
@@ -121,13 +127,17 @@ def _nodes_action(data_dir: Path, args: argparse.Namespace) -> tuple[Any, str]:
         key = _read_key(args)
         if key is not None:
             body["apiKey"] = key
+        if args.code is not None:
+            body["pairingCode"] = args.code
         if args.name:
             body["name"] = args.name
         if args.weight is not None:
             body["weight"] = args.weight
-        node = call(data_dir, "POST", "/api/v1/nodes", body, admin=True)
-        return node, (f"added node {node['fingerprint']} ({node['name']}, {node['baseUrl']}), "
-                      f"last in the order")
+        node = call(data_dir, "POST", "/api/v1/nodes", body, admin=True,
+                    timeout=PAIRING_TIMEOUT if args.code is not None else TIMEOUT)
+        paired = " with the access key it gave for the code" if args.code is not None else ""
+        return node, (f"added node {node['fingerprint']} ({node['name']}, {node['baseUrl']})"
+                      f"{paired}, last in the order")
     if action == "order":
         current = [n["fingerprint"] for n in call(data_dir, "GET", "/api/v1/nodes", admin=True)]
         first = list(args.fingerprints)

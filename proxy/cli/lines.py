@@ -190,6 +190,16 @@ def _notification(data: Mapping[str, Any]) -> str:
     return line + (f" ({_text(data['code'])})" if data.get("code") else "")
 
 
+def _pairing(data: Mapping[str, Any]) -> str:
+    state = _text(data.get("state"))
+    if data.get("active"):
+        return (f"code active until {_text(data.get('expiresAt'))}, "
+                f"{_text(data.get('triesLeft'))} tries left")
+    if data.get("name"):
+        return f"{state} by {_text(data.get('name'))}"
+    return f"code {state}"
+
+
 def _stats(data: Mapping[str, Any]) -> str:
     said = [f"{word} {_text(data.get(key))}" for key, word in (
         ("totalRequests", "requests"), ("totalSuccesses", "successes"),
@@ -266,6 +276,7 @@ def _other(data: Mapping[str, Any]) -> str:
 _KINDS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "request": _request, "node": _node, "circuit": _circuit, "settings": _settings,
     "notification": _notification, "stats": _stats, "model": _model, "hello": _hello,
+    "pairing": _pairing,
     "resync": _resync}
 
 
