@@ -15,6 +15,8 @@ import { el, uid } from "./components/field.js";
 
 const PAIRING = "/api/v1/pairing";
 const POLL_MS = 2000;
+const LIFETIME_MS = 5 * 60 * 1000; // a new code's (SPEC §14): what tells this clock from the server's
+const SKEW_MS = 2000; // a difference of clocks worth correcting
 const CLAIMED = / connected with a pairing code\.?$/;
 
 // "123456" -> "123 456" (shown), "1 2 3 4 5 6" (read out digit by digit).
@@ -39,11 +41,17 @@ export function mmss(seconds) {
 export function pairing(app) {
   let alive = true;
   // What is shown: null (nothing), or { code (null when made elsewhere), expires (ms),
-  // triesLeft, mine }.
+  // triesLeft }.
   let shown = null;
   let ticker = null;
   let poller = null;
   let warned = false;
+  let making = false; // a POST of ours under way
+  let skew = 0; // the gateway's clock minus this page's, once a new code showed it
+  const local = (iso) => {
+    const at = expiryMs(iso);
+    return at === null ? null : at - skew;
+  };
   const pairingIds = { heading: uid("pairing-heading"), timer: uid("pairing-timer") };
 
   const start = el("button", { type: "button", class: "primary", disabled: app.readOnly,
@@ -149,59 +157,72 @@ export function pairing(app) {
     end(name ? `${name} connected` : "The code was used: the other computer connected.", "ok");
   }
 
-  async function poll() {
-    if (!shown) return;
-    let now;
-    try {
-      now = await app.api.get(PAIRING);
-    } catch {
-      return; // the gateway restarting, say: the next poll or the feed tells
-    }
-    if (!alive || !shown) return;
-    if (now?.active) {
-      const expires = expiryMs(now.expiresAt);
-      if (expires && Math.abs(expires - shown.expires) > 1000) showCode({ ...shown, code: null, expires });
+  // What the server says of the code (the GET body, or a `pairing` event: {active, state,
+  // expiresAt, triesLeft, name}), applied to what is shown.
+  async function apply(now) {
+    if (!alive || !now) return;
+    const expires = local(now.expiresAt);
+    if (now.active) {
+      if (making) return; // our own new code: its answer shows it
+      if (!shown || (expires && Math.abs(expires - shown.expires) > 1000)) {
+        // Made (or replaced) elsewhere: another console, or `sluice pair`.
+        showCode({ code: null, expires, triesLeft: now.triesLeft }, shown ? "The code was replaced elsewhere." : null);
+      }
       drawTries(now.triesLeft);
       return;
     }
-    // No longer active: claimed (named by the notification, if there is one), void, expired.
-    if (now?.triesLeft === 0) {
+    if (!shown) return;
+    if (now.state === "claimed") claimed(now.name ?? await claimer());
+    else if (now.state === "void") {
       end("The code is void after too many wrong tries. Show a new one to try again.", "bad", true);
-      return;
-    }
-    if (shown.expires - Date.now() <= 0) {
-      tick();
-      return;
-    }
-    let name = null;
+    } else if (now.state === "expired" || shown.expires - Date.now() <= 0) {
+      end("The code expired. Show a new one to try again.", "warn", true);
+    } else if (now.state === "cancelled" || now.state === "none") end("Pairing code cancelled.");
+  }
+
+  // Who claimed the code, from the gateway's notification, when nothing else says.
+  async function claimer() {
     try {
       const notes = await app.api.get("/api/v1/notifications");
       const note = (notes?.notifications ?? []).filter((n) => CLAIMED.test(n.message ?? "")).pop();
-      name = note ? note.message.replace(CLAIMED, "") : null;
+      return note ? note.message.replace(CLAIMED, "") : null;
     } catch {
-      /* named or not, it was claimed */
+      return null;
     }
-    if (alive) claimed(name);
+  }
+
+  async function poll() {
+    if (!shown) return;
+    try {
+      await apply(await app.api.get(PAIRING));
+    } catch {
+      /* the gateway restarting, say: the next poll or the feed tells */
+    }
   }
 
   async function make() {
     if (app.readOnly) return;
     start.disabled = true;
+    making = true;
     startStatus.className = "form-status";
     startStatus.textContent = "Making a code…";
     try {
       const made = await app.api.post(PAIRING, {});
       if (!alive) return;
       startStatus.textContent = "";
-      const expires = expiryMs(made.expiresAt);
+      // A new code lives LIFETIME_MS from now: a larger difference is the clocks'.
+      const offset = expiryMs(made.expiresAt) - (Date.now() + LIFETIME_MS);
+      skew = Math.abs(offset) > SKEW_MS ? offset : 0;
+      const expires = local(made.expiresAt);
       const minutes = Math.max(1, Math.round((expires - Date.now()) / 60000));
-      showCode({ code: made.code, expires, triesLeft: 5, mine: true },
+      showCode({ code: made.code, expires, triesLeft: 5 },
                `Pairing code shown. It expires in ${minutes} minute${minutes === 1 ? "" : "s"}.`);
       cancel.focus();
     } catch (err) {
       startStatus.className = "form-status bad";
       startStatus.textContent = err.message;
     } finally {
+      making = false;
       start.disabled = app.readOnly;
     }
   }
@@ -224,14 +245,7 @@ export function pairing(app) {
 
   async function reload() {
     try {
-      const now = await app.api.get(PAIRING);
-      if (!alive) return;
-      const expires = expiryMs(now?.expiresAt);
-      if (now?.active && expires) {
-        if (!shown) showCode({ code: null, expires, triesLeft: now.triesLeft, mine: false }, null);
-      } else if (shown) {
-        poll();
-      }
+      await apply(await app.api.get(PAIRING));
     } catch {
       /* a gateway without pairing, or read-only: the button says what it can */
     }
@@ -241,11 +255,7 @@ export function pairing(app) {
   cancel.addEventListener("click", stop);
 
   const off = [
-    app.feed.on("pairing", (event) => {
-      if (event?.state === "claimed") claimed(event.name ?? null);
-      else if (event?.state === "created" && !shown) reload();
-      else if (shown) poll();
-    }),
+    app.feed.on("pairing", (event) => { apply(event); }),
     app.feed.on("notification", (entry) => {
       if (shown && !entry?.cleared && CLAIMED.test(entry?.message ?? "")) {
         claimed(entry.message.replace(CLAIMED, ""));
