@@ -14,7 +14,9 @@ passed explicitly (no module-level singletons). Each part has its own owner:
   live events subscribers (:mod:`proxy.observe.feed`), and ``reports``, the report phase
   of each request: its access-log line and its record (:mod:`proxy.observe.reports`);
 - ``notifications``, ``ondemand`` (managed models on demand, when there are any);
-- ``key_grants``, the access keys' token buckets (:mod:`proxy.key_grants`, SPEC §13).
+- ``key_grants``, the access keys' token buckets (:mod:`proxy.key_grants`, SPEC §13);
+- ``own_host``, our addresses for the Host guard (:mod:`proxy.own_host`), and
+  ``discovery``, LAN discovery's switch (:mod:`proxy.discovery_switch`, SPEC §14).
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ from proxy.observe.hub import Hub
 from proxy.observe.metrics import Metrics
 from proxy.observe.reports import Reports
 from proxy.observe.request_log import RequestLog
+from proxy.own_host import OwnHost
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
 from proxy.routing.router import Router
 from proxy.upstream_pool import ConnectionPool
 
 if TYPE_CHECKING:
+    from proxy.discovery_switch import DiscoverySwitch
     from proxy.models.ondemand import OnDemand
     from proxy.settings import Settings
 
@@ -51,6 +55,7 @@ class Listening:
     socket_path: str | None = None
     local_tcp_port: int | None = None
     tcp_port: int | None = None
+    external: bool = False  # the API listener binds every address (allow_external_access)
 
 
 class Clients:
@@ -135,6 +140,8 @@ class GatewayContext:
         default=attrs.Factory(lambda ctx: EventFeed(ctx.hub), takes_self=True))
     reports: Reports = attrs.field(factory=lambda: Reports(AccessLog()))
     key_grants: KeyGrants = attrs.field(factory=KeyGrants)  # access keys' buckets (SPEC §13)
+    own_host: OwnHost = attrs.field(factory=OwnHost)  # the Host guard's addresses (SPEC §14)
+    discovery: DiscoverySwitch | None = None  # LAN discovery (SPEC §14)
 
     def __repr__(self) -> str:
         return f"GatewayContext({self.listening!r}, {self.clients!r}, {self.connections!r})"

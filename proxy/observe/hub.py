@@ -34,7 +34,8 @@ Callback = Callable[[str, float, Any], None]
 """``callback(type, at, data)``: ``at`` is the wall-clock time (seconds since the epoch)."""
 
 # The event types of SPEC §9.3 (``hello`` and ``resync`` are made per subscriber).
-TYPES = ("node", "circuit", "settings", "notification", "request", "stats", "model")
+TYPES = ("node", "circuit", "settings", "notification", "request", "stats", "model",
+         "discovered")
 
 
 BATCH_DELAY = 0.05  # seconds batched work (a flusher's) may wait
