@@ -29,7 +29,7 @@ from protocol.errors import ConfigError
 from protocol.names import is_fingerprint, is_label
 
 SPEC_ORDER = ["api", "local", "backends", "models", "load_balancing", "nodes", "aliases",
-              "ollama_api", "model_loading",
+              "ollama_api", "discovery", "model_loading",
               "observability", "health_checks",
               "circuit_breaker", "timeouts"]
 

@@ -23,6 +23,7 @@ from protocol.config.schema import (
     BackendConfig,
     CircuitBreakerConfig,
     Config,
+    DiscoveryConfig,
     HealthChecksConfig,
     HealthCheckTimeouts,
     LoadBalancingConfig,
@@ -46,7 +47,8 @@ from protocol.config.validate import validate_config
 __all__ = [
     "BACKEND_KINDS", "MAX_WEIGHT", "MIN_WEIGHT", "SOCKET_DIR_MAX_BYTES", "STRATEGIES",
     "ApiConfig", "BackendConfig",
-    "CircuitBreakerConfig", "Config", "HealthCheckTimeouts", "HealthChecksConfig",
+    "CircuitBreakerConfig", "Config", "DiscoveryConfig", "HealthCheckTimeouts",
+    "HealthChecksConfig",
     "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "ObservabilityConfig",
     "OllamaApiConfig",
     "PhaseTimeouts", "RequestTimeouts", "Strategy", "StreamingTimeouts", "TimeoutsConfig",

@@ -25,6 +25,7 @@ __all__ = [
     "BackendConfig",
     "CircuitBreakerConfig",
     "Config",
+    "DiscoveryConfig",
     "Duration",
     "HealthCheckTimeouts",
     "HealthChecksConfig",
@@ -106,6 +107,14 @@ class LocalConfig:
 @attrs.frozen
 class OllamaApiConfig:
     port: int = 0  # 0 = off; e.g. 11434: a loopback listener for Ollama apps (SPEC §12)
+
+
+@attrs.frozen
+class DiscoveryConfig:
+    """mDNS/DNS-SD on the LAN (SPEC §14): both off until the user turns them on."""
+
+    announce: bool = False  # takes effect only with api.allow_external_access
+    browse: bool = False  # takes effect only with load_balancing.enabled
 
 
 @attrs.frozen
@@ -216,6 +225,7 @@ class Config:
     # names clients send -> models that exist (SPEC §12), in file order
     aliases: AliasTable = attrs.field(factory=AliasTable)
     ollama_api: OllamaApiConfig = attrs.field(factory=OllamaApiConfig)
+    discovery: DiscoveryConfig = attrs.field(factory=DiscoveryConfig)
     model_loading: ModelLoadingConfig = attrs.field(factory=ModelLoadingConfig)
     observability: ObservabilityConfig = attrs.field(factory=ObservabilityConfig)
     health_checks: HealthChecksConfig = attrs.field(factory=HealthChecksConfig)
