@@ -139,7 +139,9 @@ export function discovery(app, state) {
         if (alive) connected(node);
       } catch (err) {
         if (!alive) return;
-        showError(field, err.message);
+        // "pairingCode: the code was not accepted…": the field it names is right here.
+        const named = err.param && err.message.startsWith(`${err.param}: `);
+        showError(field, named ? err.message.slice(err.param.length + 2) : err.message);
         code.focus();
         code.select();
       } finally {
