@@ -3,8 +3,9 @@ switch "Find computers on this network" saved as flipped (browse and announce to
 following a change made through the API; the line beside it saying what is missing (load
 balancing, external access); "Found on this network" empty with what to do; "Let another
 computer connect": a 6-digit code with a countdown that decreases, Cancel (the server then
-has no code), a claim made over HTTP shown as "<name> connected", the expiry (a fake page
-clock) offering a new code; axe with a code shown, light and dark.
+has no code), a wrong try's "4 tries left", a claim made over HTTP shown as "<name>
+connected", the expiry (a fake page clock) offering a new code; axe with a code shown, light
+and dark; a read-only console can do neither.
 
 Discovery is never switched on here with load balancing on: that would browse on this
 machine's real interfaces (SPEC §14: only inside namespaces a test made). The found list and
@@ -88,6 +89,8 @@ def test_pairing_code_counts_down_and_cancel_clears_it(make_console_gateway: Gat
     section = page.get_by_role("region", name="Let another computer connect")
     section.get_by_role("button", name="Show a pairing code").click()
     shown_code(page)
+    # Focus stays on the button, which now offers another code.
+    expect(section.get_by_role("button", name="Show a new code")).to_be_focused()
     timer = section.get_by_role("timer")
     expect(timer).to_have_text(re.compile(r"^[45]:\d\d$"))
     first = timer.inner_text()
@@ -118,7 +121,13 @@ def test_a_claimed_code_says_who_connected(make_console_gateway: Gateways,
     axe(page, f"nodes with a pairing code ({scheme})")
     section.scroll_into_view_if_needed()
     screenshot(page, "pairing-code" if scheme == "light" else "pairing-code-dark")
-    # Another computer claims it (no admin token: the claim is the other gateway's call).
+    # A wrong try shows how many are left; then another computer claims it (no admin
+    # token: the claim is the other gateway's call).
+    wrong = "000000" if code != "000000" else "111111"
+    status, body = gateway.gw.call_sync("POST", f"{PAIRING}/claim",
+                                        {"code": wrong, "fingerprint": "node-guess-0001"})
+    assert status == 401, body
+    expect(section.get_by_text("4 tries left")).to_be_visible()
     status, body = gateway.gw.call_sync("POST", f"{PAIRING}/claim",
                                         {"code": code, "fingerprint": "node-workshop-0001",
                                          "name": "workshop"})

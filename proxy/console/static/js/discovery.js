@@ -8,7 +8,9 @@
 //
 // discovery(app, state) -> { controls, found, update(data), close() }
 //   controls: the switch and its line; found: the list; update(data) takes the pool-state.js
-//   data (its nodes mark computers already added; its load-balancing settings the line).
+//   data (its nodes mark the computers already added, also before the next `discovered`).
+// What is in effect is the server's to say (`browsing`, `announcing`): the settings are read
+// again when load balancing or the API settings change.
 
 import { clearStatus, el, showError, uid } from "./components/field.js";
 import { toggle } from "./components/switch.js";
@@ -72,7 +74,8 @@ export function discovery(app, state) {
     },
   });
   onOff.setAttribute("aria-describedby", lineId);
-  const controls = el("div", { class: "discovery-controls stack" }, el("div", { class: "row wrap" }, onOff), line);
+  const controls = el("div", { class: "discovery-controls stack" },
+                      el("div", { class: "row wrap" }, onOff), line);
 
   const list = el("ul", { class: "plain found", "aria-label": "Computers found on this network" });
   const empty = el("p", { class: "muted found-empty" });
@@ -81,8 +84,11 @@ export function discovery(app, state) {
 
   const isAdded = (c) => Boolean(c.added) || nodes.some((n) => n.fingerprint === c.fingerprint);
 
+  // Only a change is written (the line is a live region: the same words are not said twice).
   function drawLine() {
-    line.replaceChildren(...effect(settings, api));
+    const parts = effect(settings, api);
+    const text = parts.map((p) => (typeof p === "string" ? p : p.textContent)).join("");
+    if (text !== line.textContent) line.replaceChildren(...parts);
   }
 
   function show(next) {

@@ -5,9 +5,11 @@
 // it: claimed ("<name> connected"), expired, cancelled, void after too many wrong tries.
 // Those changes, and one at a minute left, go to a polite live line; nothing else does.
 //
-// While a code is shown the section reads GET /api/v1/pairing every 2 s ({active,
-// expiresAt, triesLeft}); a `pairing` event ({state, name}) or the gateway's notification
-// "<name> connected with a pairing code" tells it sooner and names the computer.
+// While a code is shown the section reads GET /api/v1/pairing every 2 s ({active, state,
+// expiresAt, triesLeft, name}); the `pairing` event (the same body) tells it sooner, and the
+// gateway's notification "<name> connected with a pairing code" names the computer when
+// nothing else does. A code made elsewhere (another console, `sluice pair`) shows as active,
+// with its countdown and Cancel, but not its digits (the server never says them again).
 //
 // pairing(app) -> section element with .close()
 
@@ -15,11 +17,13 @@ import { el, uid } from "./components/field.js";
 
 const PAIRING = "/api/v1/pairing";
 const POLL_MS = 2000;
-const LIFETIME_MS = 5 * 60 * 1000; // a new code's (SPEC §14): what tells this clock from the server's
+// A new code's life (SPEC §14): its expiresAt minus this tells the gateway's clock from the
+// page's, so that the countdown is right when the two differ.
+const LIFETIME_MS = 5 * 60 * 1000;
 const SKEW_MS = 2000; // a difference of clocks worth correcting
 const CLAIMED = / connected with a pairing code\.?$/;
 
-// "123456" -> "123 456" (shown), "1 2 3 4 5 6" (read out digit by digit).
+// "123456" -> "123 456" (as shown; screen readers get "1 2 3 4 5 6", digit by digit).
 export function codeShown(code) {
   const digits = String(code);
   return digits.length === 6 ? `${digits.slice(0, 3)} ${digits.slice(3)}` : digits;
@@ -52,7 +56,7 @@ export function pairing(app) {
     const at = expiryMs(iso);
     return at === null ? null : at - skew;
   };
-  const pairingIds = { heading: uid("pairing-heading"), timer: uid("pairing-timer") };
+  const headingId = uid("pairing-heading");
 
   const start = el("button", { type: "button", class: "primary", disabled: app.readOnly,
                                text: "Show a pairing code" });
@@ -60,8 +64,7 @@ export function pairing(app) {
   const codeText = el("span", { "aria-hidden": "true" });
   const codeSpoken = el("span", { class: "sr-only" });
   const code = el("p", { class: "pairing-code mono" }, codeText, codeSpoken);
-  const timer = el("span", { id: pairingIds.timer, class: "countdown", role: "timer",
-                             "aria-live": "off" });
+  const timer = el("span", { class: "countdown", role: "timer", "aria-live": "off" });
   const tries = el("span", { class: "muted small" });
   const cancel = el("button", { type: "button", class: "small", disabled: app.readOnly });
   cancel.append("Cancel", el("span", { class: "sr-only", text: " pairing code" }));
@@ -75,8 +78,8 @@ export function pairing(app) {
   // The one place that speaks: a state change, never a tick.
   const said = el("p", { class: "pairing-state", role: "status", "aria-live": "polite" });
 
-  const section = el("section", { class: "card stack pairing", "aria-labelledby": pairingIds.heading },
-                     el("h2", { id: pairingIds.heading, text: "Let another computer connect" }),
+  const section = el("section", { class: "card stack pairing", "aria-labelledby": headingId },
+                     el("h2", { id: headingId, text: "Let another computer connect" }),
                      el("p", { class: "muted" },
                         "Shows a code to type on the other computer, under \"Found on this network\", " +
                         "Connect. It works once, for 5 minutes. The other computer reaches this one " +
@@ -87,7 +90,7 @@ export function pairing(app) {
 
   const say = (text, level = "") => {
     said.className = `pairing-state ${level ? `notice ${level}` : ""}`.trim();
-    said.textContent = text;
+    if (said.textContent !== text) said.textContent = text; // said once, not again
   };
 
   function stopTimers() {
@@ -138,7 +141,7 @@ export function pairing(app) {
 
   function drawTries(left) {
     tries.textContent = typeof left === "number" && left < 5
-      ? `${left} wrong ${left === 1 ? "try" : "tries"} left` : "";
+      ? `${left} ${left === 1 ? "try" : "tries"} left` : "";
   }
 
   // No code any more: `text` says why; the button then offers a new one.
@@ -166,7 +169,8 @@ export function pairing(app) {
       if (making) return; // our own new code: its answer shows it
       if (!shown || (expires && Math.abs(expires - shown.expires) > 1000)) {
         // Made (or replaced) elsewhere: another console, or `sluice pair`.
-        showCode({ code: null, expires, triesLeft: now.triesLeft }, shown ? "The code was replaced elsewhere." : null);
+        showCode({ code: null, expires, triesLeft: now.triesLeft },
+                 shown ? "The code was replaced elsewhere." : null);
       }
       drawTries(now.triesLeft);
       return;
@@ -217,13 +221,13 @@ export function pairing(app) {
       const minutes = Math.max(1, Math.round((expires - Date.now()) / 60000));
       showCode({ code: made.code, expires, triesLeft: 5 },
                `Pairing code shown. It expires in ${minutes} minute${minutes === 1 ? "" : "s"}.`);
-      cancel.focus();
     } catch (err) {
       startStatus.className = "form-status bad";
       startStatus.textContent = err.message;
     } finally {
       making = false;
       start.disabled = app.readOnly;
+      if (document.activeElement === document.body) start.focus(); // disabled, it lost focus
     }
   }
 
@@ -233,7 +237,7 @@ export function pairing(app) {
     try {
       await app.api.del(PAIRING);
       if (!alive) return;
-      end("Pairing code cancelled.");
+      end("Pairing code cancelled."); // (the `pairing` event may have said it already)
       start.focus();
     } catch (err) {
       cancelStatus.className = "form-status bad";
