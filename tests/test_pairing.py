@@ -6,6 +6,8 @@ checked naming the field; nothing shows a code."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +34,8 @@ from protocol.pairing import (
     parse_claim_answer,
     shown_code,
 )
+from proxy.cli import pair as cli_pair
+from proxy.cli.pair import valid_until
 from proxy.notifications import Notifications
 from proxy.observe.hub import Hub
 from proxy.pairing import Pairing
@@ -305,3 +309,45 @@ async def test_the_holders_rate_limit(autojump_clock: trio.testing.MockClock) ->
     pairing.admit("")  # a local client: a peer of its own
     await trio.sleep(12)
     pairing.admit("10.0.0.7")
+
+
+# ----------------------------------------------------------------- sluice pair's text
+
+
+def test_valid_until() -> None:
+    expires = "2025-01-31T12:05:00Z"
+    stamp = datetime(2025, 1, 31, 12, 5, tzinfo=UTC)
+    local = stamp.astimezone().strftime("%H:%M")
+    assert valid_until(expires, stamp.timestamp() - 300) == f"{local}, 5 minutes"
+    assert valid_until(expires, stamp.timestamp() - 50) == f"{local}, 1 minute"
+    assert valid_until(expires, stamp.timestamp() + 9) == f"{local}, 0 minutes"
+    assert valid_until("soon", 0) == "soon"
+
+
+@pytest.mark.parametrize(("api", "lan", "url", "noted"), [
+    ({"enabled": True, "allowExternalAccess": True, "restartRequired": False}, "192.168.1.50",
+     "http://192.168.1.50:39080", None),
+    ({"enabled": True, "allowExternalAccess": False, "restartRequired": False}, "192.168.1.50",
+     "http://127.0.0.1:39080", "external access is off"),
+    ({"enabled": True, "allowExternalAccess": True, "restartRequired": True}, "192.168.1.50",
+     "http://127.0.0.1:39080", "external access is off"),
+    ({"enabled": False, "allowExternalAccess": True, "restartRequired": False}, None,
+     "http://<this computer's address>:<port>", "TCP API is off"),
+])
+def test_where_the_other_computer_connects(monkeypatch: pytest.MonkeyPatch, api: dict[str, Any],
+                                           lan: str | None, url: str, noted: str | None
+                                           ) -> None:
+    monkeypatch.setattr(cli_pair, "call", lambda *args, **kw: api)
+    monkeypatch.setattr(cli_pair, "lan_address", lambda: lan)
+    port = 39080 if api["enabled"] else None
+    found, notes = cli_pair._where(Path("/nonexistent"), port)
+    assert found == url
+    if noted is None:
+        assert notes == []
+    else:
+        assert noted in notes[0]
+
+
+def test_the_lan_address_is_never_loopback() -> None:
+    address = cli_pair.lan_address()  # sends nothing: a UDP socket is only connected
+    assert address is None or not address.startswith("127.")

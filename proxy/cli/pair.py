@@ -11,7 +11,7 @@ import json
 import socket
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ def valid_until(expires_at: str, now: float) -> str:
     """``14:05, 5 minutes``: the local time of ``expires_at`` (ISO 8601 UTC) and the whole
     minutes left from ``now`` (rounded to the nearest)."""
     try:
-        when = datetime.strptime(expires_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        when = datetime.strptime(expires_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     except ValueError:
         return expires_at
     minutes = max(0, round((when.timestamp() - now) / 60))
