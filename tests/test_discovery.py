@@ -8,6 +8,7 @@ events, interfaces that come and go, and packets from off the link."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import socket
 from collections.abc import AsyncIterator
@@ -185,7 +186,7 @@ async def test_answers_queries_about_it_after_a_short_random_delay(
     await trio.sleep(1)
     (reply,) = r.link.sent[before:]
     assert ANSWER_DELAY[0] <= reply.at - t <= ANSWER_DELAY[1]
-    assert reply.to == GROUP and reply.interface == ETH0.address
+    assert (reply.to, reply.interface) == (GROUP, ETH0.address)
     assert sightings(reply.data)[0].fingerprint == "node-here"
     # An asker that knows us already (known answer, more than half the TTL left): silence.
     (full,) = [s for s in sightings(reply.data)]
@@ -226,7 +227,7 @@ async def test_query_schedule_doubles_from_one_second_up_to_sixty(
     r = await running(False, True)
     await trio.sleep(300)
     times = since(r.link.queries(), t0)
-    gaps = [round(b - a, 3) for a, b in zip(times, times[1:], strict=False)]
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(times)]
     assert times[0] == 0.0
     assert gaps == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0, 60.0][:len(gaps)]
     assert len(gaps) >= 9
