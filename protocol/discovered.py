@@ -4,10 +4,12 @@ monotonic clock), so the rules are tested without a clock.
 
 - One entry per fingerprint: the last sighting wins (name, address, port, version).
 - This gateway itself is never listed (its own fingerprint is ignored).
-- A goodbye (TTL 0, RFC 6762 §10.1) removes the entry at once.
+- A goodbye (TTL 0, RFC 6762 §10.1) removes the entry at once (one without a fingerprint:
+  the entry of that instance name at that address).
 - An entry not seen for :data:`FORGET_AFTER` seconds is forgotten, whatever TTL it came
   with: the browser asks often enough that a live computer answers well within that.
-- A sighting with no valid fingerprint or port is ignored: nothing unusable is listed.
+- A sighting with no valid fingerprint is ignored; one without a usable address or port
+  only tells that a computer already listed is still there.
 
 The base URL is ``http://<address>:<port>``: the address the packet came from (on the
 LAN, a responder answers for itself), unless the packet lists addresses of the computer
@@ -84,19 +86,31 @@ class Discovered:
         """Take in one sighting from a packet that came from ``source``; True when the
         list changed (a computer came, went or changed what the list shows)."""
         fp = sighting.fingerprint
+        if sighting.ttl <= 0:
+            return self._goodbye(sighting, source)
         if fp == self.own or not is_fingerprint(fp):
             return False
-        if sighting.ttl <= 0:
-            return self._computers.pop(fp, None) is not None
         url = base_url(sighting, source)
+        old = self._computers.get(fp)
         if url is None:
+            if old is not None:
+                self._computers[fp] = attrs.evolve(old, seen=now)
             return False
         name = sighting.instance if is_label(sighting.instance) and sighting.instance else fp
         version = sighting.version if is_label(sighting.version) else ""
-        new = Computer(fp, name, url, version, sighting.instance, sighting.ttl, now)
-        old = self._computers.get(fp)
-        self._computers[fp] = new
+        self._computers[fp] = Computer(fp, name, url, version, sighting.instance,
+                                       sighting.ttl, now)
         return old is None or (old.name, old.base_url, old.version) != (name, url, version)
+
+    def _goodbye(self, sighting: Sighting, source: str) -> bool:
+        if sighting.fingerprint:
+            return self._computers.pop(sighting.fingerprint, None) is not None
+        folded = sighting.instance.lower()
+        gone = [fp for fp, c in self._computers.items()
+                if c.instance.lower() == folded and c.base_url.startswith(f"http://{source}:")]
+        for fp in gone:
+            del self._computers[fp]
+        return bool(gone)
 
     def expire(self, now: float) -> bool:
         """Forget the computers unseen for :data:`FORGET_AFTER`; True when any went."""

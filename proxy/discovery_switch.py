@@ -1,6 +1,6 @@
 """LAN discovery's switch (SPEC §14): it follows the live config and runs
 :mod:`proxy.discovery` while announcing or browsing takes effect
-(:func:`proxy.api.settings_discovery.effective`), and not otherwise.
+(:func:`protocol.config.discovery_effect`), and not otherwise.
 
 With both off nothing of discovery is loaded: the package is imported the first time one
 of them takes effect, at start or later (tests/test_lazy_imports.py). Turning both off
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from proxy.api.settings_discovery import effective
+from protocol.config import discovery_effect
 from proxy.observe.hub import Hub
 from proxy.own_host import OwnHost, short_hostname
 
@@ -58,7 +58,7 @@ class DiscoverySwitch:
 
     def modes(self, cfg: Config) -> tuple[bool, bool]:
         """(announce, browse) as they take effect now."""
-        announce, browse = effective(cfg, self.external and self.port is not None)
+        announce, browse = discovery_effect(cfg, self.external and self.port is not None)
         return announce and not self._withdrawn, browse
 
     def computers(self) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ from protocol.config.schema import (
     TimeoutsConfig,
     by_priority,
     default_config,
+    discovery_effect,
     rebuild_health_check,
 )
 from protocol.config.text import dump_config_yaml, parse_config_text
@@ -54,6 +55,7 @@ __all__ = [
     "PhaseTimeouts", "RequestTimeouts", "Strategy", "StreamingTimeouts", "TimeoutsConfig",
     "by_priority",
     "config_to_dict",
-    "default_config", "dump_config_yaml", "parse_config_text", "rebuild_health_check",
+    "default_config", "discovery_effect", "dump_config_yaml", "parse_config_text",
+    "rebuild_health_check",
     "structure_config", "validate_config",
 ]

@@ -47,6 +47,7 @@ __all__ = [
     "Unit",
     "by_priority",
     "default_config",
+    "discovery_effect",
     "rebuild_health_check",
 ]
 
@@ -241,6 +242,16 @@ def default_config() -> Config:
 def by_priority(nodes: Iterable[NodeConfig]) -> list[NodeConfig]:
     """Nodes in the user's order: top first (the largest priority first)."""
     return sorted(nodes, key=lambda n: -n.priority)
+
+
+def discovery_effect(cfg: Config, external: bool) -> tuple[bool, bool]:
+    """(announcing, browsing): what the ``discovery:`` switches do now (SPEC §14). Announcing
+    needs ``api.allow_external_access`` and ``external``: the running API listener binds
+    every address (decided at start; the config's flag is read live, so turning it off
+    stops the announcement at once). Browsing needs ``load_balancing.enabled``."""
+    announcing = (cfg.discovery.announce and external and cfg.api.enabled
+                  and cfg.api.allow_external_access)
+    return announcing, cfg.discovery.browse and cfg.load_balancing.enabled
 
 
 def rebuild_health_check(cfg: Config) -> Config:

@@ -16,12 +16,12 @@ from typing import Any
 
 import attrs
 
-from protocol.config import Config
+from protocol.config import Config, discovery_effect
 from protocol.errors import ConfigError
 from proxy.api.call import Call, saving
 
-__all__ = ["DISCOVERED_PATH", "PATH", "discovered", "discovery_view", "effective",
-           "get_discovery", "put_discovery"]
+__all__ = ["DISCOVERED_PATH", "PATH", "discovered", "discovery_view", "get_discovery",
+           "put_discovery"]
 
 PATH = "/api/v1/settings/discovery"
 DISCOVERED_PATH = "/api/v1/nodes/discovered"
@@ -29,18 +29,9 @@ FIELDS = ("announce", "browse")  # JSON field = YAML key under discovery:
 READ_ONLY = frozenset({"announcing", "browsing"})  # computed: ignored in a PUT (SPEC §8)
 
 
-def effective(cfg: Config, external: bool) -> tuple[bool, bool]:
-    """(announcing, browsing) now. ``external``: the running API listener binds every
-    address (decided at start); the config's own ``allow_external_access`` is read live,
-    so turning it off stops the announcement at once."""
-    announcing = (cfg.discovery.announce and external and cfg.api.enabled
-                  and cfg.api.allow_external_access)
-    return announcing, cfg.discovery.browse and cfg.load_balancing.enabled
-
-
 def discovery_view(cfg: Config, external: bool) -> dict[str, Any]:
     """The GET body (also the ``settings`` event of section ``discovery``)."""
-    announcing, browsing = effective(cfg, external)
+    announcing, browsing = discovery_effect(cfg, external)
     return {"announce": cfg.discovery.announce, "browse": cfg.discovery.browse,
             "announcing": announcing, "browsing": browsing}
 

@@ -110,7 +110,8 @@ class Announcer:
         legacy = source[1] != MDNS_PORT
         if not legacy and key in self._answering:
             return  # an answer is already on its way there
-        reply = answer(data, self.identity(interface))
+        legacy_id = int.from_bytes(data[:2], "big") if legacy and len(data) >= 2 else None
+        reply = answer(data, self.identity(interface), legacy_id=legacy_id)
         if reply is None:
             return
         if not legacy:

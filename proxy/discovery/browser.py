@@ -19,23 +19,14 @@ from collections.abc import Callable
 import trio
 
 from protocol.discovered import Discovered
-from protocol.dnssd import MDNS_PORT, SERVICE, query_packet, sightings
+from protocol.dnssd import MDNS_PORT, instance_name, query_packet, sightings
 from proxy.discovery.link import Link, Source
 from proxy.interfaces import Interface
 
-__all__ = ["FIRST_INTERVAL", "MAX_INTERVAL", "Browser", "instance_name"]
+__all__ = ["FIRST_INTERVAL", "MAX_INTERVAL", "Browser"]
 
 FIRST_INTERVAL = 1.0  # seconds between the first query and the second
 MAX_INTERVAL = 60.0  # the interval doubles up to this (a live computer re-seen in time)
-
-
-def instance_name(instance: str) -> str:
-    """The full DNS-SD name of an instance the codec reported (``studio`` ->
-    ``studio._sluice._tcp.local.``; a full name stays as it is)."""
-    if instance.lower().endswith(SERVICE.lower()):
-        return instance
-    label = instance.replace("\\", "\\\\").replace(".", "\\.")
-    return f"{label}.{SERVICE}"
 
 
 class Browser:
