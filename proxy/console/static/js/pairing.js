@@ -81,9 +81,9 @@ export function pairing(app) {
   const section = el("section", { class: "card stack pairing", "aria-labelledby": headingId },
                      el("h2", { id: headingId, text: "Let another computer connect" }),
                      el("p", { class: "muted" },
-                        "Shows a code to type on the other computer, under \"Found on this network\", " +
-                        "Connect. It works once, for 5 minutes. The other computer reaches this one " +
-                        "over the network: this one needs external access on (",
+                        "Shows a code to type on the other computer (Nodes > Found on this network > " +
+                        "Connect). It works once, for 5 minutes. The other computer reaches this one " +
+                        "over the network, so this one needs external access on (",
                         el("a", { href: "#/api/general", text: "API > General" }), ")."),
                      el("div", { class: "row wrap" }, start, startStatus),
                      box, said);
