@@ -22,8 +22,8 @@ __all__ = [
     "check_secret_maps",
     "cors_headers", "forbidden_host", "forbidden_origin", "hash_key", "host_allowed",
     "is_loopback_ip", "key_expired", "key_invalid", "key_matches", "key_missing",
-    "model_not_allowed", "new_access_key", "origin_allowed", "preflight_headers",
-    "rate_limited", "token_equals",
+    "model_not_allowed", "new_access_key", "normal_address", "origin_allowed", "own_host",
+    "preflight_headers", "rate_limited", "token_equals",
 ]
 
 KEY_PREFIX = "sk-sluice-"  # public and recognisable (for secret scanners); the rest is random
@@ -100,6 +100,39 @@ def host_allowed(host: bytes | None, allowed_hosts: tuple[str, ...] = ()) -> boo
         if entry in (name, text):
             return True
     return False
+
+
+def own_host(host: bytes, addresses: frozenset[str], hostname: str) -> bool:
+    """A ``Host`` that names this computer itself (SPEC §14, with external access): an IP
+    literal among ``addresses`` (this computer's own, as :func:`normal_address` writes
+    them; an IPv6 zone is ignored) or ``<hostname>.local`` (any case, a final dot allowed).
+    The port is ignored. A DNS-rebinding page needs a name it controls, not our address."""
+    try:
+        text = host.decode("ascii").strip().lower()
+    except UnicodeDecodeError:
+        return False
+    parts = _split_authority(text)
+    if parts is None or "@" in text:
+        return False
+    name = parts[0].removesuffix(".")
+    if not name:
+        return False
+    if hostname and name == hostname.lower() + ".local":
+        return True
+    address = normal_address(name.split("%", 1)[0])
+    return address is not None and address in addresses
+
+
+def normal_address(text: str) -> str | None:
+    """An IP address in one spelling (``::FFFF:10.0.0.1`` and ``10.0.0.1`` alike), or None
+    for text that is no address."""
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(addr)
 
 
 @functools.lru_cache(maxsize=512)

@@ -2,7 +2,8 @@
 its peer and the request head. The rules themselves are pure (:mod:`protocol.access`).
 
 - Unix socket: the peer's uid (SO_PEERCRED) must be ours or root; no key ever.
-- TCP (``tcp`` API listener and the ``local-tcp`` fallback): the Host/Origin guard.
+- TCP (``tcp`` API listener and the ``local-tcp`` fallback): the Host/Origin guard; with
+  external access, a Host that names this computer passes too (:mod:`proxy.own_host`).
 - ``/admin/*`` and writes under ``/api/v1/``: the admin token, on every listener.
 - The ``tcp`` API listener: an access key (or the admin token) from a non-loopback peer,
   and from loopback peers too when ``api.require_auth`` is on. ``GET /health`` and
@@ -109,8 +110,10 @@ def guard(ctx: GatewayContext, transport: str, headers: Sequence[Header]) -> byt
         hosts = _values(headers, b"host")
         if len(hosts) > 1:
             raise bad_request("a request must carry one Host header", code="bad_http_request")
-        if not host_allowed(hosts[0] if hosts else None, api.allowed_hosts):
-            raise forbidden_host()
+        host = hosts[0] if hosts else None
+        if not host_allowed(host, api.allowed_hosts) and not (
+                host is not None and api.allow_external_access and ctx.own_host.allows(host)):
+            raise forbidden_host()  # our own address or <name>.local pass (SPEC §14)
     origins = _values(headers, b"origin")
     if not origins:
         return None

@@ -15,7 +15,9 @@ passed explicitly (no module-level singletons). Each part has its own owner:
   of each request: its access-log line and its record (:mod:`proxy.observe.reports`);
 - ``notifications``, ``ondemand`` (managed models on demand, when there are any);
 - ``key_grants``, the access keys' token buckets (:mod:`proxy.key_grants`, SPEC §13);
-- ``pairing``, the pairing code and the claims against it (:mod:`proxy.pairing`, SPEC §14).
+- ``pairing``, the pairing code and the claims against it (:mod:`proxy.pairing`, SPEC §14);
+- ``own_host``, our addresses for the Host guard (:mod:`proxy.own_host`), and
+  ``discovery``, LAN discovery's switch (:mod:`proxy.discovery_switch`, SPEC §14).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from proxy.observe.hub import Hub
 from proxy.observe.metrics import Metrics
 from proxy.observe.reports import Reports
 from proxy.observe.request_log import RequestLog
+from proxy.own_host import OwnHost
 from proxy.pairing import Pairing
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeIndex
@@ -41,6 +44,7 @@ from proxy.routing.router import Router
 from proxy.upstream_pool import ConnectionPool
 
 if TYPE_CHECKING:
+    from proxy.discovery_switch import DiscoverySwitch
     from proxy.models.ondemand import OnDemand
     from proxy.settings import Settings
 
@@ -53,6 +57,7 @@ class Listening:
     socket_path: str | None = None
     local_tcp_port: int | None = None
     tcp_port: int | None = None
+    external: bool = False  # the API listener binds every address (allow_external_access)
 
 
 class Clients:
@@ -139,6 +144,8 @@ class GatewayContext:
     key_grants: KeyGrants = attrs.field(factory=KeyGrants)  # access keys' buckets (SPEC §13)
     pairing: Pairing = attrs.field(  # the pairing code and its claims (SPEC §14)
         default=attrs.Factory(lambda ctx: Pairing(ctx.hub, ctx.notifications), takes_self=True))
+    own_host: OwnHost = attrs.field(factory=OwnHost)  # the Host guard's addresses (SPEC §14)
+    discovery: DiscoverySwitch | None = None  # LAN discovery (SPEC §14)
 
     def __repr__(self) -> str:
         return f"GatewayContext({self.listening!r}, {self.clients!r}, {self.connections!r})"

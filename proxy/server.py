@@ -24,6 +24,7 @@ from proxy.config_watch import ConfigWatcher, Follower
 from proxy.connection import IDLE_TIMEOUT, ClientConnection
 from proxy.context import Clients, GatewayContext, Listening
 from proxy.datadir import STATE_FILE, GatewayState, write_state
+from proxy.discovery_switch import DiscoverySwitch
 from proxy.files import remove_leftovers
 from proxy.listeners import (
     SOCKET_NAME,
@@ -44,6 +45,7 @@ from proxy.observe.metrics import Metrics
 from proxy.observe.reports import Reports
 from proxy.observe.request_log import RequestLog
 from proxy.observe.state_events import StateEvents
+from proxy.own_host import OwnHost
 from proxy.pool.backends import BackendRegistry, run_health_checks
 from proxy.pool.node_checks import run_node_checks
 from proxy.pool.nodes import NodeIndex
@@ -85,8 +87,11 @@ class Gateway:
         self.request_log.attach(self.hub)
         settings.subscribe(self.request_log.follow)
         self.notifications = Notifications(self.hub)
+        external = settings.config.api.enabled and settings.config.api.allow_external_access
+        self.discovery = DiscoverySwitch(settings, self.hub, self.notifications, OwnHost(),
+                                         external=external, version=version())
         self.state_events = StateEvents(self.hub, settings, self.nodes, self.backends,
-                                        self.router, self.notifications)
+                                        self.router, self.notifications, external=external)
         self.clients = Clients()
         self.metrics = Metrics(self.router, self.clients.by_transport, version())
         self.metrics.attach(self.hub)
@@ -137,7 +142,8 @@ class Gateway:
                 nodes=self.nodes, router=self.router, notifications=self.notifications,
                 clients=self.clients, listening=listening, hub=self.hub,
                 request_log=self.request_log, metrics=self.metrics, ondemand=ondemand,
-                reports=Reports(AccessLog(logsetup.line_sink()), self.hub))
+                reports=Reports(AccessLog(logsetup.line_sink()), self.hub),
+                own_host=self.discovery.own_host, discovery=self.discovery)
             self.settings.subscribe(Follower(self._follow, self.settings.config))
             watcher = ConfigWatcher(self.settings, self.notifications)
             async with trio.open_nursery() as background:
@@ -157,6 +163,7 @@ class Gateway:
                 background.start_soon(run_node_checks, self.nodes, self.connections,
                                       self.settings)
                 background.start_soon(self.state_events.run)
+                await background.start(self.discovery.run, listening.tcp_port)
                 async with trio.open_nursery() as connections:
                     async with trio.open_nursery() as accepting:
                         for listener, transport in listeners:
@@ -164,6 +171,7 @@ class Gateway:
                                                  connections)
                         accepting.start_soon(self._wait_for_stop, accepting.cancel_scope)
                         task_status.started()
+                    await self.discovery.withdraw()  # goodbyes while we still listen
                     for listener, _ in listeners:
                         listener.socket.close()
                     self._remove_socket()
@@ -269,7 +277,7 @@ class Gateway:
                 listener.socket.close()
             self._remove_socket()
             raise
-        listening = Listening(socket_path, local_tcp_port, tcp_port)
+        listening = Listening(socket_path, local_tcp_port, tcp_port, self.discovery.external)
         where = [f"unix:{socket_path}"] if socket_path else []
         if local_tcp_port is not None:
             where.append(f"http://127.0.0.1:{local_tcp_port} (local fallback)")

@@ -29,7 +29,7 @@ from protocol.errors import ConfigError
 from protocol.names import is_fingerprint, is_label
 
 SPEC_ORDER = ["api", "local", "backends", "models", "load_balancing", "nodes", "aliases",
-              "ollama_api", "model_loading",
+              "ollama_api", "discovery", "model_loading",
               "observability", "health_checks",
               "circuit_breaker", "timeouts"]
 
@@ -569,3 +569,18 @@ def test_model_loading_limits(text: str, path: str, words: str) -> None:
         parse_config_text(text)
     assert caught.value.path == path
     assert words in caught.value.message
+
+
+def test_discovery_section() -> None:
+    """SPEC §3, §14: both switches off by default; booleans only; unknown keys refused."""
+    assert default_config().discovery.announce is False
+    assert default_config().discovery.browse is False
+    assert "discovery:\n  announce: false" in dump_config_yaml(default_config())
+    cfg = parse_config_text("discovery: {announce: true}\n")
+    assert (cfg.discovery.announce, cfg.discovery.browse) == (True, False)
+    assert parse_config_text("discovery:\n") == default_config()
+    for text, path in (('discovery: {browse: "true"}\n', "discovery.browse"),
+                       ("discovery: {announce: 1}\n", "discovery.announce"),
+                       ("discovery: {listen: true}\n", "discovery.listen"),
+                       ("discovery: [true]\n", "discovery")):
+        assert refused(text).path == path, text

@@ -191,7 +191,7 @@ async def test_hello_comes_first_with_every_field(start_gateway: StartGateway,
         "/api/v1/node/identity", "/api/v1/inference/status", "/api/v1/pool/distributed-status",
         "/api/v1/pool/routing-stats", "/api/v1/settings/load-balancing",
         "/api/v1/settings/timeouts", "/api/v1/settings/api", "/api/v1/settings/aliases",
-        "/api/v1/notifications")}
+        "/api/v1/settings/discovery", "/api/v1/notifications")}
     async with subscribe(gw, transport) as ws:
         hello = await frame(ws)
         assert hello["type"] == "hello", hello
@@ -208,7 +208,8 @@ async def test_hello_comes_first_with_every_field(start_gateway: StartGateway,
         assert data["settings"] == {"loadBalancing": gets["/api/v1/settings/load-balancing"],
                                     "aliases": gets["/api/v1/settings/aliases"],
                                     "timeouts": gets["/api/v1/settings/timeouts"],
-                                    "api": gets["/api/v1/settings/api"]}
+                                    "api": gets["/api/v1/settings/api"],
+                                    "discovery": gets["/api/v1/settings/discovery"]}
         assert data["notifications"] == gets["/api/v1/notifications"]["notifications"]
         assert any(name == b"x-sluice-request-id" for name, _ in ws.handshake_headers)
         gw.gateway.hub.drain()  # access lines are written in the hub's batches

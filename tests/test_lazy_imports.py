@@ -3,7 +3,8 @@ WebSocket, SPEC §9.3) with the first subscriber, prometheus_client (the process
 ``GET /metrics``, SPEC §9.2) with the first scrape. A gateway nobody watches or scrapes does
 not hold them (about 4 MB of its memory; docs/performance.md, S5). Nor does a gateway that
 can have no managed model (no ``models:`` entry, no ``model_loading.dirs``) hold the
-modules of models on demand (SPEC §11; docs/performance.md, S10)."""
+modules of models on demand (SPEC §11; docs/performance.md, S10), nor one with both
+switches of `discovery:` off the modules of LAN discovery (SPEC §14)."""
 
 from __future__ import annotations
 
@@ -123,3 +124,59 @@ def test_the_ollama_api_is_loaded_by_the_first_ollama_request(short_tmp: Path) -
     before, after = done.stdout.strip().splitlines()
     assert before == "[]"
     assert after == repr(sorted(set(OLLAMA) - {"proxy.ollama"})), after
+
+
+DISCOVERY = ("proxy.discovery", "proxy.discovery.service", "proxy.discovery.link",
+             "proxy.discovery.announcer", "proxy.discovery.browser", "proxy.interfaces",
+             "protocol.dnssd", "protocol.mdns", "protocol.discovered")
+
+# A gateway in a process of its own, discovery off: which of DISCOVERY it holds after a few
+# requests (the discovered list, the settings); then browsing turned on live (through a
+# fake link: no socket, no packet) and which it holds then.
+DISCOVERY_GATEWAY = PREAMBLE + """folder, wanted = Path(sys.argv[1]), {wanted!r}
+import json
+cfg = default_config()
+cfg = attrs.evolve(cfg, api=attrs.evolve(cfg.api, port=0),
+                   local=attrs.evolve(cfg.local, socket_dir=str(folder / "s")),
+                   load_balancing=attrs.evolve(cfg.load_balancing, enabled=True))
+(folder / "data").mkdir(mode=0o700)
+(folder / "data" / "config.yaml").write_text(dump_config_yaml(cfg))
+class NoLink:
+    def interfaces(self): return []
+    def join(self, interface): pass
+    def leave(self, interface): pass
+    async def send(self, data, interface, to=None): pass
+    async def receive(self): await trio.sleep_forever()
+    def close(self): pass
+async def no_link():
+    return NoLink()
+async def main():
+    gateway = Gateway(Settings.open(folder / "data"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gateway.run)
+        unix = "unix:" + gateway.ctx.socket_path
+        for path in ("/api/v1/nodes/discovered", "/api/v1/settings/discovery"):
+            assert (await request(unix, "GET", path)).status == 200, path
+        print(sorted(m for m in wanted if m in sys.modules))
+        gateway.discovery.open_link = no_link
+        admin = [("authorization", "Bearer " + gateway.settings.secrets.admin_token)]
+        reply = await request(unix, "PUT", "/api/v1/settings/discovery",
+                              json.dumps({{"browse": True}}).encode(), admin)
+        assert reply.status == 200, reply.body
+        with trio.fail_after(5):
+            while gateway.discovery.service is None:
+                await trio.sleep(0.01)
+        print(sorted(m for m in wanted if m in sys.modules))
+        gateway.shutdown()
+trio.run(main)
+"""
+
+
+def test_discovery_is_loaded_only_when_turned_on(short_tmp: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", DISCOVERY_GATEWAY.format(wanted=DISCOVERY),
+                           str(short_tmp)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    before, after = done.stdout.strip().splitlines()
+    assert before == "[]"
+    assert after == repr(sorted(DISCOVERY)), after

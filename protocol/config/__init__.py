@@ -23,6 +23,7 @@ from protocol.config.schema import (
     BackendConfig,
     CircuitBreakerConfig,
     Config,
+    DiscoveryConfig,
     HealthChecksConfig,
     HealthCheckTimeouts,
     LoadBalancingConfig,
@@ -38,6 +39,7 @@ from protocol.config.schema import (
     TimeoutsConfig,
     by_priority,
     default_config,
+    discovery_effect,
     rebuild_health_check,
 )
 from protocol.config.text import dump_config_yaml, parse_config_text
@@ -46,12 +48,14 @@ from protocol.config.validate import validate_config
 __all__ = [
     "BACKEND_KINDS", "MAX_WEIGHT", "MIN_WEIGHT", "SOCKET_DIR_MAX_BYTES", "STRATEGIES",
     "ApiConfig", "BackendConfig",
-    "CircuitBreakerConfig", "Config", "HealthCheckTimeouts", "HealthChecksConfig",
+    "CircuitBreakerConfig", "Config", "DiscoveryConfig", "HealthCheckTimeouts",
+    "HealthChecksConfig",
     "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "ObservabilityConfig",
     "OllamaApiConfig",
     "PhaseTimeouts", "RequestTimeouts", "Strategy", "StreamingTimeouts", "TimeoutsConfig",
     "by_priority",
     "config_to_dict",
-    "default_config", "dump_config_yaml", "parse_config_text", "rebuild_health_check",
+    "default_config", "discovery_effect", "dump_config_yaml", "parse_config_text",
+    "rebuild_health_check",
     "structure_config", "validate_config",
 ]

@@ -25,6 +25,7 @@ __all__ = [
     "BackendConfig",
     "CircuitBreakerConfig",
     "Config",
+    "DiscoveryConfig",
     "Duration",
     "HealthCheckTimeouts",
     "HealthChecksConfig",
@@ -46,6 +47,7 @@ __all__ = [
     "Unit",
     "by_priority",
     "default_config",
+    "discovery_effect",
     "rebuild_health_check",
 ]
 
@@ -106,6 +108,14 @@ class LocalConfig:
 @attrs.frozen
 class OllamaApiConfig:
     port: int = 0  # 0 = off; e.g. 11434: a loopback listener for Ollama apps (SPEC §12)
+
+
+@attrs.frozen
+class DiscoveryConfig:
+    """mDNS/DNS-SD on the LAN (SPEC §14): both off until the user turns them on."""
+
+    announce: bool = False  # takes effect only with api.allow_external_access
+    browse: bool = False  # takes effect only with load_balancing.enabled
 
 
 @attrs.frozen
@@ -216,6 +226,7 @@ class Config:
     # names clients send -> models that exist (SPEC §12), in file order
     aliases: AliasTable = attrs.field(factory=AliasTable)
     ollama_api: OllamaApiConfig = attrs.field(factory=OllamaApiConfig)
+    discovery: DiscoveryConfig = attrs.field(factory=DiscoveryConfig)
     model_loading: ModelLoadingConfig = attrs.field(factory=ModelLoadingConfig)
     observability: ObservabilityConfig = attrs.field(factory=ObservabilityConfig)
     health_checks: HealthChecksConfig = attrs.field(factory=HealthChecksConfig)
@@ -231,6 +242,16 @@ def default_config() -> Config:
 def by_priority(nodes: Iterable[NodeConfig]) -> list[NodeConfig]:
     """Nodes in the user's order: top first (the largest priority first)."""
     return sorted(nodes, key=lambda n: -n.priority)
+
+
+def discovery_effect(cfg: Config, external: bool) -> tuple[bool, bool]:
+    """(announcing, browsing): what the ``discovery:`` switches do now (SPEC §14). Announcing
+    needs ``api.allow_external_access`` and ``external``: the running API listener binds
+    every address (decided at start; the config's flag is read live, so turning it off
+    stops the announcement at once). Browsing needs ``load_balancing.enabled``."""
+    announcing = (cfg.discovery.announce and external and cfg.api.enabled
+                  and cfg.api.allow_external_access)
+    return announcing, cfg.discovery.browse and cfg.load_balancing.enabled
 
 
 def rebuild_health_check(cfg: Config) -> Config:

@@ -60,6 +60,7 @@ _SECTION_NOTES: Final = {
              "#     priority: 5                    # 1..255, unique; largest = first\n"
              "#     enabled: true                  # included in routing\n"
              "#     weight: 1                      # 1..100, its share under weighted",
+    "discovery": "mDNS/DNS-SD on the LAN; both off until the user turns them on",
     "aliases": "names clients send -> models that exist; a model that exists is never\n"
                "# aliased; else an exact name, else the first matching pattern in this order\n"
                "# ('*' matches any characters), e.g.\n"
@@ -77,6 +78,8 @@ _KEY_NOTES: Final = {
     ("local", "socket_dir"): "custom socket folder, at most 62 bytes, applied at restart",
     ("local", "fallback_port"): "loopback TCP port used only when no socket folder works",
     ("ollama_api", "port"): "0 = off; e.g. 11434: a loopback listener for Ollama apps",
+    ("discovery", "announce"): "takes effect only with api.allow_external_access",
+    ("discovery", "browse"): "takes effect only with load_balancing.enabled",
     ("load_balancing", "strategy"): " | ".join(STRATEGIES),
     ("load_balancing", "prefer_loaded"): "nodes that have the model loaded first",
     ("model_loading", "keep_alive"): "idle time before a model stops; 0s: after each answer",

@@ -27,6 +27,7 @@ from proxy.api import (
     requests_api,
     settings_aliases,
     settings_api,
+    settings_discovery,
     settings_history,
     settings_lb,
 )
@@ -135,6 +136,9 @@ ROUTES: dict[str, dict[bytes, AnyHandler]] = {
                                   b"PUT": settings_lb.put_timeouts},
     "/api/v1/settings/aliases": {b"GET": settings_aliases.get_aliases,
                                  b"PUT": settings_aliases.put_aliases},
+    settings_discovery.PATH: {b"GET": settings_discovery.get_discovery,
+                              b"PUT": settings_discovery.put_discovery},
+    settings_discovery.DISCOVERED_PATH: {b"GET": settings_discovery.discovered},  # SPEC §14
     settings_history.PATH: {b"GET": settings_history.list_history},
     "/api/v1/node/identity": {b"GET": nodes.identity},
     models_local.PATH: {b"GET": models_local.list_local},

@@ -269,6 +269,17 @@ def _resync(data: Mapping[str, Any]) -> str:
     return "fell behind: the gateway dropped events for this feed (what follows is current)"
 
 
+def _discovered(data: Mapping[str, Any]) -> str:
+    """``2 computers: studio http://10.0.0.5:39080, attic http://10.0.0.7:39080 (added)``."""
+    computers = data.get("computers")
+    if not isinstance(computers, list):
+        return MISSING
+    names = [f"{_text(c.get('name'))} {_text(c.get('baseUrl'))}"
+             + (" (added)" if c.get("added") else "")
+             for c in computers if isinstance(c, Mapping)]
+    return clean(f"{_plural(len(names), 'computer')}" + (": " + ", ".join(names) if names else ""))
+
+
 def _other(data: Mapping[str, Any]) -> str:
     return clean(json.dumps(_hidden(dict(data)), separators=(",", ":"), ensure_ascii=False))
 
@@ -277,7 +288,7 @@ _KINDS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "request": _request, "node": _node, "circuit": _circuit, "settings": _settings,
     "notification": _notification, "stats": _stats, "model": _model, "hello": _hello,
     "pairing": _pairing,
-    "resync": _resync}
+    "resync": _resync, "discovered": _discovered}
 
 
 def frame_line(frame: Mapping[str, Any], tz: tzinfo | None = None) -> str:

@@ -54,10 +54,11 @@ HELLO: tuple[tuple[str, str], ...] = (
     ("timeouts", "/api/v1/settings/timeouts"),
     ("api", "/api/v1/settings/api"),
     ("aliases", "/api/v1/settings/aliases"),
+    ("discovery", "/api/v1/settings/discovery"),
     ("notifications", "/api/v1/notifications"),
     ("localModels", "/api/v1/models/local"),
 )
-_SETTINGS = ("loadBalancing", "timeouts", "api", "aliases")
+_SETTINGS = ("loadBalancing", "timeouts", "api", "aliases", "discovery")
 
 
 def _only(headers: Sequence[Header], name: bytes) -> bytes | None:

@@ -35,7 +35,7 @@ Callback = Callable[[str, float, Any], None]
 
 # The event types of SPEC §9.3 (``hello`` and ``resync`` are made per subscriber).
 TYPES = ("node", "circuit", "settings", "notification", "request", "stats", "model",
-         "pairing")
+         "pairing", "discovered")
 
 
 BATCH_DELAY = 0.05  # seconds batched work (a flusher's) may wait

@@ -22,8 +22,8 @@ at once a second, and built only while somebody reads them.
 - ``model``: ``{source: "backend", name, kind, online, models, lastError}`` (an entry of
   ``backends`` in ``/api/v1/inference/status``); managed servers send ``source: "managed"``.
 - ``settings``: ``{section, value}``, one per section whose GET body changed in a write:
-  ``loadBalancing``, ``timeouts``, ``api``, ``aliases`` and ``nodes`` (the registry: a key
-  change shows as ``hasApiKey``; never a key).
+  ``loadBalancing``, ``timeouts``, ``api``, ``aliases``, ``discovery`` and ``nodes`` (the
+  registry: a key change shows as ``hasApiKey``; never a key).
 - ``stats``: the routing-stats body, at most once a second, only when it changed.
 """
 
@@ -40,6 +40,7 @@ from proxy.api.nodes import registry_view
 from proxy.api.pool_status import endpoint_entry
 from proxy.api.settings_aliases import aliases_view
 from proxy.api.settings_api import api_view, restart_pending
+from proxy.api.settings_discovery import discovery_view
 from proxy.api.settings_lb import load_balancing_view, timeouts_view
 from proxy.notifications import Notifications
 from proxy.observe.hub import Hub
@@ -121,10 +122,12 @@ class SettingsFeed:
     bodies are remembered from write to write (a human's action: rare), so a subscriber
     that comes later still hears only of real changes."""
 
-    __slots__ = ("_bodies", "_config", "_hub", "_notifications", "_settings")
+    __slots__ = ("_bodies", "_config", "_external", "_hub", "_notifications", "_settings")
 
-    def __init__(self, hub: Hub, settings: Settings, notifications: Notifications) -> None:
+    def __init__(self, hub: Hub, settings: Settings, notifications: Notifications, *,
+                 external: bool = False) -> None:
         self._hub = hub
+        self._external = external  # the API listener binds every address (discovery's view)
         self._settings = settings
         self._notifications = notifications
         self._config = settings.config
@@ -140,6 +143,7 @@ class SettingsFeed:
         restart = bool(restart_changes(old, new)) or restart_pending(self._notifications)
         return {"loadBalancing": load_balancing_view(new), "timeouts": timeouts_view(new),
                 "api": api_view(new, restart), "aliases": aliases_view(new),
+                "discovery": discovery_view(new, self._external),
                 "nodes": registry_view(new, self._settings.secrets.node_keys)}
 
     def _changed(self, config: Config) -> None:
@@ -178,13 +182,13 @@ class StateEvents:
 
     def __init__(self, hub: Hub, settings: Settings, nodes: NodeIndex,
                  backends: BackendRegistry, router: Router,
-                 notifications: Notifications) -> None:
+                 notifications: Notifications, *, external: bool = False) -> None:
         self.hub = hub
         self.router = router
         self.settings = settings
         self.node_feed = NodeFeed(hub, nodes, settings)
         self.backend_feed = BackendFeed(hub, backends)
-        self.settings_feed = SettingsFeed(hub, settings, notifications)
+        self.settings_feed = SettingsFeed(hub, settings, notifications, external=external)
 
     def __repr__(self) -> str:
         return f"StateEvents({self.hub!r})"

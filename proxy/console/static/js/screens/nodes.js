@@ -1,9 +1,13 @@
-// Nodes > Connect other computers: add a computer (URL, API key, name), the list of
-// connected computers (each removable), and, once at least one is connected, the
-// load-balancing section (js/lb-section.js).
+// Nodes > Connect other computers: the switch "Find computers on this network" and the
+// computers found on it, each connected with the code it shows (js/discovery.js); add a
+// computer by its address (URL, API key, name); the list of connected computers (each
+// removable); "Let another computer connect" (a pairing code, js/pairing.js); and, once at
+// least one computer is connected, the load-balancing section (js/lb-section.js).
 
 import { el, showError, showSaved, showSaving, uid } from "../components/field.js";
+import { discovery } from "../discovery.js";
 import { lbSection } from "../lb-section.js";
+import { pairing } from "../pairing.js";
 import { poolState } from "../pool-state.js";
 
 function input(label, name, type, help, disabled) {
@@ -104,17 +108,26 @@ function connectedList(app, state) {
 export function mount(root, app) {
   const state = poolState(app);
   const connected = connectedList(app, state);
+  const lan = discovery(app, state);
+  const pair = pairing(app);
   const connect = el("section", { class: "card stack", "aria-labelledby": "connect-heading" },
                      el("h2", { id: "connect-heading", text: "Connect other computers" }),
+                     lan.controls,
+                     el("h3", { text: "Found on this network" }),
+                     lan.found,
+                     el("h3", { text: "Add a computer by its address" }),
+                     el("p", { class: "muted", text: "If it is not found on this network: its address " +
+                                                     "and an access key made on it." }),
                      addForm(app, state),
                      el("h3", { text: "Connected computers" }),
                      connected);
   const lbHolder = el("div");
-  root.append(el("h1", { text: "Nodes" }), connect, lbHolder);
+  root.append(el("h1", { text: "Nodes" }), connect, pair, lbHolder);
   let section = null;
   const draw = (data) => {
     if (data.nodes === null) return;
     connected.update(data);
+    lan.update(data);
     if (data.nodes.length && !section) {
       section = lbSection(app, state);
       lbHolder.replaceChildren(section);
@@ -128,6 +141,8 @@ export function mount(root, app) {
   draw(state.data);
   return () => {
     off();
+    lan.close();
+    pair.close();
     state.close();
   };
 }
