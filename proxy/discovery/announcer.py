@@ -90,7 +90,7 @@ class Announcer:
         for interface in list(self.interfaces.values()):
             await self.link.send(announce_packet(self.identity(interface), goodbye=True),
                                  interface)
-        log.info("discovery: withdrew the announcement on %d interface(s)",
+        log.info("withdrew the announcement on %d interface(s)",
                  len(self.interfaces))
 
     async def _announce(self, key: str, interface: Interface) -> None:

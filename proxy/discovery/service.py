@@ -125,14 +125,14 @@ class Discovery:
         if announce and self.announcer is None:
             self.announcer = Announcer(self.link, self.me.on, self.interfaces, rng=self.rng)
             await nursery.start(self._part, "announce", self.announcer.run)
-            log.info("discovery: announcing %s on port %d", self.me.hostname, self.me.port)
+            log.info("announcing %s on port %d", self.me.hostname, self.me.port)
         elif not announce and self.announcer is not None:
             self._scopes["announce"].cancel()  # its goodbyes go out as it ends
         if browse and self.browser is None:
             self.browser = Browser(self.link, self.registry, self.interfaces,
                                    self.list_changed)
             await nursery.start(self._part, "browse", self.browser.run)
-            log.info("discovery: looking for other computers")
+            log.info("looking for other computers")
         elif not browse and self.browser is not None:
             self._scopes["browse"].cancel()
 
@@ -156,7 +156,7 @@ class Discovery:
         try:
             everything = self.link.interfaces()
         except OSError as exc:
-            log.warning("discovery: cannot list the interfaces: %s", exc)
+            log.warning("cannot list the interfaces: %s", exc)
             return
         if self.own_host is not None:
             self.own_host.update(everything)
@@ -167,21 +167,21 @@ class Discovery:
             for part in (self.announcer, self.browser):
                 if part is not None:
                     part.removed(key)
-            log.info("discovery: interface %s (%s) gone", gone.name, gone.address)
+            log.info("mDNS interface %s (%s) gone", gone.name, gone.address)
         for key, interface in now.items():
             if key in self.interfaces:
                 continue
             try:
                 self.link.join(interface)
             except OSError as exc:
-                log.warning("discovery: cannot join the mDNS group on %s (%s): %s",
+                log.warning("cannot join the mDNS group on %s (%s): %s",
                             interface.name, interface.address, exc)
                 continue
             self.interfaces[key] = interface
             for part in (self.announcer, self.browser):
                 if part is not None:
                     part.added(key, interface)
-            log.info("discovery: on interface %s (%s)", interface.name, interface.address)
+            log.info("mDNS on interface %s (%s)", interface.name, interface.address)
 
     async def _follow_interfaces(self) -> None:
         while True:
