@@ -7,7 +7,9 @@ module's LAN): A lists B (B's fingerprint and veth address, ``added`` false) and
 namespace never accepted a TCP connection (discovery contacts nobody); a query from a
 plain UDP socket in A's namespace is answered by B; a client in A's namespace reaches B
 with ``Host: <B's address>`` (the Host guard's own-address rule; another Host still gets
-403); B stopped with SIGTERM leaves A's list at once (its goodbye), not after 2 minutes;
+403); A pairs with B by the code ``sluice pair`` shows on B (``sluice nodes add <the
+discovered baseUrl> --code C`` on A), then streams a chat answer from B byte-exact; B
+stopped with SIGTERM leaves A's list at once (its goodbye), not after 2 minutes;
 a B without external access announces nothing, and A lists nothing.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,12 +29,18 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import yaml
 
 from protocol.config import DiscoveryConfig
+from tests.client import Client, chat_body, request
+from tests.fakenode import ThreadedUpstream
+from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
 from tests.gateways import GatewayProcess
 from tests.netns import Lan, launch_in, unavailable
 
 DISCOVERED = "/api/v1/nodes/discovered"
+CHAT = "/v1/chat/completions"
+EVENTS = 40  # events in B's streamed answer
 SEEN_WITHIN = 8.0  # seconds: B announces at start, A asks at 0, 1, 3, 7 s
 GONE_WITHIN = 5.0  # seconds after SIGTERM (forgetting alone would take 120)
 QUIET_FOR = 4.0  # seconds a raw listener watches for packets of a B that must be silent
@@ -70,11 +79,13 @@ def discovery(gw: GatewayProcess, **switches: bool) -> GatewayProcess:
 
 
 class Hosts:
-    def __init__(self, lan: Lan, folder: Path, a: GatewayProcess, b: GatewayProcess) -> None:
+    def __init__(self, lan: Lan, folder: Path, a: GatewayProcess, b: GatewayProcess,
+                 model: FakeUpstream) -> None:
         self.lan = lan
         self.folder = folder
         self.a = a
         self.b = b
+        self.model = model  # B's model server (b-model), on a Unix socket
 
     async def discovered(self) -> list[dict[str, Any]]:
         reply = await self.a.call("GET", DISCOVERED, via="unix")
@@ -115,22 +126,30 @@ def hosts() -> Iterator[Hosts]:
     folder = Path(tempfile.mkdtemp(prefix="sl-disc-", dir="/tmp"))
     lan = Lan()
     gateways: list[GatewayProcess] = []
+    fakes: list[ThreadedUpstream] = []
     try:
         try:
             lan.make()
         except (RuntimeError, OSError) as exc:
             pytest.skip(f"NO LAN DISCOVERY TEST: network namespaces cannot be made: {exc}")
+        model = FakeUpstream(models=["b-model"], unix_path=str(folder / "b.sock"))
+        model.on("POST", CHAT, sse_stream(sse_events(EVENTS, "b-model")))
+        fakes.append(ThreadedUpstream(model))
+        fakes[-1].start()
         b = discovery(GatewayProcess(folder / "b", "disc-b", lb=False,
+                                     backends=[("b-fake", model.url)],
                                      allow_external_access=True), announce=True)
         gateways.append(b)
         launch_in(lan, "b", b)
         a = discovery(GatewayProcess(folder / "a", "disc-a", lb=True), browse=True)
         gateways.append(a)
         launch_in(lan, "a", a)
-        yield Hosts(lan, folder, a, b)
+        yield Hosts(lan, folder, a, b, model)
     finally:
         for gw in gateways:
             gw.stop()
+        for fake in fakes:
+            fake.stop()
         lan.remove()
         for gw in gateways:
             assert "Traceback" not in gw.log(), gw.log()
@@ -182,6 +201,53 @@ async def test_b_accepts_its_own_address_as_host(hosts: Hosts) -> None:
     assert await trio.to_thread.run_sync(
         lan.http, "a", url + "/health", {"Host": "evil.example"}) == 403
     assert await trio.to_thread.run_sync(hosts.passive_opens, "b") == before + 3
+
+
+async def test_a_pairs_with_b_by_its_code_then_streams_from_it(hosts: Hosts) -> None:
+    lan, a, b = hosts.lan, hosts.a, hosts.b
+    (entry,) = await hosts.discovered()
+    made = json.loads(await trio.to_thread.run_sync(
+        lambda: lan.sluice("b", "pair", "--json", "--data-dir", str(b.data_dir))))
+    code = made["code"]
+    assert len(code) == 6
+    assert code.isdigit()
+    said = await trio.to_thread.run_sync(
+        lambda: lan.sluice("a", "nodes", "add", entry["baseUrl"], "--code", code,
+                           "--data-dir", str(a.data_dir)))
+    assert entry["fingerprint"] in said
+    nodes = await a.get_json("/api/v1/nodes", via="unix")
+    assert [(n["fingerprint"], n["baseUrl"], n["hasApiKey"]) for n in nodes] == [
+        (entry["fingerprint"], entry["baseUrl"], True)]
+    # B made a key for A, named after A's computer; the code is used up.
+    keys = await b.get_json("/api/v1/access-keys", via="unix", admin=True)
+    assert [k["name"] for k in keys if k["name"] != "host-a"] == [socket.gethostname()]
+    again = await b.call("POST", "/api/v1/pairing/claim",
+                         {"code": code, "fingerprint": "x", "name": "x"}, via="unix")
+    assert again.status == 401
+    with trio.fail_after(SEEN_WITHIN):
+        while not (await hosts.discovered())[0]["added"]:
+            await trio.sleep(0.1)
+    await a.wait_nodes({entry["fingerprint"]: ["b-model"]})
+    # A streams from B over the veth pair with the key the code got: byte for byte what
+    # B's model server sends.
+    direct = await request(hosts.model.url, "POST", CHAT, chat_body("b-model", True),
+                           [("content-type", "application/json")])
+    client = await Client.open(a.unix)
+    try:
+        got = await client.request("POST", CHAT, chat_body("b-model", True),
+                                   [("content-type", "application/json")])
+    finally:
+        await client.aclose()
+    assert got.status == 200
+    assert got.header("x-sluice-served-by") == f"node:{entry['fingerprint']}"
+    assert got.body == direct.body
+    assert got.body.count(b"\n\n") == EVENTS + 1  # and the [DONE] line
+    node_key = yaml.safe_load((a.data_dir / "secrets.yaml").read_text())["node_keys"][
+        entry["fingerprint"]]
+    assert node_key.startswith("sk-sluice-")
+    for log in (a.log(), b.log()):
+        assert code not in log
+        assert node_key not in log
 
 
 async def test_b_stopped_leaves_the_list_at_once(hosts: Hosts) -> None:
