@@ -17,10 +17,16 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
+from tests.fakenode import ThreadedUpstream
+from tests.fakeupstream import FakeUpstream
 from tests.gateways import START_TIMEOUT, GatewayProcess
 
 IP = shutil.which("ip") or "ip"
@@ -128,6 +134,54 @@ class Lan:
     def sluice(self, host: str, *args: str, stdin: str | None = None) -> str:
         """A ``sluice`` command run inside ``host``'s namespace; its standard output."""
         return self.run(host, [sys.executable, "-m", "proxy", *args], stdin=stdin).stdout
+
+
+class LanRun:
+    """A :class:`Lan` made for a test module, a temporary folder, and the fake model servers
+    and gateways started on it: :func:`lan_run` stops them all and removes the rest."""
+
+    def __init__(self, lan: Lan, folder: Path) -> None:
+        self.lan = lan
+        self.folder = folder
+        self.gateways: list[GatewayProcess] = []
+        self.fakes: list[ThreadedUpstream] = []
+
+    def serve(self, up: FakeUpstream) -> FakeUpstream:
+        """Serve ``up`` from its own thread until the run ends."""
+        self.fakes.append(ThreadedUpstream(up))
+        self.fakes[-1].start()
+        return up
+
+    def launch(self, host: str, gw: GatewayProcess) -> GatewayProcess:
+        """Start ``gw`` inside ``host``'s namespace (:func:`launch_in`); stopped at the end."""
+        self.gateways.append(gw)
+        return launch_in(self.lan, host, gw)
+
+
+@contextmanager
+def lan_run(label: str, prefix: str, reason: str | None = None) -> Iterator[LanRun]:
+    """A :class:`LanRun`, or a loud skip (``NO <label>: why``) when namespaces cannot be
+    made here (or for ``reason``). At the end: gateways stopped, fakes stopped, namespaces
+    removed, no gateway log with a traceback, the folder deleted."""
+    reason = unavailable() or reason
+    if reason is not None:
+        pytest.skip(f"NO {label}: {reason}")
+    run = LanRun(Lan(), Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")))
+    try:
+        try:
+            run.lan.make()
+        except (RuntimeError, OSError) as exc:
+            pytest.skip(f"NO {label}: network namespaces cannot be made here: {exc}")
+        yield run
+    finally:
+        for gw in run.gateways:
+            gw.stop()
+        for fake in run.fakes:
+            fake.stop()
+        run.lan.remove()
+        for gw in run.gateways:
+            assert "Traceback" not in gw.log(), gw.log()
+        shutil.rmtree(run.folder, ignore_errors=True)
 
 
 def launch_in(lan: Lan, host: str, gw: GatewayProcess) -> GatewayProcess:

@@ -16,11 +16,9 @@ a B without external access announces nothing, and A lists nothing.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,10 +31,9 @@ import yaml
 
 from protocol.config import DiscoveryConfig
 from tests.client import Client, chat_body, request
-from tests.fakenode import ThreadedUpstream
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
 from tests.gateways import GatewayProcess
-from tests.netns import Lan, launch_in, unavailable
+from tests.netns import Lan, lan_run, launch_in
 
 DISCOVERED = "/api/v1/nodes/discovered"
 CHAT = "/v1/chat/completions"
@@ -120,40 +117,16 @@ class Hosts:
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(f"NO LAN DISCOVERY TEST: {reason}")
-    folder = Path(tempfile.mkdtemp(prefix="sl-disc-", dir="/tmp"))
-    lan = Lan()
-    gateways: list[GatewayProcess] = []
-    fakes: list[ThreadedUpstream] = []
-    try:
-        try:
-            lan.make()
-        except (RuntimeError, OSError) as exc:
-            pytest.skip(f"NO LAN DISCOVERY TEST: network namespaces cannot be made: {exc}")
-        model = FakeUpstream(models=["b-model"], unix_path=str(folder / "b.sock"))
+    with lan_run("LAN DISCOVERY TEST", "sl-disc-") as run:
+        folder = run.folder
+        model = run.serve(FakeUpstream(models=["b-model"], unix_path=str(folder / "b.sock")))
         model.on("POST", CHAT, sse_stream(sse_events(EVENTS, "b-model")))
-        fakes.append(ThreadedUpstream(model))
-        fakes[-1].start()
-        b = discovery(GatewayProcess(folder / "b", "disc-b", lb=False,
-                                     backends=[("b-fake", model.url)],
-                                     allow_external_access=True), announce=True)
-        gateways.append(b)
-        launch_in(lan, "b", b)
-        a = discovery(GatewayProcess(folder / "a", "disc-a", lb=True), browse=True)
-        gateways.append(a)
-        launch_in(lan, "a", a)
-        yield Hosts(lan, folder, a, b, model)
-    finally:
-        for gw in gateways:
-            gw.stop()
-        for fake in fakes:
-            fake.stop()
-        lan.remove()
-        for gw in gateways:
-            assert "Traceback" not in gw.log(), gw.log()
-        shutil.rmtree(folder, ignore_errors=True)
+        b = run.launch("b", discovery(GatewayProcess(
+            folder / "b", "disc-b", lb=False, backends=[("b-fake", model.url)],
+            allow_external_access=True), announce=True))
+        a = run.launch("a", discovery(GatewayProcess(folder / "a", "disc-a", lb=True),
+                                      browse=True))
+        yield Hosts(run.lan, folder, a, b, model)
 
 
 async def test_a_lists_b_without_contacting_it(hosts: Hosts) -> None:

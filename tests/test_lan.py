@@ -17,11 +17,8 @@ up, B is checked online and one half-open probe closes the circuit.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import h11
@@ -31,7 +28,6 @@ import trio
 from protocol.upstream_url import parse_upstream_url
 from proxy.upstream_pool import ConnectionPool
 from tests.client import Client, chat_body, read_events
-from tests.fakenode import ThreadedUpstream
 from tests.fakeupstream import (
     LLAMA_SSE_HEADERS,
     FakeUpstream,
@@ -42,7 +38,7 @@ from tests.fakeupstream import (
 )
 from tests.figures import Figures
 from tests.gateways import GatewayProcess
-from tests.netns import Lan, launch_in, unavailable
+from tests.netns import Lan, lan_run
 
 CHAT = "/v1/chat/completions"
 CONNECT = 1.0  # timeouts.connection of A
@@ -81,55 +77,33 @@ class Hosts:
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(f"NO LAN TEST: {reason}")
-    folder = Path(tempfile.mkdtemp(prefix="sl-lan-", dir="/tmp"))
-    lan = Lan()
-    fakes: list[ThreadedUpstream] = []
-    gateways: list[GatewayProcess] = []
-    try:
-        try:
-            lan.make()
-        except (RuntimeError, OSError) as exc:
-            pytest.skip(f"NO LAN TEST: network namespaces cannot be made here: {exc}")
+    with lan_run("LAN TEST", "sl-lan-") as run:
+        lan, folder = run.lan, run.folder
         up_b = FakeUpstream(models=["b-model"], unix_path=str(folder / "b.sock"))
         up_b.on("POST", CHAT, events_handler)
         up_a = FakeUpstream(models=["a-model"], unix_path=str(folder / "a.sock"))
         up_a.on("POST", CHAT, json_completion("from a", "a-model"))
         for up in (up_a, up_b):
-            fakes.append(ThreadedUpstream(up))
-            fakes[-1].start()
-        b = GatewayProcess(folder / "b", "lan-b", backends=[("b-fake", up_b.url)], lb=False,
-                           allow_external_access=True, allowed_hosts=(lan.addr["b"],))
-        gateways.append(b)
-        launch_in(lan, "b", b)
+            run.serve(up)
+        b = run.launch("b", GatewayProcess(
+            folder / "b", "lan-b", backends=[("b-fake", up_b.url)], lb=False,
+            allow_external_access=True, allowed_hosts=(lan.addr["b"],)))
         key = lan.sluice("b", "keys", "create", "--name", "host-a", "--data-dir",
                          str(b.data_dir)).strip()
         assert key.startswith("sk-sluice-"), key
         key_file = folder / "b.key"
         key_file.write_text(key + "\n")
         key_file.chmod(0o600)
-        a = GatewayProcess(folder / "a", "lan-a", backends=[("a-fake", up_a.url)], lb=True,
-                           connection=CONNECT, chunk_interval=CHUNK_INTERVAL, first_byte=5.0,
-                           stream_total=60.0, standard_total=20.0, interval=1.0,
-                           hc_timeout=0.8, failure_threshold=2, reset_timeout=RESET)
-        gateways.append(a)
-        launch_in(lan, "a", a)
+        a = run.launch("a", GatewayProcess(
+            folder / "a", "lan-a", backends=[("a-fake", up_a.url)], lb=True,
+            connection=CONNECT, chunk_interval=CHUNK_INTERVAL, first_byte=5.0,
+            stream_total=60.0, standard_total=20.0, interval=1.0, hc_timeout=0.8,
+            failure_threshold=2, reset_timeout=RESET))
         added = json.loads(lan.sluice(
             "a", "nodes", "add", f"http://{lan.addr['b']}:{b.port}", "--name", "host-b",
             "--api-key-file", str(key_file), "--data-dir", str(a.data_dir), "--json"))
         assert added["fingerprint"] == b.fingerprint, added  # from B's identity, over the LAN
         yield Hosts(lan, a, b, added["fingerprint"], key)
-    finally:
-        for gw in gateways:
-            gw.stop()
-        for fake in fakes:
-            fake.stop()
-        lan.remove()
-        for gw in gateways:
-            assert "Traceback" not in gw.log(), gw.log()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def stream_via_a(hosts: Hosts, events: int, gap: float) -> tuple[Client, h11.Response]:

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,10 +28,9 @@ from typing import Any
 import pytest
 
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, READY_TIMEOUT, missing
-from tests.fakenode import ThreadedUpstream
 from tests.fakeupstream import FakeUpstream, json_completion
 from tests.gateways import GatewayProcess
-from tests.netns import Lan, launch_in, unavailable
+from tests.netns import Lan, lan_run
 
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Browser, Page, expect
@@ -95,41 +92,17 @@ class Hosts:
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
-    reason = unavailable() or missing()
-    if reason is not None:
-        pytest.skip(f"NO LAN CONSOLE TEST: {reason}")
-    folder = Path(tempfile.mkdtemp(prefix="sl-uilan-", dir="/tmp"))
-    lan = Lan()
-    fakes: list[ThreadedUpstream] = []
-    gateways: list[GatewayProcess] = []
-    try:
-        try:
-            lan.make()
-        except (RuntimeError, OSError) as exc:
-            pytest.skip(f"NO LAN CONSOLE TEST: network namespaces cannot be made here: {exc}")
-        up_b = FakeUpstream(models=["b-model"], unix_path=str(folder / "b.sock"))
+    with lan_run("LAN CONSOLE TEST", "sl-uilan-", missing()) as run:
+        folder = run.folder
+        up_b = run.serve(FakeUpstream(models=["b-model"], unix_path=str(folder / "b.sock")))
         up_b.on("POST", "/v1/chat/completions", json_completion("from b", "b-model"))
-        fakes.append(ThreadedUpstream(up_b))
-        fakes[-1].start()
-        b = GatewayProcess(folder / "b", "uilan-b", backends=[("b-fake", up_b.url)], lb=False,
-                           allow_external_access=True)
-        gateways.append(b)
-        launch_in(lan, "b", b)
-        a = GatewayProcess(folder / "a", "uilan-a", lb=True)
-        gateways.append(a)
-        launch_in(lan, "a", a)
+        b = run.launch("b", GatewayProcess(folder / "b", "uilan-b",
+                                           backends=[("b-fake", up_b.url)], lb=False,
+                                           allow_external_access=True))
+        a = run.launch("a", GatewayProcess(folder / "a", "uilan-a", lb=True))
         ok(b, "PUT", "/api/v1/settings/discovery", {"announce": True})
         ok(a, "PUT", "/api/v1/settings/discovery", {"browse": True})
-        yield Hosts(lan, a, b, folder)
-    finally:
-        for gw in gateways:
-            gw.stop()
-        for fake in fakes:
-            fake.stop()
-        lan.remove()
-        for gw in gateways:
-            assert "Traceback" not in gw.log(), gw.log()
-        shutil.rmtree(folder, ignore_errors=True)
+        yield Hosts(run.lan, a, b, folder)
 
 
 @pytest.fixture
