@@ -189,8 +189,9 @@ async def test_a_pairs_with_b_by_its_code_then_streams_from_it(hosts: Hosts) -> 
                            "--data-dir", str(a.data_dir)))
     assert entry["fingerprint"] in said
     nodes = await a.get_json("/api/v1/nodes", via="unix")
-    assert [(n["fingerprint"], n["baseUrl"], n["hasApiKey"]) for n in nodes] == [
-        (entry["fingerprint"], entry["baseUrl"], True)]
+    # Named as it announced itself: the claim's answer names no one.
+    assert [(n["fingerprint"], n["name"], n["baseUrl"], n["hasApiKey"]) for n in nodes] == [
+        (entry["fingerprint"], entry["name"], entry["baseUrl"], True)]
     # B made a key for A, named after A's computer; the code is used up.
     keys = await b.get_json("/api/v1/access-keys", via="unix", admin=True)
     assert [k["name"] for k in keys if k["name"] != "host-a"] == [socket.gethostname()]

@@ -348,6 +348,16 @@ def test_where_the_other_computer_connects(monkeypatch: pytest.MonkeyPatch, api:
         assert noted in notes[0]
 
 
+def test_without_a_default_route_the_command_names_host_local(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # <host>.local passes the other side's Host guard (SPEC §14) and mDNS resolves it.
+    monkeypatch.setattr(cli_pair, "call", lambda *args, **kw: {
+        "enabled": True, "allowExternalAccess": True, "restartRequired": False})
+    monkeypatch.setattr(cli_pair, "lan_address", lambda: None)
+    monkeypatch.setattr(cli_pair.socket, "gethostname", lambda: "studio.example.org")
+    assert cli_pair._where(Path("/nonexistent"), 39080) == ("http://studio.local:39080", [])
+
+
 def test_the_lan_address_is_never_loopback() -> None:
     address = cli_pair.lan_address()  # sends nothing: a UDP socket is only connected
     assert address is None or not address.startswith("127.")

@@ -176,6 +176,17 @@ async def commit(call: Call, change: NodesChange) -> Config:
         raise _renamed(exc) from None
 
 
+def _discovered_name(call: Call, fingerprint: str) -> str:
+    """The name a computer announced on the LAN (SPEC §14), if it was found there and the
+    name is one a node may have; else "" (the URL's host names it)."""
+    switch = call.ctx.discovery
+    found_here = [] if switch is None else switch.computers()
+    for found in found_here:
+        if found["fingerprint"] == fingerprint and is_label(found["name"]):
+            return str(found["name"])
+    return ""
+
+
 def _renamed(exc: ConfigError) -> ConfigError:
     match = re.fullmatch(r"nodes\[\d+\]\.(\w+)", exc.path or "")
     if match and match[1] in _JSON_FIELDS:
@@ -234,6 +245,7 @@ async def add_node(call: Call) -> tuple[int, Any]:
         fingerprint = await ask_identity(call, address, key) or derived_fingerprint(address)
     if fingerprint == ctx.settings.node_id:
         raise ConfigError("baseUrl", "that URL is this gateway itself")
+    name = name or _discovered_name(call, fingerprint)
 
     def change(cfg: Config, keys: dict[str, str]) -> tuple[Config, dict[str, str]]:
         # The registry as it is now: another change may have landed during the wait.

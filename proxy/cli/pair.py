@@ -61,7 +61,7 @@ def _where(data_dir: Path, port: int | None) -> tuple[str, list[str]]:
                      "turn it on (api.enabled) and restart")
         return "http://<this computer's address>:<port>", notes
     if api.get("allowExternalAccess") and not api.get("restartRequired"):
-        host = lan_address() or socket.gethostname()
+        host = lan_address() or socket.gethostname().partition(".")[0] + ".local"
     else:
         host = "127.0.0.1"
         notes.append("external access is off: only this computer can reach the gateway. "
