@@ -4,6 +4,7 @@ run's figures (tests/figures.py)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import tempfile
@@ -38,6 +39,11 @@ if TYPE_CHECKING:
 # The web console's browser fixtures (browser, console_gateway, make_console_gateway,
 # console_page, axe, screenshot): see tests/browser.py.
 pytest_plugins = ["tests.browser"]
+
+# No test may send mDNS on this machine's real interfaces (SPEC §14): every gateway this run
+# starts, in process or as a child, refuses to open the mDNS socket (proxy.discovery.link),
+# but for those tests.netns starts inside the network namespaces a test made.
+os.environ["SLUICE_NO_MDNS"] = "1"
 
 
 def free_port() -> int:

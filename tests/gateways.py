@@ -108,6 +108,8 @@ class GatewayProcess:
         (self.data_dir / "node.id").write_text(self.fingerprint + "\n")
         env = {**os.environ, "XDG_RUNTIME_DIR": str(self.folder / "run")}
         env.pop("SLUICE_DATA_DIR", None)
+        if self.prefix:  # inside a network namespace a test made (tests/netns.py): mDNS
+            env.pop("SLUICE_NO_MDNS", None)  # stays on that namespace's veth
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen([*self.prefix, *SERVE, "--data-dir", str(self.data_dir)],
                                      env=env, stdin=subprocess.DEVNULL, stdout=self._log,

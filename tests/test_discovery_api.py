@@ -7,6 +7,7 @@ the path, read-only fields ignored), the file, live start and stop, the ``settin
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import trio
@@ -16,6 +17,8 @@ import yaml
 from protocol.dnssd import announce_packet
 from proxy.api.routes import route
 from proxy.api.settings_discovery import discovered
+from proxy.discovery.link import NO_MDNS
+from proxy.discovery_switch import UNAVAILABLE
 from tests.client import Reply, request
 from tests.conftest import RunningGateway, StartGateway, configure, node
 from tests.test_discovery import ETH0, PEER, PEER_AT, FakeLink
@@ -118,6 +121,22 @@ async def test_browsing_live_on_and_off(start_gateway: StartGateway) -> None:
     assert await get(gw, DISCOVERED) == []
     assert events[-1] == ("discovered", {"computers": []})
     assert (await get(gw, SETTINGS))["browsing"] is False
+
+
+async def test_the_suite_never_opens_the_real_mdns_socket(start_gateway: StartGateway) -> None:
+    # tests/conftest.py sets SLUICE_NO_MDNS for the whole run: a gateway whose discovery is
+    # switched on outside a test's network namespace refuses to open UDP 5353 and says so.
+    assert os.environ.get(NO_MDNS)
+    gw = await start_gateway([], lb=True)
+    assert (await put(gw, {"browse": True})).json()["browsing"] is True
+    notes = gw.gateway.ctx.notifications
+    with trio.fail_after(5):
+        while not any(n["code"] == UNAVAILABLE for n in notes.all()):
+            await trio.sleep(0.01)
+    (note,) = [n for n in notes.all() if n["code"] == UNAVAILABLE]
+    assert NO_MDNS in note["message"]
+    assert gw.gateway.discovery.service is None
+    assert await get(gw, DISCOVERED) == []
 
 
 def test_the_route_is_not_a_node_fingerprint() -> None:

@@ -8,7 +8,9 @@ connected", the expiry (a fake page clock) offering a new code; axe with a code 
 and dark; a read-only console can do neither.
 
 Discovery is never switched on here with load balancing on: that would browse on this
-machine's real interfaces (SPEC §14: only inside namespaces a test made). The found list and
+machine's real interfaces (SPEC §14: only inside namespaces a test made); and were it
+switched on, the gateway would refuse to open the mDNS socket (``SLUICE_NO_MDNS``, set by
+tests/conftest.py for every gateway outside a test's namespaces). The found list and
 Connect are in tests/test_ui_discovery_lan.py."""
 
 from __future__ import annotations

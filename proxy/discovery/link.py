@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 from typing import Protocol
 
@@ -21,10 +22,11 @@ import trio
 from protocol.dnssd import MDNS_GROUP, MDNS_PORT
 from proxy.interfaces import Interface, list_interfaces
 
-__all__ = ["MAX_PACKET", "Link", "MdnsLink", "Source"]
+__all__ = ["MAX_PACKET", "NO_MDNS", "Link", "MdnsLink", "Source"]
 
 log = logging.getLogger("sluice.discovery")
 
+NO_MDNS = "SLUICE_NO_MDNS"  # set (non-empty): the mDNS socket is never opened
 MAX_PACKET = 9000  # bytes read per datagram (RFC 6762 §17: at most 9000 on the wire)
 RECEIVE_RETRY = 0.1  # seconds before reading again after a receive error
 Source = tuple[str, int]  # (address, port) a packet came from or goes to
@@ -65,6 +67,8 @@ class MdnsLink:
 
     @classmethod
     async def open(cls) -> MdnsLink:
+        if os.environ.get(NO_MDNS):  # the test suite sets it: no multicast outside the
+            raise OSError(f"{NO_MDNS} is set")  # network namespaces a test made
         sock = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
