@@ -17,13 +17,14 @@ from typing import Any
 from protocol.errors import ConfigError, SluiceError, Source
 
 __all__ = [
-    "CORS_MAX_AGE", "KEY_PREFIX", "PREFLIGHT_METHODS", "admin_token_invalid",
+    "CORS_MAX_AGE", "KEY_PREFIX", "PAIRING_CLAIM_PATH", "PAIRING_PATH", "PREFLIGHT_METHODS",
+    "admin_token_invalid",
     "admin_token_missing", "api_key_header", "bearer_token", "check_api_key",
     "check_secret_maps",
     "cors_headers", "forbidden_host", "forbidden_origin", "hash_key", "host_allowed",
     "is_loopback_ip", "key_expired", "key_invalid", "key_matches", "key_missing",
-    "model_not_allowed", "new_access_key", "normal_address", "origin_allowed", "own_host",
-    "preflight_headers", "rate_limited", "token_equals",
+    "model_not_allowed", "new_access_key", "normal_address", "open_to_strangers",
+    "origin_allowed", "own_host", "preflight_headers", "rate_limited", "token_equals",
 ]
 
 KEY_PREFIX = "sk-sluice-"  # public and recognisable (for secret scanners); the rest is random
@@ -33,8 +34,8 @@ PREFLIGHT_METHODS = b"GET, POST, PUT, PATCH, DELETE, OPTIONS"
 PREFLIGHT_HEADERS = b"Authorization, Content-Type"
 MAX_KEY_LENGTH = 4096
 _WWW_AUTHENTICATE = ((b"www-authenticate", b"Bearer"),)
+PAIRING_PATH = "/api/v1/pairing"  # SPEC §14: the code; admin only, even to read
 PAIRING_CLAIM_PATH = "/api/v1/pairing/claim"  # SPEC §14: how another computer gets a key
-__all__ += ["PAIRING_CLAIM_PATH", "open_to_strangers"]
 
 
 # ----------------------------------------------------------------------- DNS rebinding

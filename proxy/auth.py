@@ -4,7 +4,8 @@ its peer and the request head. The rules themselves are pure (:mod:`protocol.acc
 - Unix socket: the peer's uid (SO_PEERCRED) must be ours or root; no key ever.
 - TCP (``tcp`` API listener and the ``local-tcp`` fallback): the Host/Origin guard; with
   external access, a Host that names this computer passes too (:mod:`proxy.own_host`).
-- ``/admin/*`` and writes under ``/api/v1/``: the admin token, on every listener.
+- ``/admin/*``, writes under ``/api/v1/`` and the reads of :data:`ADMIN_READS` (the
+  pairing code's state): the admin token, on every listener.
 - The ``tcp`` API listener: an access key (or the admin token) from a non-loopback peer,
   and from loopback peers too when ``api.require_auth`` is on. ``GET /health`` and
   preflight ``OPTIONS`` need none.
@@ -29,6 +30,7 @@ import trio
 
 from protocol.access import (
     KEY_PREFIX,
+    PAIRING_PATH,
     admin_token_invalid,
     admin_token_missing,
     api_key_header,
@@ -56,6 +58,9 @@ log = logging.getLogger("sluice.auth")
 Header = tuple[bytes, bytes]
 ADMIN_WRITES = frozenset({b"POST", b"PUT", b"PATCH", b"DELETE"})
 OPEN_PATHS = frozenset({"/health"})  # liveness: no key needed
+# Reads that need the admin token too: whether a pairing code is active, and its tries
+# left, are nothing for a holder of an access key to watch (SPEC §14).
+ADMIN_READS = frozenset({PAIRING_PATH})
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -94,7 +99,7 @@ def unix_peer_allowed(sock: trio.socket.SocketType) -> bool:
 
 def needs_admin(method: bytes, path: str) -> bool:
     return path == "/admin" or path.startswith("/admin/") or \
-        (path.startswith("/api/v1/") and method in ADMIN_WRITES)
+        (path.startswith("/api/v1/") and (method in ADMIN_WRITES or path in ADMIN_READS))
 
 
 def _values(headers: Sequence[Header], name: bytes) -> list[bytes]:
