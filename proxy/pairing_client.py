@@ -31,7 +31,7 @@ from protocol.names import MAX_LABEL, is_label
 from protocol.pairing import parse_claim_answer
 from protocol.upstream_url import UpstreamAddress
 from proxy.upstream import UpstreamFailure
-from proxy.upstream_pool import ConnectionPool, exchange
+from proxy.upstream_pool import ConnectionPool, whole_exchange
 
 __all__ = ["CLAIM_TIMEOUT", "claim_key", "computer_name"]
 
@@ -120,15 +120,9 @@ async def claim_key(connections: ConnectionPool, address: UpstreamAddress, url: 
     status, answer_headers, answer = 0, [], b""
     with scope:
         try:
-            conn, head = await exchange(connections, address, b"POST",
-                                        address.target(PAIRING_CLAIM_PATH.encode()), headers, body,
-                                        on_connecting=connecting, on_connected=connected)
-            try:
-                answer = await conn.receive_body(ANSWER_CAP)
-            except BaseException:
-                conn.close()
-                raise
-            connections.release(conn)
+            head, answer = await whole_exchange(
+                connections, address, b"POST", address.target(PAIRING_CLAIM_PATH.encode()),
+                headers, body, cap=ANSWER_CAP, on_connecting=connecting, on_connected=connected)
         except (UpstreamFailure, OSError, ValueError) as exc:
             log.info("pairing with %s failed: %s", url, type(exc).__name__)
             reason = str(exc) if isinstance(exc, UpstreamFailure) else type(exc).__name__

@@ -243,11 +243,31 @@ async def fetch(
     headers: list[Header] = [(b"host", address.authority), (b"accept", b"application/json")]
     if api_key:
         headers.append((b"authorization", b"Bearer " + api_key.encode()))
-    conn, head = await exchange(connections, address, b"GET", address.target(path), headers, b"")
+    head, body = await whole_exchange(connections, address, b"GET", address.target(path),
+                                      headers, b"", cap=cap)
+    return head.status_code, body
+
+
+async def whole_exchange(
+    connections: ConnectionPool,
+    address: UpstreamAddress,
+    method: bytes,
+    target: bytes,
+    headers: Sequence[Header],
+    body: bytes,
+    *,
+    cap: int,
+    on_connecting: Callable[[], None] = lambda: None,
+    on_connected: Callable[[], None] = lambda: None,
+) -> tuple[ResponseHead, bytes]:
+    """:func:`exchange` for a small answer read whole (at most ``cap`` bytes): its head and
+    body, the connection pooled again after."""
+    conn, head = await exchange(connections, address, method, target, headers, body,
+                                on_connecting=on_connecting, on_connected=on_connected)
     try:
-        body = await conn.receive_body(cap)
+        answer = await conn.receive_body(cap)
     except BaseException:
         conn.close()
         raise
     connections.release(conn)
-    return head.status_code, body
+    return head, answer
