@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from protocol.errors import ConfigError, SluiceError, Source
+from protocol.errors import ConfigError, SluiceError, Source, rate_limit_error
 
 __all__ = [
     "CORS_MAX_AGE", "KEY_PREFIX", "PAIRING_CLAIM_PATH", "PAIRING_PATH", "PREFLIGHT_METHODS",
@@ -298,10 +298,8 @@ def model_not_allowed(model: str) -> SluiceError:
 
 def rate_limited(rpm: int, retry_after: int) -> SluiceError:
     """429 for a key over its ``rpm`` (SPEC §13), with ``Retry-After`` in whole seconds."""
-    return SluiceError(429, f"this access key may send {rpm} requests a minute; retry in "
-                            f"{retry_after} s", type="rate_limit_error",
-                       code="rate_limit_exceeded", source=Source.CLIENT,
-                       headers=((b"retry-after", str(retry_after).encode()),))
+    return rate_limit_error(f"this access key may send {rpm} requests a minute; retry in "
+                            f"{retry_after} s", retry_after)
 
 
 def admin_token_missing() -> SluiceError:

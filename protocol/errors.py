@@ -163,10 +163,20 @@ def request_timeout(message: str) -> SluiceError:
                        source=Source.CLIENT)
 
 
-def payload_too_large(limit: int) -> SluiceError:
-    return SluiceError(413, f"request body is larger than api.max_body_size ({limit} bytes)",
+def payload_too_large(limit: int, message: str | None = None,
+                      param: str | None = "api.max_body_size") -> SluiceError:
+    return SluiceError(413, message or f"request body is larger than api.max_body_size "
+                                       f"({limit} bytes)",
                        type="invalid_request_error", code="request_too_large",
-                       param="api.max_body_size", source=Source.CLIENT)
+                       param=param, source=Source.CLIENT)
+
+
+def rate_limit_error(message: str, retry_after: int | bytes,
+                     source: Source = Source.CLIENT) -> SluiceError:
+    """429 ``rate_limit_exceeded`` with ``Retry-After`` (whole seconds)."""
+    value = retry_after if isinstance(retry_after, bytes) else str(retry_after).encode()
+    return SluiceError(429, message, type="rate_limit_error", code="rate_limit_exceeded",
+                       source=source, headers=((b"retry-after", value),))
 
 
 def headers_too_large(message: str) -> SluiceError:

@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from protocol.errors import ConfigError, SluiceError, Source
+from protocol.errors import ConfigError, SluiceError, Source, payload_too_large, rate_limit_error
 from protocol.headers import Header, header_value
 from protocol.key_limits import TokenBucket, retry_after
 from protocol.names import LABEL_RULE, is_fingerprint, is_label
@@ -244,9 +244,8 @@ def check_claim_body(headers: Iterable[Header]) -> None:
     length = header_value(headers, b"content-length")
     if header_value(headers, b"transfer-encoding") is not None or \
             (length is not None and (not length.isdigit() or int(length) > MAX_CLAIM_BODY)):
-        raise SluiceError(413, f"a pairing claim's body is at most {MAX_CLAIM_BODY} bytes "
-                               "(with a Content-Length)", type="invalid_request_error",
-                          code="request_too_large", source=Source.CLIENT)
+        raise payload_too_large(MAX_CLAIM_BODY, f"a pairing claim's body is at most "
+                                f"{MAX_CLAIM_BODY} bytes (with a Content-Length)", param=None)
 
 
 def parse_claim(doc: Mapping[str, Any]) -> Claim:
@@ -294,6 +293,5 @@ def code_not_accepted() -> SluiceError:
 
 def claim_rate_limited(retry: int) -> SluiceError:
     """429 for a peer over its claims a minute, with ``Retry-After`` in whole seconds."""
-    return SluiceError(429, f"too many pairing attempts from this address; retry in {retry} s",
-                       type="rate_limit_error", code="rate_limit_exceeded",
-                       source=Source.CLIENT, headers=((b"retry-after", str(retry).encode()),))
+    return rate_limit_error(f"too many pairing attempts from this address; retry in {retry} s",
+                            retry)

@@ -21,8 +21,8 @@ import trio
 from protocol.access import PAIRING_CLAIM_PATH
 from protocol.errors import (
     ConfigError,
-    SluiceError,
     Source,
+    rate_limit_error,
     upstream_bad_response,
     upstream_unreachable,
 )
@@ -84,10 +84,8 @@ def _answer(status: int, headers: list[Header], body: bytes, url: str) -> tuple[
         raise ConfigError("pairingCode", NOT_ACCEPTED)
     if status == 429:
         retry = _retry_after(headers)
-        raise SluiceError(429, f"{url} refuses more pairing attempts for now; retry in "
-                               f"{retry.decode()} s", type="rate_limit_error",
-                          code="rate_limit_exceeded", source=Source.UPSTREAM,
-                          headers=((b"retry-after", retry),))
+        raise rate_limit_error(f"{url} refuses more pairing attempts for now; retry in "
+                               f"{retry.decode()} s", retry, Source.UPSTREAM)
     said = _remote_message(body)
     if status == 404:
         hint = "it does not offer pairing (an older sluice, or not sluice at all?)"
