@@ -287,8 +287,7 @@ def _other(data: Mapping[str, Any]) -> str:
 _KINDS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "request": _request, "node": _node, "circuit": _circuit, "settings": _settings,
     "notification": _notification, "stats": _stats, "model": _model, "hello": _hello,
-    "pairing": _pairing,
-    "resync": _resync, "discovered": _discovered}
+    "resync": _resync, "pairing": _pairing, "discovered": _discovered}
 
 
 def frame_line(frame: Mapping[str, Any], tz: tzinfo | None = None) -> str:

@@ -15,13 +15,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from protocol.access import PAIRING_PATH
 from protocol.pairing import shown_code
 from proxy.cli.admin import CliError, call
 from proxy.datadir import read_state
 
 __all__ = ["lan_address", "pair_main", "valid_until"]
 
-PATH = "/api/v1/pairing"
+PATH = PAIRING_PATH
 POLL_INTERVAL = 1.0  # seconds between two looks with --wait
 # An address of TEST-NET-1 (RFC 5737): "connecting" a UDP socket there sends nothing, it
 # only makes the kernel pick the source address it would use for the LAN.
