@@ -133,7 +133,9 @@ class RequestRecord:
     """One finished request (SPEC §9.1). Times are seconds; ``started_at`` is wall-clock.
     ``attempts`` are (upstream, outcome) for each upstream tried, for the metrics;
     ``routed`` says the model id was one the gateway routed (so it may be a metric label);
-    ``load`` is the wait for a managed model's load (``loadMs``, null when none)."""
+    ``load`` is the wait for a managed model's load (``loadMs``, null when none); ``ttfb``
+    the first body byte, ``ttft`` the first SSE event with data (keep-alive comments before
+    it are bytes, not tokens; null for a whole answer or a stream with no data event)."""
 
     id: str
     started_at: float
@@ -158,6 +160,7 @@ class RequestRecord:
     usage_first: bytes | None = None  # a stream's first usage line, when it is not usage_in
     load: float | None = None  # seconds it waited for its managed model to load (SPEC §11)
     served_model: str | None = None  # the model the upstream was asked for (an alias's target)
+    ttft: float | None = None  # an SSE answer's first data event to the client (SPEC §3.2)
 
     def __repr__(self) -> str:
         return (f"RequestRecord({self.id} {self.method} {self.path} {self.status} "
@@ -191,6 +194,7 @@ class RequestRecord:
             "outcome": self.outcome,
             "failover": self.failover,
             "ttfbMs": None if self.ttfb is None else round(self.ttfb * 1000, 3),
+            "ttftMs": None if self.ttft is None else round(self.ttft * 1000, 3),
             "durationMs": round(self.duration * 1000, 3),
             "bytesOut": self.bytes_out,
             "events": self.events,
@@ -205,7 +209,8 @@ class RequestRecord:
         because a live feed sends one for every request and the json module's walk of the
         dict cost three times this."""
         self.find_usage()
-        usage, ttfb, events, load = self.usage, self.ttfb, self.events, self.load
+        usage, ttfb, ttft, events, load = (self.usage, self.ttfb, self.ttft, self.events,
+                                           self.load)
         route = _route_json(self.method, self.path, self.model, self.served_model, self.stream,
                             self.transport, self.served_by)
         return (f'{{"id":{encode_basestring(self.id)},'
@@ -213,6 +218,7 @@ class RequestRecord:
                 f'"status":{self.status:d},"outcome":{encode_basestring(self.outcome)},'
                 f'"failover":{_string_or_null(self.failover)},'
                 f'"ttfbMs":{"null" if ttfb is None else _millis(ttfb)},'
+                f'"ttftMs":{"null" if ttft is None else _millis(ttft)},'
                 f'"durationMs":{_millis(self.duration)},"bytesOut":{self.bytes_out:d},'
                 f'"events":{"null" if events is None else format(events, "d")},'
                 f'"usage":{"null" if usage is None else compact_json(usage)},'

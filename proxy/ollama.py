@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from proxy.key_grants import Grant
     from proxy.models.managed import Managed
     from proxy.models.ondemand import OnDemand
+    from proxy.relay import Relay
 
 
 class ModelExchange(Protocol):
@@ -61,6 +62,7 @@ class ModelExchange(Protocol):
     started: float
     load_wait: float | None
     grant: Grant | None
+    relay: Relay | None
 
     async def wait_for_load(self, ondemand: OnDemand, model: str) -> Managed: ...
 
@@ -229,9 +231,14 @@ async def answer(exchange: ModelExchange, request: h11.Request, path: str, heade
     started = exchange.started
 
     def timing() -> Timing:
+        # Without llama.cpp's own timings the prompt took until the first event with data
+        # (keep-alive comments before it are still the prompt being read).
         load = exchange.load_wait or 0.0
+        relay = exchange.relay
+        first = None if relay is None else relay.first_event_at
         return Timing(total_ns=int((trio.current_time() - started) * _NS),
-                      load_ns=int(load * _NS))
+                      load_ns=int(load * _NS),
+                      prompt_ns=None if first is None else int((first - started - load) * _NS))
 
     out = OllamaOut(exchange.out, translated.answer, translated.stream, timing)
     await exchange.to_model(request.method, target, translated.path, headers,

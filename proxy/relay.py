@@ -34,7 +34,7 @@ from protocol.http1 import ResponseHead
 from protocol.request_info import RequestInfo, total_timeout
 from protocol.response import State
 from protocol.sse import TAIL, SseObserver, ends_event
-from proxy.deadline import Deadline, RequestScope
+from proxy.deadline import FIRST_BYTE_LIMIT, Deadline, GapWatch, RequestScope
 from proxy.errors import ClientGone
 from proxy.sockio import Fairness
 from proxy.upstream import UpstreamConnection, UpstreamFailure
@@ -74,6 +74,7 @@ class Relay:
         self.interrupted = False  # cancelled from outside (shutdown)
         self.observer: SseObserver | None = None  # an SSE answer's events and usage
         self.usage_in: bytes | None = None  # a whole answer's body, for its usage object
+        self.first_event_at: float | None = None  # an SSE answer's first data event (ttft)
         self._tail = b""  # last payload bytes sent, when not passing chunked framing through
         self._conn: UpstreamConnection | None = None
 
@@ -93,6 +94,18 @@ class Relay:
         observer = self.observer
         return (observer is not None and observer.ended
                 and self.out.response.state is State.STREAMING)
+
+    @property
+    def unanswered(self) -> bool:
+        """The client has nothing it would read as an answer: no byte, or (SSE) only
+        keep-alive comments, ending on an event boundary; so the request may still fail over,
+        the next node's stream going on after them."""
+        response = self.out.response
+        if not response.started:
+            return True
+        observer = self.observer
+        return (response.state is State.STREAMING and observer is not None
+                and not observer.events and self.at_event_boundary)
 
     async def run(self) -> None:
         """Relay the exchange. Raises SluiceError only while nothing was sent, ClientGone
@@ -128,7 +141,8 @@ class Relay:
                     conn.close()
 
     def _fail_over(self, why: str) -> bool:
-        """Before anything reached the client: try the next node, if the plan has one."""
+        """Before the client got anything it would read (:attr:`unanswered`): try the next
+        node, if the plan has one."""
         plan = self.plan
         if not plan.may_fail_over:
             return False
@@ -150,9 +164,8 @@ class Relay:
         info = self.info
         total, total_limit = total_timeout(timeouts, info)
         total_at = trio.current_time() + total
-        if info.stream:  # the wait for the answer's head
-            answer = (timeouts.request.streaming.first_byte,
-                      "timeouts.request.streaming.first_byte")
+        if info.stream:  # the wait for the head, then for the first data event
+            answer = (timeouts.request.streaming.first_byte, FIRST_BYTE_LIMIT)
         else:
             answer = (total, total_limit)
         plan = self.plan
@@ -178,20 +191,29 @@ class Relay:
                     if self._fail_over(str(failure)):
                         continue
                     raise
-                plan.attempt.answered(trio.current_time())
+                sse = is_event_stream(head.headers)
+                if not sse or head.status_code >= 300:  # a stream's, at its first data event
+                    plan.attempt.answered(trio.current_time())
                 self._conn = conn
                 if head.status_code >= 500 and self._fail_over(
                         f"it answered {head.status_code}"):
                     continue
+                if self.out.response.started and (not sse or head.status_code >= 300):
+                    # A failover after keep-alive comments: only a stream can go on with them.
+                    kind = "an event stream" if sse else "a whole answer"
+                    raise UpstreamFailure(
+                        f"{upstream.served_by.decode()} answered {head.status_code} with {kind}"
+                        ", which cannot follow the keep-alive comments already relayed",
+                        responded=True)
                 try:
-                    if is_event_stream(head.headers) or (
-                            info.stream and head.content_length is None):
+                    if sse or (info.stream and head.content_length is None):
                         await self._relay_stream(conn, head, deadline)
                     else:
                         await self._relay_whole(conn, head)
                 except UpstreamFailure as failure:
-                    # Closed before the first body byte reached the client: a connection error.
-                    if not self.out.response.started and self._fail_over(str(failure)):
+                    # Before the client got anything it would read (no byte, or only
+                    # keep-alive comments): another node may still answer.
+                    if self.unanswered and self._fail_over(str(failure)):
                         continue
                     raise
                 return
@@ -203,8 +225,12 @@ class Relay:
                                    f"timeouts.connection ({timeouts.connection:g}s)"):
                     continue
                 raise _Timeout(deadline.error("could not connect to the upstream"))
-            phase = ("the upstream sent nothing" if not self.out.response.started
-                     else "the upstream stalled")
+            if not self.out.response.started:
+                phase = "the upstream sent nothing"
+            elif deadline.limit == FIRST_BYTE_LIMIT:
+                phase = "the upstream sent no event with data"
+            else:
+                phase = "the upstream stalled"
             raise _Timeout(deadline.error(phase))
 
     async def _relay_whole(self, conn: UpstreamConnection, head: ResponseHead) -> None:
@@ -219,27 +245,47 @@ class Relay:
                             deadline: Deadline) -> None:
         """Forward the body as it arrives. A chunked upstream body going to an HTTP/1.1
         client is forwarded with its own chunk framing, untouched; otherwise each read's
-        payload becomes one chunk (or raw bytes for an HTTP/1.0 client)."""
+        payload becomes one chunk (or raw bytes for an HTTP/1.0 client).
+
+        An SSE answer's keep-alive comments before its first data event are relayed as they
+        come but are not its first byte for the time limits (SPEC §3.2): ``first_byte`` (a
+        stream's; else the total) still bounds the wait for that event, and only from it
+        on does ``chunk_interval`` bound the gaps. After a failover from a node that had
+        sent only such comments, this node's stream goes on after them (no second head)."""
         out = self.out
         passthrough = head.chunked and out.chunked
         receive = conn.receive_chunked_raw if passthrough else partial(self._framed_payload, conn)
-        headers = downstream_response_headers(head.headers, served_by=self.plan.upstream.served_by)
-        self.observer = observer = SseObserver() if is_event_stream(head.headers) else None
+        resumed = out.response.started
+        if not resumed:
+            self.observer = SseObserver() if is_event_stream(head.headers) else None
+        observer = self.observer
+        self.status = head.status_code
         data = b""
         while not data and not conn.body_done():
             data = await receive()
         if observer is not None:
             observer.see(data)
-        self.status = head.status_code
+            if observer.events:
+                self._first_event()
         # The gap limit is the upstream's: while a slow client makes us wait, only the
         # total applies.
         stream = self.info.stream
         on_block = deadline.to_total if stream else None
-        if conn.body_done():
-            await out.send_head(head.status_code, headers, head.reason, data, end=True)
+        end = conn.body_done()
+        held = deadline.held()
+        if resumed:
+            await (out.end(data, on_block) if end else out.send_body(data, on_block))
+        else:
+            headers = downstream_response_headers(head.headers,
+                                                  served_by=self.plan.upstream.served_by)
+            await out.send_head(head.status_code, headers, head.reason, data, end=end,
+                                on_block=on_block)
+        if end:
             return
-        await out.send_head(head.status_code, headers, head.reason, data, end=False,
-                            on_block=on_block)
+        if observer is not None and not observer.events:
+            deadline.resume(held)
+            if not await self._comments(conn, receive, observer, deadline):
+                return
         if stream:
             deadline.to_total()  # the gap between reads is watched by _relay_body
             await self._relay_body(conn, receive, observer,
@@ -247,18 +293,45 @@ class Relay:
         else:
             await self._relay_body(conn, receive, observer, inf)
 
+    async def _comments(self, conn: UpstreamConnection, receive: Callable[[], Awaitable[bytes]],
+                        observer: SseObserver, deadline: Deadline) -> bool:
+        """Relay what comes before the first data event (keep-alive comments) under the
+        attempt's deadline as it stands; False when the body ended first."""
+        out = self.out
+        while True:
+            data = await receive()
+            observer.see(data)
+            if conn.body_done():
+                await out.end(data, deadline.to_total)
+                return False
+            if data:
+                held = deadline.held()
+                await out.send_body(data, deadline.to_total)
+                deadline.resume(held)
+            if observer.events:
+                self._first_event()
+                return True
+
+    def _first_event(self) -> None:
+        """The first data event was read: the time to first token, and the upstream's
+        answer time for the routing stats (a keep-alive comment is not an answer)."""
+        now = trio.current_time()
+        self.first_event_at = now
+        if self.status < 300:  # else answered at its head
+            self.plan.attempt.answered(now)
+
     async def _relay_body(self, conn: UpstreamConnection, receive: Callable[[], Awaitable[bytes]],
                           observer: SseObserver | None, gap: float) -> None:
         """The rest of the body, read by read. ``gap`` (a stream's chunk_interval, else inf)
         bounds each wait for the upstream's next bytes; raises _Timeout past it.
 
         The gap is watched without a deadline change per read, which at thousands of held
-        streams is a good part of a chunk's cost: :class:`_GapWatch`'s scope ends one gap
+        streams is a good part of a chunk's cost: :class:`GapWatch`'s scope ends one gap
         after the read it was armed at; when that comes early (bytes came since), it is armed
         again from the latest read, so a stall still ends exactly one gap after it began."""
         out = self.out
         fairness = Fairness()
-        watch = _GapWatch(gap, trio.current_time())
+        watch = GapWatch(gap, trio.current_time())
         while True:
             with watch.scope:
                 while True:
@@ -299,43 +372,6 @@ class Relay:
         if state is State.BROKEN:  # cut in the middle of a write: nothing more can be said
             return
         raise AssertionError(f"relay failure with the answer {state.value}")  # pragma: no cover
-
-
-class _GapWatch:
-    """The cancel scope that bounds the waits for an upstream's next bytes (see
-    :meth:`Relay._relay_body`). ``ready`` is told of every read; while a write to a slow
-    client blocks (``on_block``), the gap is not counted, and it starts again after it."""
-
-    __slots__ = ("_armed_at", "_blocked", "_gap", "_ready_at", "scope")
-
-    def __init__(self, gap: float, now: float) -> None:
-        self._gap = gap
-        self._arm(now)
-
-    def _arm(self, now: float) -> None:
-        self._armed_at = self._ready_at = now
-        self._blocked = False
-        self.scope = trio.CancelScope(deadline=now + self._gap)
-
-    def on_block(self) -> None:
-        self._blocked = True
-        self.scope.deadline = inf
-
-    def ready(self, now: float) -> None:
-        """The relay is ready for more bytes (a read was relayed)."""
-        self._ready_at = now
-        if self._blocked:
-            self._blocked = False
-            self._armed_at = now
-            self.scope.deadline = now + self._gap
-
-    def rearm(self) -> bool:
-        """After the scope ended by its deadline: False when no read came since it was
-        armed (the gap has passed), else a fresh scope from the latest read."""
-        if self._ready_at == self._armed_at:
-            return False
-        self._arm(self._ready_at)
-        return True
 
 
 class _Timeout(Exception):

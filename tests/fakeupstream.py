@@ -537,3 +537,33 @@ def status(code: int, body_obj: Any = None) -> Handler:
         await w.json(code, body_obj, LLAMA_JSON_HEADERS)
 
     return handler
+
+
+KEEP_ALIVE = b":\n\n"  # llama.cpp's keep-alive comment while it processes a long prompt
+
+
+def prefill_stream(prefill: float, events: Sequence[bytes], *, every: float = 30,
+                   comment: bytes = KEEP_ALIVE, gaps: Sequence[float] = (),
+                   then: Callable[[ResponseWriter], Awaitable[None]] | None = None) -> Handler:
+    """llama.cpp on a long prompt: the SSE head at once, then ``comment`` every ``every``
+    seconds until ``prefill`` seconds have passed, then ``events`` (one chunk each; before
+    event i+1 it sleeps ``gaps[i]`` when given) and the end. ``then`` replaces what follows
+    the comments (e.g. ``ResponseWriter.close``)."""
+
+    async def handler(req: ReceivedRequest, w: ResponseWriter) -> None:
+        await w.head(200, LLAMA_SSE_HEADERS)
+        began = trio.current_time()
+        while trio.current_time() + every - began < prefill:
+            await trio.sleep(every)
+            await w.chunk(comment)
+        await trio.sleep_until(began + prefill)
+        if then is not None:
+            await then(w)
+            return
+        for i, event in enumerate(events):
+            if i and i - 1 < len(gaps):
+                await trio.sleep(gaps[i - 1])
+            await w.chunk(event)
+        await w.end()
+
+    return handler

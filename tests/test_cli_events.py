@@ -83,6 +83,14 @@ def test_request_line() -> None:
     slow = entry(usage={"prompt_tokens": 1, "completion_tokens": 3}, ttfbMs=100.0,
                  durationMs=1100.0)
     assert "3 tok (3.0 tok/s)" in line("request", slow)
+    # A long prompt behind keep-alive comments: the first byte at 30 s, the first token at
+    # 95 s; 60 tokens over the 5 s after it, not over the 70 s after the first comment.
+    prefill = entry(ttfbMs=30_000.0, ttftMs=95_000.0, durationMs=100_000.0,
+                    usage={"prompt_tokens": 7000, "completion_tokens": 60})
+    assert line("request", prefill).endswith(
+        "ttfb 30.0s ttft 1m35s 1m40s 45 events 60 tok (12 tok/s) [req-0001]")
+    same = entry(ttftMs=120.0)  # no comment before the first event: one figure
+    assert line("request", same) == line("request", entry())
 
 
 def test_node_and_circuit_lines() -> None:

@@ -41,6 +41,7 @@ FAMILIES = {  # SPEC §9.2: every name and its type
     "sluice_requests": "counter",
     "sluice_request_duration_seconds": "histogram",
     "sluice_time_to_first_byte_seconds": "histogram",
+    "sluice_time_to_first_token_seconds": "histogram",
     "sluice_stream_events": "counter",
     "sluice_tokens": "counter",
     "sluice_upstream_attempts": "counter",
@@ -137,16 +138,18 @@ def record(**fields: Any) -> RequestRecord:
 SEQUENCE = [
     ("local, whole", record(ttfb=0.003, duration=0.004,
                             usage={"prompt_tokens": 5, "completion_tokens": 1})),
-    ("local, streamed", record(stream=True, ttfb=0.02, duration=0.3, events=5,
+    ("local, streamed", record(stream=True, ttfb=0.02, ttft=0.05, duration=0.3, events=5,
                                usage={"prompt_tokens": 3, "completion_tokens": 4})),
     ("forwarded, whole", record(served_by="node:node-a", ttfb=0.04, duration=0.06,
                                 usage={"input_tokens": 2, "output_tokens": 8},
                                 attempts=(("node:node-a", "success"),))),
     ("failed over, streamed", record(
-        served_by="node:node-b", stream=True, failover="node-a", ttfb=0.2, duration=2.0,
+        served_by="node:node-b", stream=True, failover="node-a", ttfb=0.2, ttft=0.2,
+        duration=2.0,
         events=4, attempts=(("node:node-a", "failure"), ("node:node-b", "success")))),
-    ("aborted mid-stream", record(stream=True, outcome="aborted", ttfb=0.01, duration=1.5,
-                                  events=2, attempts=(("local:fake", "aborted"),))),
+    ("aborted mid-stream", record(stream=True, outcome="aborted", ttfb=0.01, ttft=1.0,
+                                  duration=1.5, events=2,
+                                  attempts=(("local:fake", "aborted"),))),
     ("aborted before the answer", record(stream=True, status=0, outcome="aborted", ttfb=None,
                                          duration=0.05, attempts=(("local:fake", "aborted"),))),
     ("timed out (504)", record(status=504, outcome="failure", error="upstream_timeout", ttfb=30.0,
@@ -191,7 +194,9 @@ async def test_every_counter_and_histogram_after_a_known_sequence() -> None:
                 ("sluice_request_duration_seconds", DURATION_BUCKETS,
                  [r.duration for r in members]),
                 ("sluice_time_to_first_byte_seconds", TTFB_BUCKETS,
-                 [r.ttfb for r in members if r.ttfb is not None])):
+                 [r.ttfb for r in members if r.ttfb is not None]),
+                ("sluice_time_to_first_token_seconds", TTFB_BUCKETS,
+                 [r.ttft for r in members if r.ttft is not None])):
             buckets, count, total = histogram(samples, name, bounds, **pairs)
             assert buckets == expected_buckets(bounds, values), (name, pairs)
             assert count == len(values)
@@ -210,6 +215,12 @@ async def test_every_counter_and_histogram_after_a_known_sequence() -> None:
     _, count, _ = histogram(samples, "sluice_time_to_first_byte_seconds", TTFB_BUCKETS,
                             model="m", served_by="local:fake", stream="true")
     assert count == 2  # no first byte for the request that ended before its answer
+    buckets, count, total = histogram(samples, "sluice_time_to_first_token_seconds",
+                                      TTFB_BUCKETS, model="m", served_by="local:fake",
+                                      stream="true")
+    assert count == 2  # the streams with a data event only
+    assert total == pytest.approx(1.05)
+    assert buckets[TTFB_BUCKETS.index(0.05)] == 1
     assert series(samples, "sluice_stream_events_total") == {
         labels(model="m", served_by="local:fake"): 7,
         labels(model="m", served_by="node:node-a"): 0,

@@ -123,7 +123,8 @@ def test_the_ring_keeps_the_newest_and_filters() -> None:
     assert entry["startedAt"] == "2023-11-14T22:13:20.500Z"
     assert set(entry) == {"id", "startedAt", "method", "path", "model", "servedModel", "stream",
                           "transport",
-                          "servedBy", "status", "outcome", "failover", "ttfbMs", "durationMs",
+                          "servedBy", "status", "outcome", "failover", "ttfbMs", "ttftMs",
+                          "durationMs",
                           "bytesOut", "events", "usage", "error", "loadMs"}
 
 

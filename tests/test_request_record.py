@@ -42,7 +42,8 @@ _usage = st.none() | st.dictionaries(_text, st.integers(0, 10**9) | st.none(), m
        method=_text, path=_text, model=st.none() | _text, stream=st.booleans(),
        transport=st.sampled_from(["tcp", "unix"]), served_by=st.none() | _text,
        status=st.integers(100, 599), outcome=st.sampled_from(OUTCOMES),
-       failover=st.none() | _text, ttfb=st.none() | _seconds, duration=_seconds,
+       failover=st.none() | _text, ttfb=st.none() | _seconds, ttft=st.none() | _seconds,
+       duration=_seconds,
        bytes_out=st.integers(0, 10**12), events=st.none() | st.integers(0, 10**6),
        usage=_usage, error=st.none() | _text, served_model=st.none() | _text)
 def test_json_text_is_to_json_written_out(**fields: Any) -> None:

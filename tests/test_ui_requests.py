@@ -1,6 +1,6 @@
 """The console's Requests screen (SPEC §10, §9.1) in real Chromium against a real gateway:
 finished requests arrive live from the events feed (no reload, no polling), newest first,
-with who served them, TTFB, duration, tokens per second where usage is known and failovers
+with who served them, TTFB, TTFT, duration, tokens per second where usage is known and failovers
 marked; the filters by model and by who served it; axe on light, dark and 360 px."""
 
 from __future__ import annotations
@@ -56,11 +56,12 @@ def test_requests_arrive_live_newest_first_and_filter(
     expect(local).to_contain_text("local:local")
     expect(local).to_contain_text("200")
     expect(local).to_contain_text("success")
-    expect(local.locator("td").nth(7)).to_contain_text("tok/s")  # usage: 1 completion token
+    expect(local.locator("td").nth(8)).to_contain_text("tok/s")  # usage: 1 completion token
+    expect(local.locator("td").nth(6)).to_have_text("—")  # a whole answer has no TTFT
     expect(node).to_contain_text(f"node:{gw.fingerprint('studio')}")
     expect(refused).to_contain_text("503")
     expect(refused).to_contain_text("model_not_available")
-    expect(refused.locator("td").nth(7)).to_have_text("—")  # no usage, no rate
+    expect(refused.locator("td").nth(8)).to_have_text("—")  # no usage, no rate
 
     page.get_by_label("Model").select_option("local-m")
     expect(page.locator("tbody tr")).not_to_have_count(0)
@@ -164,4 +165,5 @@ def test_tokens_per_second_for_anthropic_and_responses_streams(
             conn.close()
     for entry in entries(gw, limit="2"):
         assert entry["usage"]["output_tokens"] > 0
-        expect(row(page, entry["id"]).locator("td").nth(7)).to_contain_text("tok/s")
+        expect(row(page, entry["id"]).locator("td").nth(8)).to_contain_text("tok/s")
+        expect(row(page, entry["id"]).locator("td").nth(6)).to_contain_text("ms")  # TTFT

@@ -8,7 +8,7 @@ Durations: ``total_duration`` and ``load_duration`` are the endpoint's clock (a
 :class:`Timing`; this layer reads no clock). ``prompt_eval_duration`` and
 ``eval_duration`` are llama.cpp's own ``timings`` (``prompt_ms``, ``predicted_ms``) when
 the answer has them, else estimates from the clock: the prompt took until the model
-server's first byte, the answer the rest.
+server's first event with data (not a keep-alive comment), the answer the rest.
 
 ``done_reason``: OpenAI's ``finish_reason`` as Ollama names it: ``stop`` and ``length`` as
 they are; ``tool_calls`` (and the old ``function_call``) is ``stop``, as Ollama ends an
@@ -39,7 +39,7 @@ class Timing:
 
     total_ns: int  # from the request's arrival to the answer's end
     load_ns: int = 0  # of that, waiting for the model to load (0: it was loaded)
-    prompt_ns: int | None = None  # from sending it to the model server to its first byte
+    prompt_ns: int | None = None  # after the load, to the model server's first data event
 
 
 class Usage:

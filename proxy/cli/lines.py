@@ -86,7 +86,9 @@ def _plural(count: object, word: str) -> str:
 
 def _request(data: Mapping[str, Any]) -> str:
     """``POST /v1/chat/completions smollm2-135m 200 local:llama ttfb 120ms 2.3s 45 events
-    30 tok (25 tok/s)``, then what went wrong and the request id."""
+    30 tok (25 tok/s)``, then what went wrong and the request id; ``ttft`` after ``ttfb``
+    when a stream's first event with data came later than its first byte (keep-alive
+    comments while a long prompt was read)."""
     parts = [_text(data.get("method")), _text(data.get("path")), _text(data.get("model")),
              _text(data.get("status")), _text(data.get("servedBy"))]
     outcome = data.get("outcome")
@@ -99,6 +101,9 @@ def _request(data: Mapping[str, Any]) -> str:
     ttfb, duration = _number(data.get("ttfbMs")), _number(data.get("durationMs"))
     if ttfb is not None:
         parts.append(f"ttfb {duration_text(ttfb)}")
+    ttft = _number(data.get("ttftMs"))
+    if ttft is not None and ttft != ttfb:
+        parts.append(f"ttft {duration_text(ttft)}")
     parts.append(duration_text(duration))
     if isinstance(data.get("events"), int):
         parts.append(_plural(data["events"], "event"))
@@ -106,10 +111,12 @@ def _request(data: Mapping[str, Any]) -> str:
     counts = token_counts(usage) if isinstance(usage, dict) else None
     if counts is not None:
         completion = counts[1]
-        # Generation speed: a stream's tokens come after its first byte (the prompt is read
-        # before it); a whole answer's first byte comes when all of it is made.
-        streamed = data.get("stream") is True and ttfb is not None
-        span = duration - ttfb if streamed and duration is not None and ttfb else duration
+        # Generation speed: a stream's tokens come after its first event with data (the
+        # prompt is read before it, perhaps behind keep-alive comments); a whole answer's
+        # first byte comes when all of it is made.
+        first = ttft if ttft is not None else ttfb
+        streamed = data.get("stream") is True and first is not None
+        span = duration - first if streamed and duration is not None and first else duration
         rate = f" ({_rate(completion, span / 1000)})" if span and span > 0 and completion else ""
         parts.append(f"{completion} tok{rate}")
     if data.get("id"):

@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=0, help="0 = all cores")
     parser.add_argument("--embeddings", action="store_true",
                         help="serve /v1/embeddings (llama.cpp then serves no completions)")
+    parser.add_argument("--sse-ping-interval", type=int, default=None, metavar="SECONDS",
+                        help="seconds between the keep-alive comments of a stream that has "
+                             "no event yet (llama.cpp's default: 30)")
     parser.add_argument("--parent", type=int, default=None,
                         help="the gateway's pid: stop once it is gone (default: our parent)")
     return parser
@@ -90,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.embeddings:
         params.embedding = True
         params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
+    if args.sse_ping_interval is not None:
+        params.sse_ping_interval = args.sse_ping_interval
     threads = args.threads or (os.cpu_count() or 1)
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads

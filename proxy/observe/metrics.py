@@ -49,8 +49,9 @@ CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 DURATION_BUCKETS: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
     300.0, 600.0, 1200.0)
-# First body byte: from a millisecond (a local server with the model warm) to minutes (a
-# model loading, or a long prompt; streaming.first_byte may be up to 8m).
+# First body byte, and a stream's first data event (the first token): from a millisecond (a
+# local server with the model warm) to minutes (a model loading, or a long prompt;
+# streaming.first_byte may be up to 8m).
 TTFB_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     120.0, 300.0)
@@ -69,7 +70,7 @@ class _Series:
     at scrape time."""
 
     __slots__ = ("codes", "completion", "duration", "duration_sum", "events", "labels",
-                 "pair", "prompt", "ttfb", "ttfb_sum")
+                 "pair", "prompt", "ttfb", "ttfb_sum", "ttft", "ttft_sum")
 
     def __init__(self, model: str, served_by: str, stream: bool) -> None:
         self.pair = label_set(("model", model), ("served_by", served_by))
@@ -79,6 +80,8 @@ class _Series:
         self.duration_sum = 0.0
         self.ttfb = [0] * len(_TTFB_LES)
         self.ttfb_sum = 0.0
+        self.ttft = [0] * len(_TTFB_LES)
+        self.ttft_sum = 0.0
         self.events = 0
         self.prompt = 0
         self.completion = 0
@@ -132,6 +135,10 @@ class Metrics(RequestReader):
         if ttfb is not None:
             series.ttfb[bisect_left(TTFB_BUCKETS, ttfb)] += 1
             series.ttfb_sum += ttfb
+        ttft = record.ttft
+        if ttft is not None:
+            series.ttft[bisect_left(TTFB_BUCKETS, ttft)] += 1
+            series.ttft_sum += ttft
         if record.events:
             series.events += record.events
         usage = record.find_usage()
@@ -195,6 +202,12 @@ class Metrics(RequestReader):
         for _, one in series:
             out.histogram("sluice_time_to_first_byte_seconds", one.labels, _TTFB_LES,
                           one.ttfb, one.ttfb_sum)
+        out.family("sluice_time_to_first_token_seconds", "histogram",
+                   "Time from the request to the first SSE event with data sent to the client "
+                   "(keep-alive comments before it not counted).")
+        for _, one in series:
+            out.histogram("sluice_time_to_first_token_seconds", one.labels, _TTFB_LES,
+                          one.ttft, one.ttft_sum)
         out.family("sluice_stream_events_total", "counter", "SSE data events relayed.")
         for pair, (events, _, _) in sums.items():
             out.sample("sluice_stream_events_total", pair, events)

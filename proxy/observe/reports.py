@@ -119,6 +119,7 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
     attempts: tuple[tuple[str, str], ...] = ()
     failover = None
     events = None
+    ttft = None
     usage_in: bytes | None = None
     usage_first: bytes | None = None
     if relay is not None and served_by is not None:
@@ -128,6 +129,8 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
             failover = failed.fingerprint
             attempts = ((failed.served_by.decode(), "failure"), *attempts)
         observer = relay.observer
+        if relay.first_event_at is not None:
+            ttft = max(relay.first_event_at - exchange.started, 0.0)
         if observer is not None:
             events = observer.events
             usage_in = observer.usage_line
@@ -144,5 +147,6 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
         duration=duration, bytes_out=bytes_sent, events=events, usage=None, error=error_code,
         attempts=attempts, routed=relay is not None, usage_in=usage_in,
         usage_first=usage_first,
-        load=exchange.load_wait, served_model=None if relay is None else relay.info.model)
+        load=exchange.load_wait, served_model=None if relay is None else relay.info.model,
+        ttft=ttft)
 

@@ -15,9 +15,11 @@ export function tokensPerSecond(entry) {
   const usage = entry.usage;
   const tokens = usage?.completion_tokens ?? usage?.output_tokens;
   if (!Number.isFinite(tokens) || tokens <= 0) return null;
-  // A stream generates between its first byte and its end; a whole answer over all of it.
-  const spanMs = entry.stream && Number.isFinite(entry.ttfbMs)
-    ? entry.durationMs - entry.ttfbMs : entry.durationMs;
+  // A stream generates between its first token (its first event with data: keep-alive
+  // comments before it are no progress) and its end; a whole answer over all of it.
+  const first = Number.isFinite(entry.ttftMs) ? entry.ttftMs : entry.ttfbMs;
+  const spanMs = entry.stream && Number.isFinite(first)
+    ? entry.durationMs - first : entry.durationMs;
   if (!Number.isFinite(spanMs) || spanMs <= 0) return null;
   return tokens / (spanMs / 1000);
 }
@@ -77,6 +79,7 @@ function row(entry) {
     el('td', {}, servedCell(entry)),
     el('td', {}, statusCell(entry)),
     el('td', { text: ms(entry.ttfbMs) }),
+    el('td', { text: ms(entry.ttftMs) }),
     el('td', { text: ms(entry.durationMs) }),
     el('td', {}, tokensCell(entry)));
 }
@@ -89,6 +92,7 @@ function item(entry) {
       wide(fact('Served by', servedCell(entry))),
       fact('Time', clock(entry.startedAt)),
       fact('TTFB', ms(entry.ttfbMs)),
+      fact('TTFT', ms(entry.ttftMs)),
       fact('Duration', ms(entry.durationMs)),
       fact('Tokens/s', tokensCell(entry)),
       wide(fact('Request', requestCell(entry)))));
@@ -106,7 +110,7 @@ export function mount(root, app) {
   const table = el('table', { class: 'table' },
     el('caption', { class: 'sr-only', text: 'Finished requests, newest first' }),
     el('thead', {}, el('tr', {},
-      ['Time', 'Request', 'Model', 'Served by', 'Status', 'TTFB', 'Duration', 'Tokens/s']
+      ['Time', 'Request', 'Model', 'Served by', 'Status', 'TTFB', 'TTFT', 'Duration', 'Tokens/s']
         .map((h) => el('th', { scope: 'col', text: h })))),
     body);
   const list = el('ul', { class: 'plain', 'aria-label': 'Finished requests, newest first' });
