@@ -15,8 +15,8 @@ export const GROUPS = [
     ['Connection timeout', 'connection', 'Connecting to a model server or node; at most 15s.'],
   ]],
   ['Streaming requests', [
-    ['Streaming first byte', 'request.streaming.first_byte', 'The wait for the first chunk; at most 8m.'],
-    ['Chunk interval', 'request.streaming.chunk_interval', 'The longest gap between two chunks; 1s to 60s.'],
+    ['Streaming first byte', 'request.streaming.first_byte', 'The wait for the first event with data (keep-alive comments during a long prompt do not end it); at most 8m.'],
+    ['Chunk interval', 'request.streaming.chunk_interval', 'The longest gap between two chunks after the first event with data; 1s to 60s.'],
     ['Streaming total', 'request.streaming.total', 'The whole stream; at most 20m.'],
   ]],
   ['Whole answers', [
