@@ -1,9 +1,9 @@
 """The fault-injection upstream's server: a listener (TCP on 127.0.0.1 or a Unix socket),
 one task per connection reading requests with h11, and for each request the behaviour its
-``x-fault`` header or its ``fault:<name>`` model picks (:mod:`proxy.faults.behaviours`).
+``x-fault`` header or its ``fault:<name>`` model picks (:mod:`tools.faults.behaviours`).
 
 Run in-process (``await nursery.start(server.serve, "127.0.0.1:0")``, then ``server.url``)
-or as ``python -m proxy.faults``. Only waits on sockets and ``trio.sleep``, so it runs under
+or as ``python -m tools.faults``. Only waits on sockets and ``trio.sleep``, so it runs under
 trio's MockClock. Not imported by the gateway.
 """
 
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import h11
 import trio
 
-from proxy.faults import behaviours
-from proxy.faults.behaviours import Call, FaultSpec
-from proxy.faults.specs import fault_models, parse_spec, spec_from_model
-from proxy.faults.wire import LOADING, error_body, whole
-from proxy.faults.writer import READ_SIZE, Writer
+from tools.faults import behaviours
+from tools.faults.behaviours import Call, FaultSpec
+from tools.faults.specs import fault_models, parse_spec, spec_from_model
+from tools.faults.wire import LOADING, error_body, whole
+from tools.faults.writer import READ_SIZE, Writer
 
 MAX_BODY = 64 * 1024 * 1024  # a request body larger than this is answered 413
 
