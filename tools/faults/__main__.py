@@ -8,8 +8,9 @@ from functools import partial
 
 import trio
 
-from tools.faults.server import FaultServer, check_listen
+from tools.faults.server import FaultServer
 from tools.faults.specs import listing, parse_spec
+from tools.serve_loop import check_listen
 
 
 def main(argv: list[str] | None = None) -> int:
