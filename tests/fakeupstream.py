@@ -1,8 +1,10 @@
 """A fault-injecting fake OpenAI-compatible (llama.cpp-like) upstream for integration tests.
 
 It is a real server on raw trio sockets (TCP on 127.0.0.1 with an ephemeral port, or a Unix
-socket), deterministic, and safe under ``trio.testing.MockClock(autojump_threshold=0)``: it
-only ever waits on sockets, ``trio.sleep`` and events.
+socket; the listener, accept loop and h11 reading are tools/serve_loop.py's, shared with the
+fault-injection upstream), deterministic, and safe under
+``trio.testing.MockClock(autojump_threshold=0)``: it only ever waits on sockets,
+``trio.sleep`` and events.
 
 Every connection has exactly one reader task.  It drains the socket into a buffer that the
 connection's request loop feeds to h11 (so pipelined requests and close detection never steal
@@ -20,18 +22,19 @@ A request complete before the peer closed is recorded but its handler is not sta
 from __future__ import annotations
 
 import json
-import os
 import socket
-import stat
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
 from typing import Any, NoReturn
 
 import h11
 import trio
+
+from tools.serve_loop import BadRequest, Request, ServeLoop, serve_requests
 
 CREATED = 1_700_000_000  # fixed "created" timestamp: responses are byte-for-byte deterministic
 LLAMA_JSON_HEADERS: list[tuple[str, str]] = [("Server", "llama.cpp"),
@@ -87,6 +90,17 @@ class _Conn:
         self.we_closed = False  # this side closed it (reset/close/end of keep-alive)
         self.wakeup = trio.Event()
         self.handler_scope: trio.CancelScope | None = None
+
+    async def take(self, head: h11.Request | None) -> bytes | None:
+        """What the reader task has buffered, once there is some; None once the peer left."""
+        while not self.buf:
+            if self.eof:
+                return None
+            self.wakeup = trio.Event()
+            await self.wakeup.wait()
+        data = bytes(self.buf)
+        self.buf.clear()
+        return data
 
 
 class ResponseWriter:
@@ -208,15 +222,24 @@ class FakeUpstream:
         self.models: list[str] = list(models)
         self.unix_path = unix_path
         self.never_read = never_read  # applies to connections accepted while it is set
-        self.url = ""
         self.requests: list[ReceivedRequest] = []
-        self.connections_opened = 0
         self.closed_at: dict[int, float] = {}  # conn id -> when the server saw the peer close
         self.ended_at: dict[int, float] = {}  # conn id -> when the connection ended, any cause
         self._closed_events: dict[int, trio.Event] = {}
         self._routes: dict[tuple[str, str], Handler] = {}
+        self._loop = ServeLoop(self._run_conn)
         self.on("GET", "/v1/models", self._models_handler)
         self.on("GET", "/health", _health)
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` or ``unix:/path`` once serving, else ``""``."""
+        return self._loop.url
+
+    @property
+    def connections_opened(self) -> int:
+        """Connections accepted so far (the last one's id)."""
+        return self._loop.accepted
 
     def on(self, method: str, path: str, handler: Handler) -> None:
         """Route ``method path`` (query string ignored) to ``handler``; replaces earlier ones."""
@@ -243,39 +266,8 @@ class FakeUpstream:
             nursery.cancel_scope.cancel()
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
-        listener = await self._listen()
-        try:
-            async with trio.open_nursery() as nursery:
-                task_status.started(self.url)
-                while True:
-                    stream = await listener.accept()
-                    self.connections_opened += 1
-                    nursery.start_soon(self._run_conn, stream, self.connections_opened)
-        finally:  # no awaits here: we may be unwinding from a cancellation
-            listener.socket.close()
-            if self.unix_path is not None:
-                with suppress(FileNotFoundError):
-                    os.unlink(self.unix_path)
-
-    async def _listen(self) -> trio.SocketListener:
-        if self.unix_path is not None:
-            with suppress(FileNotFoundError):  # a stale socket file would make bind fail
-                if stat.S_ISSOCK(os.stat(self.unix_path).st_mode):
-                    os.unlink(self.unix_path)
-            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            address: Any = self.unix_path
-        else:
-            sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            address = ("127.0.0.1", 0)
-        try:
-            await sock.bind(address)
-            sock.listen(128)
-        except BaseException:
-            sock.close()
-            raise
-        self.url = (f"unix:{self.unix_path}" if self.unix_path is not None
-                    else f"http://127.0.0.1:{sock.getsockname()[1]}")
-        return trio.SocketListener(sock)
+        listen = "127.0.0.1:0" if self.unix_path is None else f"unix:{self.unix_path}"
+        await self._loop.serve(listen, task_status=task_status)
 
     # ------------------------------------------------------------------- per connection
 
@@ -323,65 +315,36 @@ class FakeUpstream:
             c.handler_scope.cancel()
 
     async def _serve_requests(self, c: _Conn) -> None:
-        h = h11.Connection(h11.SERVER)
-        while True:
-            try:
-                req = await self._read_request(c, h)
-            except h11.RemoteProtocolError:
-                with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await c.stream.send_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0"
-                                            b"\r\nConnection: close\r\n\r\n")
-                return
-            if req is None:
-                return
-            self.requests.append(req)
-            if c.eof:  # the peer already left: record the request, don't answer it
-                return
-            handler = self._routes.get((req.method, req.path), _not_found)
-            w = ResponseWriter(c)
-            with trio.CancelScope() as scope:
-                c.handler_scope = scope
-                try:
-                    await handler(req, w)
-                except trio.BrokenResourceError:
-                    self._peer_closed(c)
-                except trio.ClosedResourceError:
-                    pass
-                finally:
-                    c.handler_scope = None
-            if c.eof or c.we_closed or not w.keep_alive_ok() or _wants_close(req):
-                return
-            leftover, _ = h.trailing_data
-            h = h11.Connection(h11.SERVER)
-            if leftover:
-                h.receive_data(leftover)
+        try:
+            await serve_requests(c.take, partial(self._answer, c))
+        except BadRequest:
+            with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await c.stream.send_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0"
+                                        b"\r\nConnection: close\r\n\r\n")
 
-    async def _read_request(self, c: _Conn, h: h11.Connection) -> ReceivedRequest | None:
-        start: h11.Request | None = None
-        body = bytearray()
-        while True:
-            event = h.next_event()
-            if event is h11.NEED_DATA:
-                if c.buf:
-                    h.receive_data(bytes(c.buf))
-                    c.buf.clear()
-                elif c.eof:
-                    return None
-                else:
-                    c.wakeup = trio.Event()
-                    await c.wakeup.wait()
-            elif isinstance(event, h11.Request):
-                start = event
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                assert start is not None
-                return ReceivedRequest(
-                    start.method.decode("ascii"), start.target.decode("latin-1"),
-                    [(k, v) for k, v in start.headers], bytes(body), c.conn_id,
-                    start.http_version.decode("ascii"), trio.current_time())
-            else:  # ConnectionClosed (PAUSED cannot happen: one h11 object per request)
-                return None
+    async def _answer(self, c: _Conn, request: Request) -> bool:
+        """Records the request and runs its handler; True to read the next one."""
+        head = request.head
+        req = ReceivedRequest(
+            head.method.decode("ascii"), head.target.decode("latin-1"),
+            [(k, v) for k, v in head.headers], request.body, c.conn_id,
+            head.http_version.decode("ascii"), trio.current_time())
+        self.requests.append(req)
+        if c.eof:  # the peer already left: record the request, don't answer it
+            return False
+        handler = self._routes.get((req.method, req.path), _not_found)
+        w = ResponseWriter(c)
+        with trio.CancelScope() as scope:
+            c.handler_scope = scope
+            try:
+                await handler(req, w)
+            except trio.BrokenResourceError:
+                self._peer_closed(c)
+            except trio.ClosedResourceError:
+                pass
+            finally:
+                c.handler_scope = None
+        return not (c.eof or c.we_closed or not w.keep_alive_ok() or _wants_close(req))
 
     async def _models_handler(self, req: ReceivedRequest, w: ResponseWriter) -> None:
         ollama = [{"name": m, "model": m, "type": "model", "capabilities": ["completion"]}

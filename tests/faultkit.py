@@ -1,4 +1,4 @@
-"""Helpers for the tests of proxy/faults: the kit served in-process, and what a well-behaved
+"""Helpers for the tests of tools/faults: the kit served in-process, and what a well-behaved
 answer of it looks like on the wire (for byte-for-byte comparisons)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import trio
 
-from proxy.faults import wire
-from proxy.faults.server import FaultServer
+from tools.faults import wire
+from tools.faults.server import FaultServer
 
 CHAT = "/v1/chat/completions"
 MODEL = "faulty"

@@ -1,4 +1,4 @@
-"""Every behaviour of the fault-injection upstream (proxy/faults) behind a real gateway, and
+"""Every behaviour of the fault-injection upstream (tools/faults) behind a real gateway, and
 what the GATEWAY answers to it. Timing tests run under trio's MockClock with every hop on
 a Unix socket; the resets run in real time over TCP (a Unix socket has no RST)."""
 
@@ -10,11 +10,11 @@ import pytest
 import trio
 import trio.testing
 
-from proxy.faults import wire
-from proxy.faults.server import FaultServer
 from tests.client import Reply, request
 from tests.conftest import StartGateway, inject_backend
 from tests.faultkit import CHAT, MODEL, body, error_events, fault, start_kit, stream_chunks
+from tools.faults import wire
+from tools.faults.server import FaultServer
 
 
 @pytest.fixture

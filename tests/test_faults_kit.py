@@ -1,4 +1,4 @@
-"""The fault-injection upstream itself (proxy/faults), hit directly: once as a real process
+"""The fault-injection upstream itself (tools/faults), hit directly: once as a real process
 started by scripts/faulty-upstream, then in-process for what the gateway tests cannot see."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import pytest
 import trio
 import trio.testing
 
-from proxy.faults import wire
-from proxy.faults.behaviours import TABLE, FaultSpec
-from proxy.faults.specs import parse_spec, spec_from_model
 from tests.client import Client, request
 from tests.conftest import free_port
 from tests.faultkit import CHAT, body, fault, start_kit, stream_chunks
+from tools.faults import wire
+from tools.faults.behaviours import TABLE, FaultSpec
+from tools.faults.specs import parse_spec, spec_from_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "faulty-upstream"

@@ -13,7 +13,6 @@ import pytest
 import trio
 
 from protocol.stream_reuse import PROBES_AT_ONCE, PROBES_TO_TRUST, Verdict
-from proxy.faults.server import FaultServer
 from proxy.upstream_pool import ConnectionPool
 from tests.client import Client, chat_body, request
 from tests.conftest import RunningGateway, StartGateway
@@ -26,6 +25,7 @@ from tests.fakeupstream import (
     sse_events,
     sse_stream,
 )
+from tools.faults.server import FaultServer
 
 CHAT = "/v1/chat/completions"
 MODEL = "fake-model"

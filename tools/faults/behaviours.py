@@ -1,10 +1,10 @@
 """The behaviours of the fault-injection upstream, one row each in :data:`TABLE`.
 
 A request picks one with the header ``x-fault: <name>[;param=value...]`` or the model
-``fault:<name>`` (parsed in :mod:`proxy.faults.specs`: ``fault:reset-after-3`` gives the
+``fault:<name>`` (parsed in :mod:`tools.faults.specs`: ``fault:reset-after-3`` gives the
 behaviour's main parameter, here ``after``, the value 3). Without either the server's
 default applies (normally ``ok``). Every behaviour bends the answer a well-behaved llama.cpp
-would give to that request (:mod:`proxy.faults.wire`): a stream (``"stream": true``) is SSE
+would give to that request (:mod:`tools.faults.wire`): a stream (``"stream": true``) is SSE
 in HTTP chunks; a whole answer is JSON with Content-Length, or, for the behaviours that cut
 or bend chunks, the same JSON sent chunked in 64-byte pieces. "Chunk" means an HTTP chunk.
 """
@@ -17,8 +17,8 @@ from typing import Protocol
 
 import trio
 
-from proxy.faults import wire
-from proxy.faults.writer import Writer
+from tools.faults import wire
+from tools.faults.writer import Writer
 
 PIECE = 64  # bytes per chunk when a whole JSON answer is sent chunked
 

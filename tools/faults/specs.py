@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from proxy.faults.behaviours import ROWS, TABLE, FaultSpec
+from tools.faults.behaviours import ROWS, TABLE, FaultSpec
 
 _NUMBERED = re.compile(r"(.+)-([0-9]+(?:\.[0-9]+)?)")
 
@@ -21,7 +21,7 @@ def parse_spec(text: str) -> FaultSpec:
             raise ValueError(f"fault {m[1]!r} takes no number")
         name, params[main] = m[1], float(m[2])
     if name not in TABLE:
-        raise ValueError(f"unknown fault {name!r} (python -m proxy.faults --list)")
+        raise ValueError(f"unknown fault {name!r} (python -m tools.faults --list)")
     for pair in pairs:
         key, sep, value = pair.partition("=")
         key = key.strip()

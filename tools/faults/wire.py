@@ -1,6 +1,6 @@
 """What a well-behaved llama.cpp server puts on the wire (UPSTREAMS.md), as bytes: the
 headers, the JSON answers, the SSE chunks of a stream and the error bodies. No I/O here;
-the behaviours (:mod:`proxy.faults.behaviours`) cut, stall or bend these."""
+the behaviours (:mod:`tools.faults.behaviours`) cut, stall or bend these."""
 
 from __future__ import annotations
 

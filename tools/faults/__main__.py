@@ -1,4 +1,4 @@
-"""``python -m proxy.faults --listen 127.0.0.1:8199`` (or ``--listen unix:/path.sock``)."""
+"""``python -m tools.faults --listen 127.0.0.1:8199`` (or ``--listen unix:/path.sock``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from functools import partial
 
 import trio
 
-from proxy.faults.server import FaultServer, check_listen
-from proxy.faults.specs import listing, parse_spec
+from tools.faults.server import FaultServer
+from tools.faults.specs import listing, parse_spec
+from tools.serve_loop import check_listen
 
 
 def main(argv: list[str] | None = None) -> int:
