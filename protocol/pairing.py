@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from protocol.config.fields import unknown_field
 from protocol.errors import ConfigError, SluiceError, Source, payload_too_large, rate_limit_error
 from protocol.headers import Header, header_value
 from protocol.key_limits import TokenBucket, retry_after
@@ -252,7 +253,7 @@ def parse_claim(doc: Mapping[str, Any]) -> Claim:
     """``{code, fingerprint, name?}``; 422 naming the field (never echoing the code)."""
     unknown = sorted(set(doc) - set(CLAIM_FIELDS))
     if unknown:
-        raise ConfigError(unknown[0][:64], f"unknown field (the fields: {', '.join(CLAIM_FIELDS)})")
+        raise unknown_field(unknown[0][:64], CLAIM_FIELDS)
     code = normalize_code(doc.get("code"))
     if code is None:
         raise ConfigError("code", f"expected the {CODE_DIGITS}-digit pairing code as a string")

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from proxy.api.settings_api import notify_restart
 from proxy.files import FileSignature
+from proxy.notifications import notify_restart
 
 if TYPE_CHECKING:
     from protocol.config import Config

@@ -42,3 +42,20 @@ class Notifications:
 
     def all(self) -> list[dict[str, Any]]:
         return list(self._items.values())
+
+
+RESTART_CODE = "restart_required"
+
+
+def restart_pending(notifications: Notifications) -> bool:
+    """A change that needs a restart was saved since this gateway started."""
+    return any(n["code"] == RESTART_CODE for n in notifications.all())
+
+
+def notify_restart(notifications: Notifications, fields: list[str] | tuple[str, ...]) -> None:
+    """Saved changes of fields that apply at the next start (none: nothing to say): a
+    settings write, a restore or a hand edit of config.yaml."""
+    if fields:
+        notifications.raise_(
+            RESTART_CODE, f"settings changed that apply at the next start ({', '.join(fields)})"
+                          ": restart sluice to apply them", level="info")

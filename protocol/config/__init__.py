@@ -6,6 +6,10 @@
 - :mod:`protocol.config.validate` — the limits of SPEC §3.1;
 - :mod:`protocol.config.text` — parsing and writing the file's text.
 
+Beside them (imported from their modules): :mod:`protocol.config.changes` (what a change
+changes, the restart rule), :mod:`protocol.config.fields` (the settings API's one field
+table) and :mod:`protocol.config.writes` (a settings write's JSON -> a new config).
+
 Durations are ``float`` seconds and sizes ``int`` bytes in memory; on disk they are written as
 ``"30s"`` / ``"32MiB"``. Every problem is raised as :class:`ConfigError` naming the dotted YAML
 path (``timeouts.request.streaming.total``, ``nodes[1].priority``) and, for limits, the limit

@@ -24,7 +24,9 @@ RESTART_FIELDS: tuple[tuple[str, str], ...] = (
     ("local", "socket_dir"),
     ("ollama_api", "port"),
 )
-"""The fields a running gateway cannot apply: they name the sockets it listens on."""
+"""The fields a running gateway cannot apply: they name the sockets it listens on. The one
+restart rule: the settings field table's ``restart`` flags are derived from it
+(:mod:`protocol.config.fields`)."""
 
 
 def changed_sections(old: Config, new: Config) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ from protocol.config.schema import AUTO_BUDGET, Config, Duration, KeepAlive, Mem
 from protocol.durations import format_duration, format_size, parse_duration, parse_size
 from protocol.errors import ConfigError
 
-__all__ = ["config_to_dict", "describe", "structure_config"]
+__all__ = ["config_to_dict", "describe", "structure_at", "structure_config"]
 
 
 def describe(value: object) -> str:
@@ -209,6 +209,16 @@ def structure_config(data: Mapping[str, Any]) -> Config:
         raise
     except Exception as exc:
         raise _first_error(exc, "", data) from None
+
+
+def structure_at(path: str, value: object, tp: Any) -> Any:
+    """One value of the config at the dotted ``path`` (``tp`` the schema's annotation
+    there), read as in config.yaml; a problem is a :class:`ConfigError` naming ``path`` (or
+    the key below it)."""
+    try:
+        return _CONVERTER.structure(value, tp)
+    except Exception as exc:
+        raise _first_error(exc, path, value) from None
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

@@ -4,7 +4,7 @@ validate) and :func:`dump_config_yaml` (a complete, commented file that parses b
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 import yaml
 
@@ -14,7 +14,7 @@ from protocol.config.validate import validate_config
 from protocol.errors import ConfigError
 from protocol.yaml_loader import load_yaml
 
-__all__ = ["dump_config_yaml", "parse_config_text"]
+__all__ = ["config_from_data", "dump_config_yaml", "parse_config_text"]
 
 
 def parse_config_text(text: str) -> Config:
@@ -29,6 +29,13 @@ def parse_config_text(text: str) -> Config:
     if not isinstance(data, Mapping):
         raise ConfigError("", "the top level of the config must be a mapping, "
                               f"not {describe(data)}")
+    return config_from_data(data)
+
+
+def config_from_data(data: Mapping[str, Any]) -> Config:
+    """A config from YAML data, as config.yaml is read: structured (missing keys take their
+    defaults), ``timeouts.health_check`` derived, validated. Also the end of every settings
+    write (:func:`protocol.config.writes.apply_write`)."""
     cfg = rebuild_health_check(structure_config(data))
     validate_config(cfg)
     return cfg

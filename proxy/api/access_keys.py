@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from protocol.config.fields import unknown_field
 from protocol.errors import ConfigError, no_such_item
 from protocol.key_limits import parse_expiry, parse_models, parse_rpm, stored_limits
 from protocol.names import LABEL_RULE, is_label
@@ -36,7 +37,7 @@ def _fields(call: Call, *, empty_ok: bool) -> dict[str, Any]:
     doc = call.json_object(empty_ok=empty_ok)
     unknown = sorted(set(doc) - set(FIELDS))
     if unknown:
-        raise ConfigError(unknown[0], f"unknown field (the fields: {', '.join(FIELDS)})")
+        raise unknown_field(unknown[0], FIELDS)
     out: dict[str, Any] = {}
     if "name" in doc:
         name = "" if doc["name"] is None else doc["name"]

@@ -16,19 +16,20 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import re
-from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import trio
 
 from protocol.access import check_api_key
-from protocol.config import MAX_WEIGHT, MIN_WEIGHT, Config, NodeConfig, by_priority
+from protocol.config import Config, NodeConfig, by_priority
+from protocol.config.fields import NODES, check_fields
+from protocol.config.writes import structure_field
 from protocol.errors import ConfigError, no_such_item, node_exists
 from protocol.names import LABEL_RULE, is_fingerprint, is_label
 from protocol.pairing import CODE_DIGITS, normalize_code
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
+from protocol.views import node_entry, registry_view
 from proxy.api.call import Call, saving
 from proxy.pairing_client import claim_key, computer_name
 from proxy.settings import NodesChange
@@ -42,9 +43,8 @@ IDENTITY_PATH = b"/api/v1/node/identity"
 IDENTITY_TIMEOUT = 3.0  # seconds, at most, to ask a new node who it is
 MAX_PRIORITY = 255
 RESERVED = frozenset({"order", "routing-stats"})  # sub-paths of /api/v1/nodes/
-# A ConfigError about nodes[i].<key> names the JSON field instead.
-_JSON_FIELDS = {"base_url": "baseUrl", "name": "name", "enabled": "enabled",
-                "priority": "priority", "fingerprint": "fingerprint", "weight": "weight"}
+ADD_FIELDS = ("baseUrl", "apiKey", "name", "weight", "pairingCode")  # what a POST may hold
+PATCH_FIELDS = ("name", "enabled", "apiKey", "baseUrl", "weight")
 
 
 def version() -> str:
@@ -59,12 +59,6 @@ def identity(call: Call) -> tuple[int, Any]:
 
 
 # ------------------------------------------------------------------------------ helpers
-
-
-def _public(node: NodeConfig, keys: Mapping[str, str]) -> dict[str, Any]:
-    return {"fingerprint": node.fingerprint, "name": node.name, "baseUrl": node.base_url,
-            "priority": node.priority, "enabled": node.enabled, "weight": node.weight,
-            "hasApiKey": node.fingerprint in keys}
 
 
 def _renumber(nodes: list[NodeConfig]) -> tuple[NodeConfig, ...]:
@@ -113,24 +107,11 @@ def _pairing_code(doc: dict[str, Any]) -> str | None:
     return code
 
 
-def _bool(field: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(field, "expected true or false")
-    return value
-
-
 def _weight(value: object) -> int:
-    """A whole number; whether it is within the limits is the config's rule (422 naming
-    ``weight`` from :func:`commit`)."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError("weight", f"expected a whole number from {MIN_WEIGHT} to {MAX_WEIGHT}")
-    return value
-
-
-def _fields(doc: dict[str, Any], allowed: tuple[str, ...]) -> None:
-    for field in doc:
-        if field not in allowed:
-            raise ConfigError(field, f"unknown field; expected one of {', '.join(allowed)}")
+    """A whole number (the converter's rule, 422 naming ``weight``); whether it is within
+    the limits is the config's rule (422 naming ``weight`` from :func:`commit`)."""
+    weight: int = structure_field(NODES, "weight", value)
+    return weight
 
 
 def derived_fingerprint(address: UpstreamAddress) -> str:
@@ -173,7 +154,7 @@ async def commit(call: Call, change: NodesChange) -> Config:
         with saving("the node registry"):
             return await call.ctx.settings.edit_nodes(change)
     except ConfigError as exc:
-        raise _renamed(exc) from None
+        raise NODES.renamed(exc) from None
 
 
 def _discovered_name(call: Call, fingerprint: str) -> str:
@@ -185,14 +166,6 @@ def _discovered_name(call: Call, fingerprint: str) -> str:
         if found["fingerprint"] == fingerprint and is_label(found["name"]):
             return str(found["name"])
     return ""
-
-
-def _renamed(exc: ConfigError) -> ConfigError:
-    match = re.fullmatch(r"nodes\[\d+\]\.(\w+)", exc.path or "")
-    if match and match[1] in _JSON_FIELDS:
-        message = exc.message.split(": ", 1)[-1]
-        return ConfigError(_JSON_FIELDS[match[1]], message)
-    return exc
 
 
 def _fingerprint(call: Call) -> str:
@@ -218,18 +191,13 @@ def _check_room(cfg: Config) -> None:
 # ----------------------------------------------------------------------------- handlers
 
 
-def registry_view(cfg: Config, keys: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The GET body, top node first (also the ``settings`` event of section ``nodes``)."""
-    return [_public(n, keys) for n in by_priority(cfg.nodes)]
-
-
 def list_nodes(call: Call) -> tuple[int, Any]:
     return 200, registry_view(call.ctx.config, call.ctx.settings.secrets.node_keys)
 
 
 async def add_node(call: Call) -> tuple[int, Any]:
     doc = call.json_object()
-    _fields(doc, ("baseUrl", "apiKey", "name", "weight", "pairingCode"))
+    check_fields(doc, ADD_FIELDS)
     url, address = _base_url(doc.get("baseUrl"))
     code = _pairing_code(doc)
     key = _api_key(doc["apiKey"]) if doc.get("apiKey") is not None else None
@@ -264,18 +232,18 @@ async def add_node(call: Call) -> tuple[int, Any]:
 
     stored = await commit(call, change)
     log.info("node %s added (%s)", fingerprint, url)
-    return 201, _public(_saved(stored, fingerprint), ctx.settings.secrets.node_keys)
+    return 201, node_entry(_saved(stored, fingerprint), ctx.settings.secrets.node_keys)
 
 
 async def patch_node(call: Call) -> tuple[int, Any]:
     fingerprint = _fingerprint(call)
     _find(call.ctx.config, fingerprint)  # 404 before looking at the body
     doc = call.json_object()
-    _fields(doc, ("name", "enabled", "apiKey", "baseUrl", "weight"))
+    check_fields(doc, PATCH_FIELDS)
     changes: dict[str, Any] = {}
     name = _name(doc["name"]) if "name" in doc else None
     if "enabled" in doc:
-        changes["enabled"] = _bool("enabled", doc["enabled"])
+        changes["enabled"] = structure_field(NODES, "enabled", doc["enabled"])
     if "baseUrl" in doc:
         changes["base_url"] = _base_url(doc["baseUrl"])[0]
     if "weight" in doc:
@@ -295,7 +263,7 @@ async def patch_node(call: Call) -> tuple[int, Any]:
         return attrs.evolve(cfg, nodes=nodes), keys
 
     stored = await commit(call, change)
-    return 200, _public(_saved(stored, fingerprint), call.ctx.settings.secrets.node_keys)
+    return 200, node_entry(_saved(stored, fingerprint), call.ctx.settings.secrets.node_keys)
 
 
 async def delete_node(call: Call) -> tuple[int, Any]:
@@ -314,7 +282,7 @@ async def delete_node(call: Call) -> tuple[int, Any]:
 
 async def put_order(call: Call) -> tuple[int, Any]:
     doc = call.json_object()
-    _fields(doc, ("order",))
+    check_fields(doc, ("order",))
     order = doc.get("order")
     if not isinstance(order, list) or not all(isinstance(fp, str) for fp in order):
         raise ConfigError("order", "expected a list of node fingerprints")

@@ -11,18 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
-from protocol.config import Config, structure_config
+from protocol.config.fields import ALIASES
 from protocol.errors import ConfigError
-from proxy.api.call import Call, saving
-
-FIELD = "aliases"
-
-
-def aliases_view(cfg: Config) -> dict[str, Any]:
-    """The GET body (also the ``settings`` event of section ``aliases``)."""
-    return {FIELD: cfg.aliases.as_dict()}
+from protocol.views import aliases_view
+from proxy.api.call import Call
+from proxy.api.settings_write import save_write
 
 
 def get_aliases(call: Call) -> tuple[int, Any]:
@@ -31,16 +24,8 @@ def get_aliases(call: Call) -> tuple[int, Any]:
 
 async def put_aliases(call: Call) -> tuple[int, Any]:
     doc = call.json_object()
-    for field in doc:
-        if field != FIELD:
-            raise ConfigError(field, f"unknown field; expected {FIELD}")
-    if FIELD not in doc:
-        raise ConfigError(FIELD, "is required: the whole table, {name: target, ...}")
-    table = structure_config({FIELD: doc[FIELD]}).aliases  # 422 naming aliases.<name>
-
-    def change(cfg: Config) -> Config:
-        return attrs.evolve(cfg, aliases=table)
-
-    with saving("the aliases"):
-        stored = await call.ctx.settings.edit(change)  # validated: 422 changes nothing
-    return 200, aliases_view(stored)
+    ALIASES.check(doc)
+    (table,) = ALIASES.names
+    if table not in doc:
+        raise ConfigError(table, "is required: the whole table, {name: target, ...}")
+    return 200, aliases_view(await save_write(call, ALIASES, doc, what="the aliases"))

@@ -14,26 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
+from protocol.config.fields import DISCOVERY
+from protocol.views import discovery_view
+from proxy.api.call import Call
+from proxy.api.settings_write import save_write
 
-from protocol.config import Config, discovery_effect
-from protocol.errors import ConfigError
-from proxy.api.call import Call, saving
-
-__all__ = ["DISCOVERED_PATH", "PATH", "discovered", "discovery_view", "get_discovery",
-           "put_discovery"]
+__all__ = ["DISCOVERED_PATH", "PATH", "discovered", "get_discovery", "put_discovery"]
 
 PATH = "/api/v1/settings/discovery"
 DISCOVERED_PATH = "/api/v1/nodes/discovered"
-FIELDS = ("announce", "browse")  # JSON field = YAML key under discovery:
-READ_ONLY = frozenset({"announcing", "browsing"})  # computed: ignored in a PUT (SPEC §8)
-
-
-def discovery_view(cfg: Config, external: bool) -> dict[str, Any]:
-    """The GET body (also the ``settings`` event of section ``discovery``)."""
-    announcing, browsing = discovery_effect(cfg, external)
-    return {"announce": cfg.discovery.announce, "browse": cfg.discovery.browse,
-            "announcing": announcing, "browsing": browsing}
 
 
 def _external(call: Call) -> bool:
@@ -47,22 +36,7 @@ def get_discovery(call: Call) -> tuple[int, Any]:
 async def put_discovery(call: Call) -> tuple[int, Any]:
     """Any subset of ``announce`` and ``browse`` (true or false); 422 naming
     ``discovery.<key>`` for anything else, and nothing changes."""
-    doc = call.json_object()
-    changes: dict[str, bool] = {}
-    for field, value in doc.items():
-        if field in READ_ONLY:
-            continue
-        if field not in FIELDS:
-            raise ConfigError(field, f"unknown field; expected one of {', '.join(FIELDS)}")
-        if not isinstance(value, bool):
-            raise ConfigError(f"discovery.{field}", "expected true or false")
-        changes[field] = value
-
-    def change(old: Config) -> Config:
-        return attrs.evolve(old, discovery=attrs.evolve(old.discovery, **changes))
-
-    with saving("the settings"):
-        stored = await call.ctx.settings.edit(change)
+    stored = await save_write(call, DISCOVERY, call.json_object())
     return 200, discovery_view(stored, _external(call))
 
 

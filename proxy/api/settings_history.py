@@ -17,7 +17,7 @@ import trio
 from protocol.config.changes import changed_sections, restart_changes
 from protocol.errors import no_such_item, not_found
 from proxy.api.call import Call, saving
-from proxy.api.settings_api import notify_restart
+from proxy.notifications import notify_restart
 
 PATH = "/api/v1/settings/history"
 PREFIX = PATH + "/"

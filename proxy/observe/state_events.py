@@ -8,11 +8,11 @@ models, and the
 settle step of each request its ``request`` event.
 
 Every payload is the body (or the entry) of the matching GET endpoint, built by the same
-function that endpoint uses, and is published only when it differs from the last one
-for the same thing. Nothing here runs on a request: node and backend entries are compared
-after each health check that changed something (and remembered with nobody subscribed, so
-a subscriber hears of real changes only), settings after each write; the stats are looked
-at once a second, and built only while somebody reads them.
+function that endpoint uses (:mod:`protocol.views`), and is published only when it differs
+from the last one for the same thing. Nothing here runs on a request: node and backend
+entries are compared after each health check that changed something (and remembered with
+nobody subscribed, so a subscriber hears of real changes only), settings after each write;
+the stats are looked at once a second, and built only while somebody reads them.
 
 - ``node``: an endpoint entry of ``GET /api/v1/pool/distributed-status``, when a field of it
   or the node's model ids changed (the entry only counts them: a reader that shows the
@@ -36,13 +36,16 @@ import trio
 
 from protocol.config import Config
 from protocol.config.changes import restart_changes
-from proxy.api.nodes import registry_view
-from proxy.api.pool_status import endpoint_entry
-from proxy.api.settings_aliases import aliases_view
-from proxy.api.settings_api import api_view, restart_pending
-from proxy.api.settings_discovery import discovery_view
-from proxy.api.settings_lb import load_balancing_view, timeouts_view
-from proxy.notifications import Notifications
+from protocol.views import (
+    aliases_view,
+    api_view,
+    discovery_view,
+    endpoint_entry,
+    load_balancing_view,
+    registry_view,
+    timeouts_view,
+)
+from proxy.notifications import Notifications, restart_pending
 from proxy.observe.hub import Hub
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import NodeEndpoint, NodeIndex

@@ -1,0 +1,119 @@
+"""The GET bodies of the settings and of the node pool's entries (SPEC §8, §9.3, §12, §14),
+pure: plain values in, JSON-ready dicts out. The endpoints answer them, and the ``settings``
+and ``node`` events carry them (:mod:`proxy.observe.state_events`), so an event is always
+the body its GET would give.
+
+Each settings body is its section's fields (:mod:`protocol.config.fields`) read from the
+config as YAML data (durations as ``"30s"``), then what the server computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Protocol
+
+from protocol.config import Config, NodeConfig, by_priority, config_to_dict, discovery_effect
+from protocol.config.fields import (
+    ALIASES,
+    API,
+    DISCOVERY,
+    LOAD_BALANCING,
+    NODES,
+    TIMEOUTS,
+    Section,
+)
+
+__all__ = ["PAUSED", "UNCHECKED", "NodeCheck", "aliases_view", "api_view", "discovery_view",
+           "endpoint_entry", "load_balancing_view", "node_entry", "registry_view",
+           "timeouts_view"]
+
+UNCHECKED: Final = "unknown"  # a node's status before its first check (proxy.pool.nodes)
+PAUSED: Final = "paused"  # every node's status while load balancing is off
+
+
+def _fields(section: Section, cfg: Config) -> dict[str, Any]:
+    """The section's fields as YAML data, each read from the path the GET shows it at."""
+    data = config_to_dict(cfg)
+    out: dict[str, Any] = {}
+    for f in section.fields:
+        value: Any = data
+        for part in f.shown.split("."):
+            value = value[part]
+        out[f.json] = value
+    return out
+
+
+def api_view(cfg: Config, restart: bool) -> dict[str, Any]:
+    """``GET /api/v1/settings/api``; ``restart``: a change that needs a restart is saved
+    and not applied yet (``restartRequired``)."""
+    return {**_fields(API, cfg), "restartRequired": restart}
+
+
+def load_balancing_view(cfg: Config) -> dict[str, Any]:
+    """``GET /api/v1/settings/load-balancing``."""
+    return _fields(LOAD_BALANCING, cfg)
+
+
+def timeouts_view(cfg: Config) -> dict[str, Any]:
+    """``GET /api/v1/settings/timeouts``: the ``timeouts`` tree with the YAML's own keys."""
+    return _fields(TIMEOUTS, cfg)
+
+
+def discovery_view(cfg: Config, external: bool) -> dict[str, Any]:
+    """``GET /api/v1/settings/discovery``: the two switches and what they do now
+    (``external``: the running API listener binds every address)."""
+    announcing, browsing = discovery_effect(cfg, external)
+    return {**_fields(DISCOVERY, cfg), "announcing": announcing, "browsing": browsing}
+
+
+def aliases_view(cfg: Config) -> dict[str, Any]:
+    """``GET /api/v1/settings/aliases``: ``{"aliases": {name: target, ...}}`` in file order."""
+    return _fields(ALIASES, cfg)
+
+
+def node_entry(node: NodeConfig, keys: Mapping[str, str]) -> dict[str, Any]:
+    """One entry of the registry: the node's fields, and whether it has a key (never the
+    key)."""
+    out = {f.json: getattr(node, f.key) for f in NODES.fields}
+    out["hasApiKey"] = node.fingerprint in keys
+    return out
+
+
+def registry_view(cfg: Config, keys: Mapping[str, str]) -> list[dict[str, Any]]:
+    """``GET /api/v1/nodes``, top node first; ``keys`` the node keys by fingerprint."""
+    return [node_entry(n, keys) for n in by_priority(cfg.nodes)]
+
+
+class NodeCheck(Protocol):
+    """What the last check of a node found (:class:`proxy.pool.nodes.NodeEndpoint`)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def online(self) -> bool: ...
+    @property
+    def latency_ms(self) -> float | None: ...
+    @property
+    def loaded_ids(self) -> frozenset[str]: ...
+    @property
+    def last_error(self) -> str | None: ...
+
+
+def endpoint_entry(cfg: NodeConfig, endpoint: NodeCheck | None,
+                   enabled: bool) -> dict[str, Any]:
+    """One entry of ``endpoints`` in ``GET /api/v1/pool/distributed-status``: an enabled
+    node (``cfg``) and what its last check found (``endpoint``, None before the poll saw
+    it); ``paused`` while load balancing is off (``enabled`` false). Also the data of a
+    ``node`` event (SPEC §9.3)."""
+    online = enabled and endpoint is not None and endpoint.online
+    latency = endpoint.latency_ms if online and endpoint is not None else None
+    return {
+        "fingerprint": cfg.fingerprint, "baseUrl": cfg.base_url,
+        "status": (UNCHECKED if endpoint is None else endpoint.status) if enabled else PAUSED,
+        "latencyMs": None if latency is None else round(latency),
+        # the models it has loaded (a sluice node also lists its unloaded managed models)
+        "loadedModelCount": len(endpoint.loaded_ids) if online and endpoint else 0,
+        "priority": cfg.priority,
+        "weight": cfg.weight,  # its share under the weighted strategy (SPEC §13)
+        # Beyond SPEC: why the last check failed (never a key: status and address).
+        "lastError": endpoint.last_error if enabled and endpoint else None}
