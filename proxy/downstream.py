@@ -3,15 +3,19 @@
 A :class:`Downstream` sends the bytes that the request's :class:`protocol.response.Response`
 produces, straight to the socket (:mod:`proxy.sockio`); a failed send marks the client gone
 and raises :class:`~proxy.errors.ClientGone` (after a failed send nothing more can be sent:
-a partial write cannot be known). This is the whole interface the relay sees of the client:
-head, body, end, error event — and whether the client is gone.
+a partial write cannot be known).
+
+:class:`AnswerSink` declares the whole interface the relay sees of what it writes to: head,
+body, end, a whole answer, an error event, the client's answer state and whether the gateway
+is draining. A :class:`Downstream` is one; :class:`proxy.ollama_out.OllamaOut` is the other
+(it writes Ollama's answer to the client's Downstream in place of the model server's).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -22,6 +26,44 @@ from proxy import sockio
 from proxy.errors import ClientGone
 
 WRITE_TIMEOUT = 60.0  # a client that takes no byte of a whole answer for this is gone
+
+
+class AnswerSink(Protocol):
+    """What :class:`proxy.relay.Relay` writes an upstream's answer to, and all it uses of it
+    (see the module). Body bytes are framed by the caller with :meth:`frame`."""
+
+    @property
+    def response(self) -> Response:
+        """The state of the client's answer: whether anything was sent, ended, broke."""
+
+    @property
+    def chunked(self) -> bool:
+        """A chunked upstream body may be handed over with its own chunk framing."""
+
+    @property
+    def closing(self) -> bool:
+        """The gateway is draining."""
+
+    def frame(self, data: bytes) -> bytes:
+        """Payload bytes framed as :meth:`send_body` takes them."""
+
+    async def send_whole(self, status: int, headers: list[Header], body: bytes,
+                         reason: bytes = b"") -> None:
+        """A whole answer (a body with its length)."""
+
+    async def send_head(self, status: int, headers: list[Header], reason: bytes, body: bytes,
+                        *, end: bool, on_block: Callable[[], None] | None = None) -> None:
+        """A streamed answer's head with its first body bytes; ``end``: they are all."""
+
+    async def send_body(self, data: bytes, on_block: Callable[[], None] | None = None) -> None:
+        """More body bytes of a streamed answer."""
+
+    async def end(self, data: bytes = b"", on_block: Callable[[], None] | None = None) -> None:
+        """The last body bytes and the end of a streamed answer."""
+
+    async def error_event(self, err: SluiceError, *, at_boundary: bool) -> None:
+        """After the head: the answer cannot be completed; say so if the format can, and
+        end it broken."""
 
 
 class Downstream:

@@ -43,11 +43,10 @@ from proxy.routing.attempts import Outcome
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
     from proxy.deadline import RequestScope
-    from proxy.downstream import Downstream
+    from proxy.downstream import AnswerSink, Downstream
     from proxy.key_grants import Grant
     from proxy.models.managed import Managed
     from proxy.models.ondemand import OnDemand
-    from proxy.ollama import OllamaOut
 
 DENIED_BODY_CAP = 64 * 1024  # a denied request's body is read (to keep the connection) up to
 
@@ -195,7 +194,7 @@ class Exchange:
                             self.out)
 
     async def to_model(self, method: bytes, target: bytes, path: str, headers: list[Header],
-                       body: bytes, info: RequestInfo, out: Downstream | OllamaOut, *,
+                       body: bytes, info: RequestInfo, out: AnswerSink, *,
                        keep_alive: float | None = None) -> None:
         """A request for a model, relayed to ``out``: its alias resolved, its access key's
         limits checked, a managed model loaded first if need be (``keep_alive``: a
@@ -238,10 +237,10 @@ class Exchange:
 
     async def relay_to(self, ctx: GatewayContext, method: bytes, target: bytes, path: str,
                        headers: list[Header], body: bytes, info: RequestInfo,
-                       out: Downstream | OllamaOut) -> None:
+                       out: AnswerSink) -> None:
         plan = await ctx.router.plan(info, headers)
         self.relay = relay = Relay(plan, method, target, path, headers, body,
-                                   info, out=out, scope=self.scope,  # type: ignore[arg-type]
+                                   info, out=out, scope=self.scope,
                                    connections=ctx.connections, timeouts=ctx.config.timeouts)
         try:
             if not self.scope.cancelled:  # the client may have left while it was routed

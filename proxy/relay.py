@@ -2,9 +2,11 @@
 
 The answer is committed to the client together with the first body chunk; before that every
 failure becomes an OpenAI-shaped error response (raised for the exchange to send), after it
-one SSE error event followed by closing the connection. The relay writes only to a
-:class:`~proxy.downstream.Downstream` and keeps no state of its own about the client side: the
-request's :class:`protocol.response.Response` says whether anything was sent.
+one SSE error event followed by closing the connection. The relay writes only to an
+:class:`~proxy.downstream.AnswerSink` (the client's :class:`~proxy.downstream.Downstream`, or
+for the Ollama API a :class:`~proxy.ollama_out.OllamaOut` that writes Ollama's answer to it)
+and keeps no state of its own about the client side: the request's
+:class:`protocol.response.Response` says whether anything was sent.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from proxy.upstream_pool import ConnectionPool, exchange
 
 if TYPE_CHECKING:
     from protocol.config import TimeoutsConfig
-    from proxy.downstream import Downstream
+    from proxy.downstream import AnswerSink
     from proxy.routing.router import Plan
 
 log = logging.getLogger("sluice.relay")
@@ -56,7 +58,7 @@ class Relay:
     allows) and writes the answer to ``out``. ``path`` is for the failover log only."""
 
     def __init__(self, plan: Plan, method: bytes, target: bytes, path: str,
-                 headers: list[Header], body: bytes, info: RequestInfo, *, out: Downstream,
+                 headers: list[Header], body: bytes, info: RequestInfo, *, out: AnswerSink,
                  scope: RequestScope, connections: ConnectionPool,
                  timeouts: TimeoutsConfig) -> None:
         self.plan = plan
