@@ -267,7 +267,7 @@ class Gateway:
                 out.extend((listener, "tcp") for listener in api)
                 tcp_port = bound_port(api[0])
                 api_hosts = [listener.socket.getsockname()[0] for listener in api]
-                if external and not self.settings.secrets.access_keys:
+                if external and not self.settings.keys.all:
                     self.notifications.raise_("external_access_without_keys", (
                         "external access is on but no access key exists: remote clients "
                         "will be refused until one is made (sluice keys create)"))
