@@ -242,7 +242,8 @@ START_ORDER: tuple[Step, ...] = (
     # The context connections share, once where we listen and the models are known; the
     # parts made from the config follow it from here on.
     Step("context", Kind.SETUP, Gateway._build_context),
-    # Hand edits of config.yaml (and SIGHUP) are taken from the first task on.
+    # Hand edits of config.yaml (and SIGHUP) are watched from the first task on: an edit
+    # made while the rest starts is not missed.
     Step("config watcher", Kind.READY,
          lambda g: partial(g.watcher.run, signals=g.handle_signals)),
     # sluice serve only: SIGTERM/SIGINT begin the drain; the log is flushed now and then.
@@ -251,10 +252,11 @@ START_ORDER: tuple[Step, ...] = (
     Step("log flush", Kind.SOON, lambda g: logsetup.flush_periodically if g.handle_signals
          else None),
     # Upstream connections: the probes of connections after streamed answers, ready
-    # before anything can send upstream.
+    # before the steps below send anything upstream.
     Step("upstream connections", Kind.READY, lambda g: g.connections.run),
     # Model servers on demand, when there can be any (they use the connections).
-    Step("model servers", Kind.READY, lambda g: g._ondemand and g._ondemand.run),
+    Step("model servers", Kind.READY, lambda g: None if g._ondemand is None
+         else g._ondemand.run),
     # The backends' first health check done before the first request (one that comes
     # before it waits for it: BackendRegistry.wait_for_holder), so it finds its model.
     Step("backend health checks", Kind.READY, lambda g: partial(
