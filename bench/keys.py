@@ -130,13 +130,18 @@ def in_process(number: int = 100_000) -> dict[str, float]:
     from protocol.access import hash_key, new_access_key
     from proxy import auth
     from proxy.key_grants import KeyGrants
+    from proxy.key_store import AccessKey, KeyStore
 
     made = [new_access_key() for _ in range(3)]
     entries = [{"id": key_id, "name": "", "hash": hash_key(key), "created_at": "x",
                 "last_used_at": None} for key_id, key in made]
     entries[1].update(models=["bench*"], rpm=1_000_000)
     grants = KeyGrants()
-    settings = SimpleNamespace(secrets=SimpleNamespace(access_keys=entries, admin_token="t"))
+    async def unsaved(keys: tuple[AccessKey, ...]) -> None:  # the store never writes here
+        pass
+
+    keys = KeyStore(entries, writer=trio.Lock(), save=unsaved)
+    settings = SimpleNamespace(secrets=SimpleNamespace(admin_token="t"), keys=keys)
     ctx: Any = SimpleNamespace(settings=settings, key_grants=grants,
                                config=SimpleNamespace(api=SimpleNamespace(require_auth=False)))
     base = [(b"host", b"localhost"), (b"content-type", b"application/json")]

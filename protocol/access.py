@@ -12,7 +12,7 @@ import ipaddress
 import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from protocol.errors import ConfigError, SluiceError, Source, rate_limit_error
 
@@ -27,6 +27,7 @@ __all__ = [
     "origin_allowed", "own_host", "preflight_headers", "rate_limited", "token_equals",
 ]
 
+Stored = TypeVar("Stored", bound=Mapping[str, Any])  # an access key as stored
 KEY_PREFIX = "sk-sluice-"  # public and recognisable (for secret scanners); the rest is random
 HASH_SCHEME = "sha256:"
 CORS_MAX_AGE = b"600"  # seconds a browser may cache a preflight answer
@@ -251,11 +252,11 @@ def token_equals(presented: str, expected: str) -> bool:
     return hmac.compare_digest(a, b)
 
 
-def key_matches(presented: str, stored: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+def key_matches(presented: str, stored: Iterable[Stored]) -> Stored | None:
     """The stored access key ``presented`` is, compared in constant time against every
     stored hash (no early exit)."""
     digest = hash_key(presented).encode()
-    found: dict[str, Any] | None = None
+    found: Stored | None = None
     for entry in stored:
         value = entry.get("hash")
         if isinstance(value, str) and hmac.compare_digest(digest, value.encode()):

@@ -40,7 +40,6 @@ from protocol.access import (
     host_allowed,
     is_loopback_ip,
     key_invalid,
-    key_matches,
     key_missing,
     open_to_strangers,
     origin_allowed,
@@ -149,15 +148,15 @@ def _offered_key(ctx: GatewayContext, headers: Sequence[Header]) -> Grant | None
     token = _presented(headers)
     if token is None or not token.startswith(KEY_PREFIX):
         return None
-    entry = key_matches(token, ctx.settings.secrets.access_keys)
-    return None if entry is None else ctx.key_grants.grant(entry)
+    key = ctx.settings.keys.find(token)
+    return None if key is None else ctx.key_grants.grant(key)
 
 
 def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, method: bytes,
               path: str, headers: Sequence[Header]) -> Grant | None:
     """The admin token and access-key checks; raises 401/403 (401 ``key_expired`` for a
     key past its expiry). Returns the grant of the access key the request used (the caller
-    records its use: :meth:`Settings.key_used`, and holds the request to its limits), else
+    records its use: :meth:`KeyStore.used`, and holds the request to its limits), else
     None."""
     if method == b"OPTIONS":  # a preflight carries no credentials
         return None
@@ -181,7 +180,7 @@ def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, method: 
         raise key_missing()
     if token_equals(token, admin):
         return None
-    entry = key_matches(token, settings.secrets.access_keys)
-    if entry is None:
+    key = settings.keys.find(token)
+    if key is None:
         raise key_invalid()
-    return ctx.key_grants.grant(entry)
+    return ctx.key_grants.grant(key)

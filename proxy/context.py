@@ -1,7 +1,8 @@
 """What every connection shares, built once when the gateway has bound its listeners and
 passed explicitly (no module-level singletons). Each part has its own owner:
 
-- ``settings`` — config.yaml and secrets.yaml (:mod:`proxy.settings`);
+- ``settings`` — config.yaml and secrets.yaml (:mod:`proxy.settings`), and the access keys
+  in them, ``settings.keys`` (:mod:`proxy.key_store`);
 - ``connections`` — idle keep-alive connections to model servers (:mod:`proxy.upstream_pool`);
 - ``backends`` — local model servers and their models (:mod:`proxy.pool.backends`);
 - ``nodes`` — network nodes and their models (:mod:`proxy.pool.nodes`);

@@ -170,7 +170,7 @@ class Exchange:
             return denied
         if grant is not None:
             self.grant = grant
-            await ctx.settings.key_used(grant.key_id)
+            await ctx.settings.keys.used(grant.key_id)
         return None
 
     async def answer(self, request: h11.Request, headers: list[Header], body: bytes) -> None:

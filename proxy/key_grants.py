@@ -11,14 +11,17 @@ clock for the buckets (so tests run on MockClock), the wall clock for expiry, th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from protocol.access import key_expired, model_not_allowed, rate_limited
-from protocol.key_limits import KeyLimits, TokenBucket, retry_after, stored_limits
+from protocol.key_limits import KeyLimits, TokenBucket, retry_after
+
+if TYPE_CHECKING:
+    from proxy.key_store import AccessKey
 
 __all__ = ["Grant", "KeyGrants"]
 
@@ -45,14 +48,14 @@ class KeyGrants:
     def __repr__(self) -> str:
         return f"KeyGrants(buckets={len(self._buckets)})"
 
-    def grant(self, entry: Mapping[str, Any]) -> Grant:
-        """The grant of a known key's stored entry; raises 401 ``key_expired`` past its
+    def grant(self, key: AccessKey) -> Grant:
+        """The grant of a known key (its record as it is now: a later change of the key
+        makes a new record, not a change of this one); raises 401 ``key_expired`` past its
         expiry."""
-        limits = stored_limits(entry)
+        limits = key.limits
         if limits.expires is not None and limits.expired(self.wall()):
             raise key_expired(limits.expires_at or "")
-        key_id = entry.get("id")
-        return Grant(key_id if isinstance(key_id, str) else "", limits)
+        return Grant(key.id, limits)
 
     def check_model(self, grant: Grant, asked: str, served: str | None = None) -> None:
         """403 ``model_not_allowed`` unless the key may use ``asked`` or the model it is

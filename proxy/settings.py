@@ -1,8 +1,10 @@
 """The single owner of config.yaml, secrets.yaml and node.id (SPEC §2).
 
 :class:`Settings` loads and validates the config, makes every change to the config and to the
-secrets itself, writes it atomically (temp file in the same folder, fsync, rename, fsync of
-the folder) and then hands the new immutable :class:`Config` to its subscribers.
+node keys itself, writes it atomically (temp file in the same folder, fsync, rename, fsync of
+the folder) and then hands the new immutable :class:`Config` to its subscribers. The access
+keys have their own owner (:mod:`proxy.key_store`), which changes them under the same one
+writer and has secrets.yaml written here.
 
 Writes happen in a worker thread, one at a time (a slow disk never stalls the event loop),
 and each change is computed from the current state under that one writer, so concurrent
@@ -30,7 +32,6 @@ from typing import Any
 import attrs
 import trio
 
-from protocol.access import hash_key, new_access_key
 from protocol.config import (
     Config,
     default_config,
@@ -47,8 +48,8 @@ from proxy.config_file import ConfigFile, Reload
 from proxy.config_history import HISTORY_DIR, ConfigHistory
 from proxy.datadir import CONFIG_FILE, NODE_ID_FILE, SECRETS_FILE, make_data_dir
 from proxy.files import atomic_write, read_text
+from proxy.key_store import AccessKey, KeyStore
 from proxy.publish import Subscribers
-from proxy.timestamps import now_iso
 
 __all__ = ["NodesChange", "Reload", "Settings"]
 
@@ -60,17 +61,22 @@ config, the new node keys)."""
 
 
 class Settings:
-    """config.yaml + secrets.yaml + node.id of one data dir. Create it with :meth:`open`."""
+    """config.yaml + secrets.yaml + node.id of one data dir. Create it with :meth:`open`.
+
+    ``secrets`` holds the admin token and the node and backend keys (its ``access_keys``
+    stays empty); the access keys are ``keys``, their own store (:mod:`proxy.key_store`),
+    which shares the one writer and has secrets.yaml written here, whole."""
 
     def __init__(self, data_dir: Path, config_path: Path, config: Config, secrets: Secrets,
                  node_id: str, *, text: str | None = None) -> None:
         self.data_dir = data_dir
         self.config_path = config_path
         self.config = config
-        self.secrets = secrets
+        self.secrets = attrs.evolve(secrets, access_keys=[])
         self.node_id = node_id
         self._subscribers: Subscribers[Config] = Subscribers()
         self._writer = trio.Lock()  # one write at a time, each in a worker thread
+        self.keys = KeyStore(secrets.access_keys, writer=self._writer, save=self._save_keys)
         # how file work leaves the loop (tests on a MockClock run it inline instead)
         self.in_thread: Callable[..., Awaitable[Any]] = trio.to_thread.run_sync
         self.file = ConfigFile(config_path, dump_config_yaml(config) if text is None else text,
@@ -80,7 +86,7 @@ class Settings:
     def __repr__(self) -> str:
         return (
             f"Settings(data_dir={str(self.data_dir)!r}, config_path={str(self.config_path)!r}, "
-            f"node_id={self.node_id!r}, secrets={self.secrets!r}, "
+            f"node_id={self.node_id!r}, secrets={self.secrets!r}, keys={self.keys!r}, "
             f"subscribers={len(self._subscribers)})"
         )
 
@@ -114,7 +120,7 @@ class Settings:
         self = cls(data_dir, config_path, config, loaded, _load_node_id(data_dir), text=text)
         if not self.secrets.admin_token:
             self.secrets.admin_token = secrets.token_urlsafe(32)
-            self._write_secrets_text(dump_secrets_yaml(self.secrets))
+            self._write_secrets_text(dump_secrets_yaml(self._secrets_file()))
         return self
 
     def subscribe(self, callback: Callable[[Config], None]) -> Callable[[], None]:
@@ -157,8 +163,8 @@ class Settings:
             if keys == self.secrets.node_keys:
                 await self.in_thread(self._write_config, cfg, "api", sections)
             else:
-                before = dump_secrets_yaml(self.secrets)
-                after = dump_secrets_yaml(attrs.evolve(self.secrets, node_keys=keys))
+                before = dump_secrets_yaml(self._secrets_file())
+                after = dump_secrets_yaml(attrs.evolve(self._secrets_file(), node_keys=keys))
                 await self.in_thread(self._write_both, after, cfg, before, sections)
                 self.secrets.node_keys = keys
             self._publish(cfg)
@@ -209,88 +215,23 @@ class Settings:
 
     # ----------------------------------------------------------------------- the secrets
 
-    async def add_access_key(self, name: str, limits: Mapping[str, Any] | None = None
-                             ) -> tuple[dict[str, Any], str]:
-        """Make an access key and save its hash: ``(the stored entry, the key)``. The key
-        itself is returned this once and kept nowhere. ``limits``: ``models``, ``rpm``,
-        ``expires_at`` as stored (checked by the caller; None or absent = no limit). A
-        failed write raises OSError and adds nothing."""
-        async with self._writer:
-            stored = self.secrets.access_keys
-            taken = {e.get("id") for e in stored}
-            key_id, key = new_access_key()
-            while key_id in taken:  # pragma: no cover - 48 random bits
-                key_id, key = new_access_key()
-            entry: dict[str, Any] = {"id": key_id, "name": name, "hash": hash_key(key),
-                                     "created_at": now_iso(), "last_used_at": None}
-            entry.update(_limit_fields(limits or {}))
-            await self._save(attrs.evolve(self.secrets, access_keys=[*stored, entry]))
-            stored.append(entry)
-        return dict(entry), key
-
-    async def update_access_key(self, key_id: str, changes: Mapping[str, Any]
-                                ) -> dict[str, Any] | None:
-        """Change an access key's ``name`` and limits (``models``, ``rpm``, ``expires_at``
-        as stored, checked by the caller; None clears a limit); the stored entry after,
-        or None when there is no key with that id. Requests authorized from then on see the
-        new limits. A failed write raises OSError and changes nothing."""
-        async with self._writer:
-            stored = self.secrets.access_keys
-            i = next((n for n, e in enumerate(stored) if e.get("id") == key_id), None)
-            if i is None:
-                return None
-            changed = dict(stored[i])
-            if "name" in changes:
-                changed["name"] = changes["name"]
-            for field in _LIMIT_FIELDS:
-                if field in changes:
-                    changed.pop(field, None)
-            changed.update(_limit_fields(changes))
-            kept = list(stored)
-            kept[i] = changed
-            await self._save(attrs.evolve(self.secrets, access_keys=kept))
-            stored[i] = changed  # the same list: whoever holds it sees the change
-        return dict(changed)
-
-    async def revoke_access_key(self, key_id: str) -> bool:
-        """Forget an access key; False when there is none with that id. A failed write
-        raises OSError and keeps the key."""
-        async with self._writer:
-            stored = self.secrets.access_keys
-            kept = [e for e in stored if e.get("id") != key_id]
-            if len(kept) == len(stored):
-                return False
-            await self._save(attrs.evolve(self.secrets, access_keys=kept))
-            stored[:] = kept  # the same list: whoever holds it sees the key gone
-        return True
-
-    async def key_used(self, key_id: str) -> None:
-        """Record that an access key was used now. secrets.yaml is written on the key's first
-        use in each minute only, in a worker thread (a slow disk never stalls the loop);
-        a failed write is logged, never the request's problem."""
-        now = now_iso()
-        for entry in self.secrets.access_keys:
-            if entry.get("id") == key_id:
-                break
-        else:
-            return
-        last = entry.get("last_used_at")
-        if isinstance(last, str) and last[:16] == now[:16]:
-            return
-        entry["last_used_at"] = now
-        try:
-            async with self._writer:
-                await self._save(self.secrets)
-        except OSError as exc:
-            log.warning("cannot record an access key's use in secrets.yaml: %s", exc.strerror)
-
     async def save_secrets(self) -> None:
         """Write secrets.yaml as it is in memory, for a caller that set ``secrets`` up by
-        hand (a test); the methods above change and write in one step."""
+        hand (a test); :meth:`edit_nodes` and the key store change and write in one step."""
         async with self._writer:
-            await self._save(self.secrets)
+            await self._save(self._secrets_file())
 
     # ------------------------------------------------------------------------- writing
+
+    def _secrets_file(self, keys: tuple[AccessKey, ...] | None = None) -> Secrets:
+        """secrets.yaml's content: ``secrets`` with the access keys (``keys``, else the
+        store's)."""
+        held = self.keys.all if keys is None else keys
+        return attrs.evolve(self.secrets, access_keys=[key.stored() for key in held])
+
+    async def _save_keys(self, keys: tuple[AccessKey, ...]) -> None:
+        """The key store's write: secrets.yaml with ``keys`` (the store holds the writer)."""
+        await self._save(self._secrets_file(keys))
 
     async def _save(self, content: Secrets) -> None:
         """Write ``content`` as secrets.yaml (the caller holds the writer). The text is made
@@ -320,15 +261,6 @@ class Settings:
                 log.error("cannot restore secrets.yaml after a failed config write: %s",
                           exc.strerror)
             raise
-
-
-_LIMIT_FIELDS = ("models", "rpm", "expires_at")  # an access key's limits in secrets.yaml
-
-
-def _limit_fields(limits: Mapping[str, Any]) -> dict[str, Any]:
-    """The limits that are set, in their stored order (an unset one is not written)."""
-    return {f: (list(limits[f]) if f == "models" else limits[f])
-            for f in _LIMIT_FIELDS if limits.get(f) is not None}
 
 
 def _checked(new: Config) -> Config:

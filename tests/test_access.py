@@ -143,8 +143,8 @@ async def test_authorize_decision_by_peer(start_gateway: StartGateway) -> None:
     ctx = gw.gateway.ctx
     admin = ctx.settings.secrets.admin_token
     _, key = new_access_key()
-    ctx.settings.secrets.access_keys.append({"id": "ak-1", "name": "", "hash": hash_key(key),
-                                             "created_at": "x", "last_used_at": None})
+    ctx.settings.keys.load([{"id": "ak-1", "name": "", "hash": hash_key(key),
+                             "created_at": "x", "last_used_at": None}])
 
     def check(transport: str, loopback: bool, token: str | None, method: bytes = b"POST",
               path: str = "/v1/chat/completions") -> int:
@@ -168,7 +168,7 @@ async def test_authorize_decision_by_peer(start_gateway: StartGateway) -> None:
         assert check(transport, True, None, b"DELETE", "/api/v1/access-keys/x") == 401
         assert check(transport, True, key, b"DELETE", "/api/v1/access-keys/x") == 403
         assert check(transport, True, admin, b"DELETE", "/api/v1/access-keys/x") == 200
-    # The key's use is the caller's to record (Settings.key_used): authorize names it.
+    # The key's use is the caller's to record (KeyStore.used): authorize names it.
     def used(token: str) -> str | None:
         grant = auth.authorize(ctx, "tcp", False, b"POST", "/v1/chat/completions",
                                [(b"authorization", f"Bearer {token}".encode())])
@@ -176,9 +176,9 @@ async def test_authorize_decision_by_peer(start_gateway: StartGateway) -> None:
 
     assert used(key) == "ak-1"
     assert used(admin) is None
-    assert ctx.settings.secrets.access_keys[0]["last_used_at"] is None
-    await ctx.settings.key_used("ak-1")
-    assert ctx.settings.secrets.access_keys[0]["last_used_at"] is not None
+    assert ctx.settings.keys.all[0]["last_used_at"] is None
+    await ctx.settings.keys.used("ak-1")
+    assert ctx.settings.keys.all[0]["last_used_at"] is not None
 
 
 # ------------------------------------------------------------------------- raw HTTP

@@ -188,9 +188,9 @@ async def test_route_phase_refusal_is_a_503_and_nothing_is_counted(tmp_path: Pat
 
 def remote_key(ctx: GatewayContext) -> str:
     _, key = new_access_key()
-    ctx.settings.secrets.access_keys.append(
-        {"id": "ak-1", "name": "", "hash": hash_key(key), "created_at": "x",
-         "last_used_at": None})
+    ctx.settings.keys.load(
+        [{"id": "ak-1", "name": "", "hash": hash_key(key), "created_at": "x",
+          "last_used_at": None}])
     return key
 
 
@@ -216,7 +216,7 @@ async def test_authorize_phase_records_the_key_used(tmp_path: Path) -> None:
     out = await run(ctx, source, peer=Peer("tcp", loopback=False))
     assert out.status() == 200
     assert json.loads(out.sent.split(b"\r\n\r\n", 1)[1]) == {"object": "list", "data": []}
-    assert ctx.settings.secrets.access_keys[0]["last_used_at"] is not None
+    assert ctx.settings.keys.all[0]["last_used_at"] is not None
     assert "ak-1" in (tmp_path / "secrets.yaml").read_text()
 
 

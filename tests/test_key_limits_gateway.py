@@ -218,7 +218,7 @@ async def test_every_listener_and_tokens_that_are_not_ours(
     assert (await chat(gw, "qwen-7b", None, via="unix")).status == 200
     assert (await chat(gw, "qwen-7b", None, via="remote")).status == 401
     # A revoked key is unknown again: ignored where none is needed.
-    made = gw.gateway.settings.secrets.access_keys[0]["id"]
+    made = gw.gateway.settings.keys.all[0].id
     assert (await admin(gw, "DELETE", f"{KEYS}/{made}")).status == 200
     assert (await chat(gw, "qwen-7b", key)).status == 200
     assert (await chat(gw, "qwen-7b", key, via="remote")).status == 401

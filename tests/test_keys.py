@@ -62,7 +62,7 @@ async def test_create_list_revoke(start_gateway: StartGateway) -> None:
     text = (data_dir(gw) / "secrets.yaml").read_text()
     assert doc["key"] not in text
     assert "sha256:" in text
-    assert Settings.open(data_dir(gw)).secrets.access_keys[0]["id"] == doc["id"]
+    assert Settings.open(data_dir(gw)).keys.all[0]["id"] == doc["id"]
     gone = await admin_call(gw, "DELETE", f"/api/v1/access-keys/{doc['id']}")
     assert gone.status == 200
     assert [k["id"] for k in (await request(gw.unix, "GET", "/api/v1/access-keys")).json()] \
@@ -85,7 +85,7 @@ async def test_create_refuses_bad_input(start_gateway: StartGateway) -> None:
         assert reply.status == 422, body
         error = reply.json()["error"]
         assert (error["type"], error["param"]) == ("invalid_request_error", param), body
-    assert gw.gateway.settings.secrets.access_keys == []
+    assert gw.gateway.settings.keys.all == ()
 
 
 async def test_last_used_is_recorded_once_a_minute(start_gateway: StartGateway) -> None:
@@ -102,11 +102,12 @@ async def test_last_used_is_recorded_once_a_minute(start_gateway: StartGateway) 
     assert used.endswith("Z")
     for _ in range(5):
         assert (await request(gw.tcp, "GET", "/v1/models", None, headers)).status == 200
-    entry = gw.gateway.settings.secrets.access_keys[0]
+    keys = gw.gateway.settings.keys
+    entry = keys.all[0]
     if entry["last_used_at"][:16] == used[:16]:  # same minute: the file was not rewritten
         assert secrets_file.stat().st_mtime_ns == first
-    entry["last_used_at"] = "2000-01-01T00:00:00Z"  # a minute later: written again
-    await gw.gateway.settings.key_used(entry["id"])
+    keys.all = (entry.changed(last_used_at="2000-01-01T00:00:00Z"),)  # a minute later:
+    await keys.used(entry.id)  # written again
     assert "2000-01-01" not in secrets_file.read_text()
 
 
@@ -126,7 +127,7 @@ async def test_keys_cli(start_gateway: StartGateway) -> None:
     key = made.stdout.decode().strip()
     assert key.startswith("sk-sluice-")
     assert "shown only once" in made.stderr.decode()
-    stored = gw.gateway.settings.secrets.access_keys
+    stored = gw.gateway.settings.keys.all
     assert len(stored) == 1
     assert stored[0]["name"] == "phone"
     listed = await sluice("keys", "list", "--data-dir", folder)
@@ -138,7 +139,7 @@ async def test_keys_cli(start_gateway: StartGateway) -> None:
     assert json.loads(as_json.stdout)[0]["id"] == stored[0]["id"]
     revoked = await sluice("keys", "revoke", stored[0]["id"], "--data-dir", folder)
     assert revoked.returncode == 0, revoked.stderr
-    assert stored == []
+    assert gw.gateway.settings.keys.all == ()
     missing = await sluice("keys", "revoke", "ak-nope", "--data-dir", folder)
     assert missing.returncode == 1
     assert "404" in missing.stderr.decode()
@@ -250,8 +251,7 @@ async def test_a_failed_write_makes_and_revokes_nothing(
     made = (await admin_call(gw, "POST", "/api/v1/access-keys", {"name": "kept"})).json()
     secrets_file = data_dir(gw) / "secrets.yaml"
     before = secrets_file.read_bytes()
-    stored = gw.gateway.settings.secrets.access_keys
-    listed = list(stored)
+    listed = gw.gateway.settings.keys.all
 
     def write(path: Path, data: bytes, mode: int) -> None:
         raise OSError(28, "No space left on device")
@@ -264,7 +264,7 @@ async def test_a_failed_write_makes_and_revokes_nothing(
         error = reply.json()["error"]
         assert (error["type"], error["code"]) == ("server_error", "internal_error")
         assert "No space left on device" in error["message"]
-    assert stored == listed
+    assert gw.gateway.settings.keys.all is listed  # nothing replaced
     assert secrets_file.read_bytes() == before
     missing = await admin_call(gw, "DELETE", "/api/v1/access-keys/ak-nope")
     assert missing.status == 404

@@ -443,7 +443,7 @@ async def test_external_access_binds_wildcards_and_warns_without_keys(
 async def test_external_access_with_a_key_raises_no_notification(
         places: Places, nursery: trio.Nursery) -> None:
     settings = settings_for(places, allow_external_access=True)
-    settings.secrets.access_keys.append({"id": "k1", "name": "tablet", "hash": "0" * 64})
+    settings.keys.load([{"id": "k1", "name": "tablet", "hash": "0" * 64}])
     gateway = Gateway(settings)
     await nursery.start(gateway.run)
     assert not gateway.ctx.notifications.all()

@@ -14,7 +14,6 @@ from typing import Any
 import trio
 import yaml
 
-from protocol.access import key_matches
 from tests.client import Reply, request
 from tests.conftest import RunningGateway, StartGateway
 from tests.fakeupstream import FakeUpstream, status
@@ -65,7 +64,7 @@ async def test_adding_a_node_with_a_code(start_gateway: StartGateway) -> None:
     assert key not in made.body.decode()
     assert key not in (a.gateway.settings.data_dir / "config.yaml").read_text()
     # The key is one of B's access keys, named after A's computer.
-    entry = key_matches(key, b.gateway.settings.secrets.access_keys)
+    entry = b.gateway.settings.keys.find(key)
     assert entry is not None
     assert entry["name"] == socket.gethostname()[:100]
     listed = (await admin(a, "GET", NODES)).json()

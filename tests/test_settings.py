@@ -125,12 +125,12 @@ async def test_secrets_never_shown(fresh: Settings) -> None:
 
 async def test_secrets_round_trip_and_stay_private(fresh: Settings) -> None:
     fresh.secrets.node_keys["node-a"] = "k1"
-    fresh.secrets.access_keys.append({"id": "ak1", "name": "phone", "hash": "h"})
+    fresh.keys.load([{"id": "ak1", "name": "phone", "hash": "h"}])
     await fresh.save_secrets()
     assert mode(fresh.secrets_path) == 0o600
     again = Settings.open(fresh.data_dir)
     assert again.secrets.node_keys == {"node-a": "k1"}
-    assert again.secrets.access_keys == [{"id": "ak1", "name": "phone", "hash": "h"}]
+    assert again.keys.stored() == [{"id": "ak1", "name": "phone", "hash": "h"}]
 
 
 def test_loose_secrets_file_is_tightened(fresh: Settings) -> None:
@@ -419,24 +419,23 @@ async def test_failed_config_write_undoes_the_secrets_write(
 
 async def test_access_keys_are_made_and_revoked_by_the_owner(
         fresh: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    held = fresh.secrets.access_keys
-    entry, key = await fresh.add_access_key("phone")
+    entry, key = await fresh.keys.add("phone")
     assert key.startswith("sk-sluice-")
     assert entry["name"] == "phone"
     assert entry["hash"] != key
-    assert held == [entry]
+    assert fresh.keys.all == (entry,)
     assert key not in fresh.secrets_path.read_text()
-    assert Settings.open(fresh.data_dir).secrets.access_keys == [entry]
+    assert Settings.open(fresh.data_dir).keys.all == (entry,)
     before = fresh.secrets_path.read_bytes()
     fail_writes_of(monkeypatch, "secrets.yaml")
     with pytest.raises(OSError, match="No space"):
-        await fresh.add_access_key("tablet")
+        await fresh.keys.add("tablet")
     with pytest.raises(OSError, match="No space"):
-        await fresh.revoke_access_key(entry["id"])
-    assert held == [entry]  # nothing changed in memory
+        await fresh.keys.revoke(entry["id"])
+    assert fresh.keys.all == (entry,)  # nothing changed in memory
     assert fresh.secrets_path.read_bytes() == before
     monkeypatch.undo()
-    assert not await fresh.revoke_access_key("ak-none")
-    assert await fresh.revoke_access_key(entry["id"])
-    assert held == []  # the same list, now empty
-    assert Settings.open(fresh.data_dir).secrets.access_keys == []
+    assert not await fresh.keys.revoke("ak-none")
+    assert await fresh.keys.revoke(entry["id"])
+    assert fresh.keys.all == ()
+    assert Settings.open(fresh.data_dir).keys.all == ()

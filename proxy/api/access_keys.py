@@ -2,10 +2,10 @@
 send.
 
 A key is shown once, in the answer to its creation; secrets.yaml keeps only its hash and
-its limits (``models``, ``rpm``, ``expires_at``: :mod:`protocol.key_limits`). The settings
-make each change and write it (:meth:`Settings.add_access_key`,
-:meth:`Settings.update_access_key`, :meth:`Settings.revoke_access_key`); a failed write
-answers 500 and changes nothing. A field the body should not have, or a bad value, answers
+its limits (``models``, ``rpm``, ``expires_at``: :mod:`protocol.key_limits`). The key store
+makes each change and writes it (:meth:`KeyStore.add`, :meth:`KeyStore.update`,
+:meth:`KeyStore.revoke`: :mod:`proxy.key_store`); a failed write answers 500 and changes
+nothing. A field the body should not have, or a bad value, answers
 422 naming it in ``error.param``.
 """
 
@@ -15,18 +15,19 @@ from typing import Any
 
 from protocol.config.fields import unknown_field
 from protocol.errors import ConfigError, no_such_item
-from protocol.key_limits import parse_expiry, parse_models, parse_rpm, stored_limits
+from protocol.key_limits import parse_expiry, parse_models, parse_rpm
 from protocol.names import LABEL_RULE, is_label
 from proxy.api.call import Call, saving
+from proxy.key_store import AccessKey
 
 FIELDS = ("name", "models", "rpm", "expiresAt")  # what a POST or PATCH body may hold
 PREFIX = "/api/v1/access-keys/"
 
 
-def _public(entry: dict[str, Any], now: float) -> dict[str, Any]:
-    limits = stored_limits(entry)
-    return {"id": entry.get("id"), "name": entry.get("name"),
-            "createdAt": entry.get("created_at"), "lastUsedAt": entry.get("last_used_at"),
+def _public(key: AccessKey, now: float) -> dict[str, Any]:
+    limits = key.limits
+    return {"id": key.get("id"), "name": key.get("name"),
+            "createdAt": key.get("created_at"), "lastUsedAt": key.get("last_used_at"),
             "models": None if limits.models is None else list(limits.models),
             "rpm": limits.rpm, "expiresAt": limits.expires_at,
             "expired": limits.expired(now)}
@@ -55,14 +56,14 @@ def _fields(call: Call, *, empty_ok: bool) -> dict[str, Any]:
 
 def list_keys(call: Call) -> tuple[int, Any]:
     now = call.ctx.key_grants.wall()
-    return 200, [_public(e, now) for e in call.ctx.settings.secrets.access_keys]
+    return 200, [_public(key, now) for key in call.ctx.settings.keys.all]
 
 
 async def create_key(call: Call) -> tuple[int, Any]:
     fields = _fields(call, empty_ok=True)
     name = fields.pop("name", "")
     with saving("the access key"):
-        entry, key = await call.ctx.settings.add_access_key(name, fields)
+        entry, key = await call.ctx.settings.keys.add(name, fields)
     call.ctx.notifications.clear("external_access_without_keys")
     shown = _public(entry, call.ctx.key_grants.wall())
     del shown["lastUsedAt"], shown["expired"]
@@ -73,7 +74,7 @@ async def update_key(call: Call) -> tuple[int, Any]:
     key_id = call.path[len(PREFIX):]
     fields = _fields(call, empty_ok=False)
     with saving("the access key"):
-        entry = await call.ctx.settings.update_access_key(key_id, fields)
+        entry = await call.ctx.settings.keys.update(key_id, fields)
     if entry is None:
         raise no_such_item("access key", "id", key_id)
     return 200, _public(entry, call.ctx.key_grants.wall())
@@ -82,7 +83,7 @@ async def update_key(call: Call) -> tuple[int, Any]:
 async def revoke_key(call: Call) -> tuple[int, Any]:
     key_id = call.path[len(PREFIX):]
     with saving("the access keys"):
-        if not await call.ctx.settings.revoke_access_key(key_id):
+        if not await call.ctx.settings.keys.revoke(key_id):
             raise no_such_item("access key", "id", key_id)
     call.ctx.key_grants.forget(key_id)
     return 200, {"id": key_id, "deleted": True}

@@ -4,7 +4,7 @@ trades the code for an access key (no token, no key: the rule in
 :func:`protocol.access.open_to_strangers`).
 
 The claim's access key is made exactly as ``POST /api/v1/access-keys`` makes one
-(:meth:`Settings.add_access_key`: stored hashed, listed by ``GET /api/v1/access-keys``),
+(:meth:`KeyStore.add`: stored hashed, listed by ``GET /api/v1/access-keys``),
 named after the claiming computer. The code and the key are in the answers that carry them
 and nowhere else: not in a log line, an error, a notification or an event.
 """
@@ -54,7 +54,7 @@ async def claim_code(call: Call) -> tuple[int, Any]:
     claim = parse_claim(call.json_object())
     pairing.claim(claim, call.peer)  # raises the 401; from here on the code is used
     with saving("the access key"):
-        entry, key = await ctx.settings.add_access_key(claim.key_name)
+        entry, key = await ctx.settings.keys.add(claim.key_name)
     ctx.notifications.clear("external_access_without_keys")
     pairing.paired(claim.key_name, entry["id"])
     return 200, {"fingerprint": ctx.settings.node_id, "accessKey": key}
