@@ -21,7 +21,6 @@ leaves); the exchange hands it to the relay. A new phase hook goes here, between
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -40,6 +39,7 @@ from proxy.api.routes import NEEDS_MODELS, AnyHandler, Call, route
 from proxy.errors import ClientGone
 from proxy.relay import Relay
 from proxy.routing.attempts import Outcome
+from proxy.timestamps import wall
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
@@ -136,7 +136,7 @@ class Exchange:
             self.request = request
             response.family = family_of(request_path(request.target))  # our errors' shape
             self.started = trio.current_time()
-            self.wall = time.time()
+            self.wall = wall()
             headers = self.source.headers
             response.request_allows(http11=request.http_version == b"1.1",
                                     keep_alive=b"close" not in connection_tokens(headers),
