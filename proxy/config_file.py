@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from protocol.config.changes import changed_sections, restart_changes
 from protocol.errors import ConfigError
 from proxy.config_history import HISTORY_DIR, ConfigHistory
 from proxy.files import FileSignature, atomic_write, file_signature
+from proxy.timestamps import wall
 
 __all__ = ["ConfigFile", "Reload"]
 
@@ -136,7 +136,7 @@ class ConfigFile:
 
     def keep(self, previous: str, source: str, sections: tuple[str, ...]) -> None:
         try:
-            self.history.keep(previous, source, sections, time.time())
+            self.history.keep(previous, source, sections, wall())
         except OSError as exc:  # the change itself stands
             log.warning("cannot keep the previous config.yaml in %s/: %s", HISTORY_DIR,
                         exc.strerror)

@@ -28,13 +28,14 @@ from protocol.errors import (
     version_not_supported,
 )
 from protocol.headers import REQUEST_ID, Header, header_value
+from protocol.http1 import build_request_head
 from proxy import auth, sockio
 from proxy.context import GatewayContext
 from proxy.deadline import RequestScope
 from proxy.downstream import Downstream
 from proxy.errors import ClientGone, CloseQuietly
 from proxy.exchange import Exchange, Peer, SwitchProtocols
-from proxy.replay_stream import ReplayStream, request_head
+from proxy.replay_stream import ReplayStream
 
 log = logging.getLogger("sluice.connection")
 
@@ -156,7 +157,7 @@ class ClientConnection:
         """Hand the socket to the endpoint that took the connection over: a stream that
         replays the request head and the bytes read after it, then reads the socket."""
         data, closed = self.h11.trailing_data
-        head = request_head(switch.method, switch.target, self.headers)
+        head = build_request_head(switch.method, switch.target, self.headers)
         stream = ReplayStream(self.stream, head + data, eof=closed)
         request_id = self.out.response.request_id
         headers = [] if request_id is None else [(REQUEST_ID, request_id)]

@@ -8,8 +8,9 @@ authorize  the Host/Origin guard, the admin token, access keys (SPEC §5)       
 route      one of the gateway's endpoints, or the routing decision:            proxy.api,
            a local backend, a network node or 503 (SPEC §7.1)                  Router.plan
 relay      the upstream exchange and the pipe to the client (SPEC §6)          proxy.relay
-settle     the outcome, recorded once: breaker and counters                    Exchange.settle
-report     the access-log line; an OpenAI call's record on the hub (SPEC §9)   Exchange.report
+settle     the last attempt's outcome, recorded once: breaker and counters     Exchange.settle
+report     the request's outcome, decided once (SPEC §9.1); the access-log    Exchange.report
+           line and an OpenAI call's record on the hub (SPEC §9)
 =========  ==================================================================  ==============
 
 The exchange writes only to its :class:`~proxy.downstream.Downstream`. An error before the
@@ -20,7 +21,6 @@ leaves); the exchange hands it to the relay. A new phase hook goes here, between
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -39,6 +39,7 @@ from proxy.api.routes import NEEDS_MODELS, AnyHandler, Call, route
 from proxy.errors import ClientGone
 from proxy.relay import Relay
 from proxy.routing.attempts import Outcome
+from proxy.timestamps import wall
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
@@ -49,6 +50,10 @@ if TYPE_CHECKING:
     from proxy.models.ondemand import OnDemand
 
 DENIED_BODY_CAP = 64 * 1024  # a denied request's body is read (to keep the connection) up to
+
+# An attempt's outcome in the request log's words (SPEC §9.1): a 4xx is the client's, "refused".
+_IN_THE_LOG = {Outcome.SUCCESS: "success", Outcome.CLIENT_ERROR: "refused",
+               Outcome.FAILURE: "failure", Outcome.ABORTED: "aborted"}
 
 
 class RequestSource(Protocol):
@@ -109,7 +114,7 @@ class Exchange:
         self.wall = 0.0  # the same moment, wall-clock (for the request log)
         self.info: RequestInfo | None = None  # an OpenAI call's model and stream
         self.relay: Relay | None = None
-        self.outcome: Outcome | None = None  # the last attempt's, once settled
+        self.outcome = ""  # the request log's word for it, once decided (see decide)
         self.load_wait: float | None = None  # seconds it waited for its model to load
         self.grant: Grant | None = None  # the access key it presented, with its limits
 
@@ -130,7 +135,7 @@ class Exchange:
             self.request = request
             response.family = family_of(request_path(request.target))  # our errors' shape
             self.started = trio.current_time()
-            self.wall = time.time()
+            self.wall = wall()
             headers = self.source.headers
             response.request_allows(http11=request.http_version == b"1.1",
                                     keep_alive=b"close" not in connection_tokens(headers),
@@ -285,14 +290,29 @@ class Exchange:
             outcome = Outcome.ABORTED
         else:
             outcome = Outcome.FAILURE
-        self.outcome = outcome
+        self.outcome = _IN_THE_LOG[outcome]
         attempt.finish(outcome, trio.current_time())
 
+    def decide(self, left: bool) -> str:
+        """The request's outcome in the request log's words (SPEC §9.1), once it is over;
+        ``left``: the client went away (or its scope was cancelled). A relayed request's is
+        its last attempt's (:meth:`settle`; none settled: aborted). Any other request's (our
+        own endpoints and refusals) is aborted if the client left before the answer began,
+        else refused for a 4xx or 5xx answer, else success."""
+        if not self.outcome:
+            response = self.out.response
+            if self.relay is not None or (left and not response.started):
+                self.outcome = "aborted"
+            else:
+                self.outcome = "refused" if response.status >= 400 else "success"
+        return self.outcome
+
     def report(self) -> None:
-        """The request is over: its facts go to the report phase's batch
-        (:mod:`proxy.observe.reports`: the access-log line, the record on the hub)."""
+        """The request is over: its outcome is decided, and its facts go to the report
+        phase's batch (:mod:`proxy.observe.reports`: the access-log line, the record on the
+        hub)."""
         if self.request is None:
             return
         out = self.out
-        self.ctx.reports.add(self, out.response, out.first_at, out.bytes_sent, out.error_code,
-                             out.gone or self.scope.cancelled)
+        self.decide(out.gone or self.scope.cancelled)
+        self.ctx.reports.add(self, out.response, out.first_at, out.bytes_sent, out.error_code)

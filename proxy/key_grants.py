@@ -10,7 +10,6 @@ clock for the buckets (so tests run on MockClock), the wall clock for expiry, th
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,7 @@ import trio
 
 from protocol.access import key_expired, model_not_allowed, rate_limited
 from protocol.key_limits import KeyLimits, TokenBucket, retry_after
+from proxy import timestamps
 
 if TYPE_CHECKING:
     from proxy.key_store import AccessKey
@@ -41,7 +41,7 @@ class KeyGrants:
 
     __slots__ = ("_buckets", "wall")
 
-    def __init__(self, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, wall: Callable[[], float] = timestamps.wall) -> None:
         self.wall = wall  # seconds since the epoch: the seam for expiry tests
         self._buckets: dict[str, TokenBucket] = {}
 

@@ -28,6 +28,7 @@ from protocol.pairing import (
     code_not_accepted,
     new_code,
 )
+from proxy import timestamps
 from proxy.notifications import Notifications
 from proxy.observe.hub import Hub
 
@@ -48,7 +49,7 @@ class Pairing:
     __slots__ = ("_expires_at", "_hub", "_limit", "_notifications", "_state", "wall")
 
     def __init__(self, hub: Hub | None = None, notifications: Notifications | None = None,
-                 *, wall: Callable[[], float] = time.time) -> None:
+                 *, wall: Callable[[], float] = timestamps.wall) -> None:
         self.wall = wall  # seconds since the epoch, for the expiry the API shows
         self._hub = hub
         self._notifications = notifications

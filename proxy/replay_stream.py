@@ -4,26 +4,13 @@ When a request switches protocols, the connection's own reader has already consu
 request head (and maybe bytes after it). A :class:`ReplayStream` gives the new protocol's
 code a plain :class:`trio.abc.Stream` that first delivers those bytes again, then reads from
 the socket; writes go straight to the socket. (Of a WebSocket client's bytes sent before our
-101, wsproto keeps none: RFC 6455 §4.1 has clients wait for it.)
+101, wsproto keeps none: RFC 6455 §4.1 has clients wait for it.) The head is rebuilt by
+:func:`protocol.http1.build_request_head`, as a request sent upstream is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import trio
-
-from protocol.headers import Header
-
-
-def request_head(method: bytes, target: bytes, headers: Sequence[Header]) -> bytes:
-    """An HTTP/1.1 request head rebuilt from a parsed one (names and values as parsed:
-    h11 has checked them)."""
-    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
-    for name, value in headers:
-        parts += (name, b": ", value, b"\r\n")
-    parts.append(b"\r\n")
-    return b"".join(parts)
 
 
 class ReplayStream(trio.abc.Stream):

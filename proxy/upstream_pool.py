@@ -24,6 +24,7 @@ from protocol.headers import Header
 from protocol.http1 import ResponseHead
 from protocol.stream_reuse import Action, Sign, StreamReuse, Verdict
 from protocol.upstream_url import UpstreamAddress
+from proxy.tasks import TaskHolder
 from proxy.upstream import UpstreamConnection, UpstreamFailure, describe
 
 IDLE_PER_ADDRESS = 64  # idle keep-alive connections kept per upstream address
@@ -47,7 +48,7 @@ class ConnectionPool:
     def __init__(self, ack_timeout: Callable[[], float] | None = None) -> None:
         self._idle: dict[str, deque[UpstreamConnection]] = {}
         self._reuse: dict[str, StreamReuse] = {}
-        self._probes: trio.Nursery | None = None  # while run() runs
+        self._probes = TaskHolder()  # the probes' nursery, while run() runs
         self.connects = 0
         self.probes = 0
         # TCP_USER_TIMEOUT of upstream TCP sockets (timeouts.connection): bytes we sent
@@ -64,13 +65,7 @@ class ConnectionPool:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Runs the probes of connections after streamed answers, until cancelled. Without
         it such connections of an upstream not known to keep them are closed."""
-        async with trio.open_nursery() as nursery:
-            self._probes = nursery
-            try:
-                task_status.started()
-                await trio.sleep_forever()
-            finally:
-                self._probes = None
+        await self._probes.run(task_status=task_status)
 
     def after_streams(self, address: UpstreamAddress) -> Verdict:
         """What is known of this upstream's connections after streamed answers."""
@@ -128,14 +123,15 @@ class ConnectionPool:
             return
         if conn.streamed:
             reuse = self._reuse_of(conn.address)
-            action = reuse.after_stream(can_probe=self._probes is not None)
+            probes = self._probes.nursery
+            action = reuse.after_stream(can_probe=probes is not None)
             if action is Action.CLOSE:
                 conn.close()
                 return
             if action is Action.PROBE:
-                assert self._probes is not None
+                assert probes is not None
                 conn.recycle()
-                self._probes.start_soon(self._probe, conn, reuse)
+                probes.start_soon(self._probe, conn, reuse)
                 return
         self._keep(conn)
 

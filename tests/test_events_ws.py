@@ -22,10 +22,11 @@ import trio_websocket
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, CloseConnection, Ping, Request, TextMessage
 
+from protocol.http1 import build_request_head
 from protocol.request_record import RequestRecord
 from proxy.observe import event_socket
 from proxy.observe.feed import CLOSE_TIMEOUT, QUEUE_FRAMES
-from proxy.replay_stream import ReplayStream, request_head
+from proxy.replay_stream import ReplayStream
 from tests.client import Client, chat_body, connect, raw, request
 from tests.conftest import RunningGateway, StartGateway
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
@@ -284,8 +285,8 @@ async def test_the_replay_stream_gives_the_head_then_the_socket() -> None:
     bytes sent before our 101, as RFC 6455 §4.1 has clients wait for it.)"""
     a, b = trio.socket.socketpair()
     ours, theirs = trio.SocketStream(a), trio.SocketStream(b)
-    head = request_head(b"GET", b"/api/v1/events?x=1", [(b"host", b"localhost"),
-                                                          (b"upgrade", b"websocket")])
+    head = build_request_head(b"GET", b"/api/v1/events?x=1", [(b"host", b"localhost"),
+                                                                (b"upgrade", b"websocket")])
     assert head == (b"GET /api/v1/events?x=1 HTTP/1.1\r\nhost: localhost\r\n"
                     b"upgrade: websocket\r\n\r\n")
     stream = ReplayStream(ours, head + b"early", eof=False)

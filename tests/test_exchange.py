@@ -4,7 +4,9 @@ looks at what was written, what the response state became and what was recorded.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +260,56 @@ async def test_settle_waits_for_nothing(tmp_path: Path) -> None:
     with trio.fail_after(1):
         await run(ctx, FakeSource(b"POST", CHAT, [], chat()))
     assert ctx.router.local.active == 0
+
+
+# ------------------------------------------------------------------ one outcome per request
+
+async def outcome_of(ctx: GatewayContext, source: FakeSource, caplog: pytest.LogCaptureFixture,
+                     *, scope: RequestScope | None = None) -> tuple[str, str]:
+    """The outcome the exchange decided, and the one its access-log line says."""
+    caplog.set_level(logging.INFO, logger="sluice.access")
+    caplog.clear()
+    exchange = Exchange(ctx, source, FakeDownstream(),  # type: ignore[arg-type]
+                        scope or RequestScope(), Peer("unix"))
+    with contextlib.suppress(ClientGone):
+        await exchange.run()
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "sluice.access"]
+    return exchange.outcome, line.rsplit(" outcome=", 1)[1]
+
+
+async def test_outcome_of_our_own_endpoints(tmp_path: Path,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    ctx = context(tmp_path)
+    assert await outcome_of(ctx, FakeSource(b"GET", b"/health", []), caplog) == (
+        "success", "success")
+    assert await outcome_of(ctx, FakeSource(b"GET", b"/nowhere", []), caplog) == (
+        "refused", "refused")  # our 404
+    assert await outcome_of(ctx, FakeSource(b"POST", CHAT, [], chat("nowhere")), caplog) == (
+        "refused", "refused")  # our 503: no upstream was asked
+
+
+async def test_outcome_of_a_relay_that_failed_or_whose_client_left(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ctx = context(tmp_path, (BackendConfig("here", "http://127.0.0.1:9"),))
+    backend = ctx.backends.backends[0]
+    ctx.backends.checked(backend, [{"id": "m"}], None, 1.0)
+    scope = RequestScope()
+    scope.cancel()
+    assert await outcome_of(ctx, FakeSource(b"POST", CHAT, [], chat()), caplog,
+                            scope=scope) == ("aborted", "aborted")
+    backend.address = None  # a 502 before anything was sent
+    assert await outcome_of(ctx, FakeSource(b"POST", CHAT, [], chat()), caplog) == (
+        "failure", "failure")
+
+
+async def test_outcome_of_a_client_gone_before_any_answer(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No upstream asked (as when the client leaves while its model loads): aborted."""
+    async def leaves(exchange: Exchange, *args: Any) -> None:
+        exchange.scope.cancel()
+        raise ClientGone
+
+    monkeypatch.setattr(Exchange, "answer", leaves)
+    assert await outcome_of(context(tmp_path), FakeSource(b"POST", CHAT, [], chat()),
+                            caplog) == ("aborted", "aborted")

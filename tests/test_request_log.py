@@ -24,6 +24,7 @@ from tests.fakeupstream import (
     FakeUpstream,
     ReceivedRequest,
     ResponseWriter,
+    close_mid_stream,
     json_completion,
     sse_events,
     sse_stream,
@@ -246,6 +247,26 @@ async def test_an_aborted_stream_and_the_tcp_transport(
     assert (aborted["status"], aborted["outcome"], aborted["stream"]) == (200, "aborted", True)
     assert aborted["events"] >= 3
     assert over_tcp["transport"] == "tcp"
+
+
+async def test_a_stream_the_upstream_cut_after_commit_is_a_failure(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short_tmp: Any,
+        start_gateway: StartGateway, caplog: pytest.LogCaptureFixture) -> None:
+    gw, up = await local_gateway(nursery, short_tmp, start_gateway)
+    caplog.set_level(logging.INFO, logger="sluice.access")
+    up.on("POST", CHAT, close_mid_stream(2))
+    client = await Client.open(gw.unix)
+    await client.send_request("POST", CHAT, chat_body(MODEL, stream=True))
+    assert (await client.read_head()).status_code == 200
+    await read_events(client, 2)
+    await trio.sleep(1)
+    await client.aclose()
+    (cut,) = await entries(gw)
+    assert (cut["status"], cut["outcome"], cut["stream"]) == (200, "failure", True)
+    (line,) = [r.getMessage() for r in caplog.records
+               if r.name == "sluice.access" and r.getMessage().startswith(cut["id"])]
+    assert " status=200 served_by=local:mine " in line, line
+    assert line.endswith(" outcome=failure"), line
 
 
 async def test_failover_names_the_node_that_failed_first(

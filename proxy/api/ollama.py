@@ -7,7 +7,6 @@ model files. The bodies are made by :mod:`protocol.ollama`. This module (and wit
 from __future__ import annotations
 
 import math
-import time
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -28,6 +27,7 @@ from protocol.ollama import (
 )
 from proxy.api.call import Body, Call
 from proxy.api.model_list import model_entries
+from proxy.timestamps import wall
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
@@ -67,7 +67,7 @@ def ps(call: Call) -> tuple[int, Any]:
     loaded = []
     if ondemand is not None:
         facts = _facts(ctx)
-        wall, now = time.time(), trio.current_time()
+        wall_now, now = wall(), trio.current_time()
         for name, model in ondemand.lifecycle.models.items():
             if model.state is not ModelState.LOADED or name not in facts:
                 continue
@@ -75,12 +75,12 @@ def ps(call: Call) -> tuple[int, Any]:
             if math.isinf(idle):
                 expires = math.inf
             elif model.in_flight:  # its idle clock starts when its requests end
-                expires = wall + idle
+                expires = wall_now + idle
             else:
-                expires = wall + max(0.0, model.unloads_at() - now)
+                expires = wall_now + max(0.0, model.unloads_at() - now)
             loaded.append(LoadedModel(facts[name], model.memory or model.spec.estimate,
                                       expires))
-    return _json(ps_body(loaded, time.time()))
+    return _json(ps_body(loaded, wall()))
 
 
 def show(call: Call) -> tuple[int, Any]:

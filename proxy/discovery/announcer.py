@@ -28,6 +28,7 @@ import trio
 from protocol.dnssd import MDNS_PORT, Announcement, announce_packet, answer
 from proxy.discovery.link import Link, Source
 from proxy.interfaces import Interface
+from proxy.tasks import TaskHolder
 
 __all__ = ["ANNOUNCE_COUNT", "ANNOUNCE_GAP", "ANSWER_DELAY", "GOODBYE_TIMEOUT", "Announcer"]
 
@@ -51,7 +52,7 @@ class Announcer:
         self.rng = rng or random.Random()
         self.answered = 0  # queries answered (for tests and the log)
         self._answering: set[str] = set()  # interfaces with an answer waiting
-        self._nursery: trio.Nursery | None = None
+        self._tasks = TaskHolder()  # announcements and answers, while run() runs
         self._said_goodbye = False
 
     def __repr__(self) -> str:
@@ -61,22 +62,21 @@ class Announcer:
                   ) -> None:
         """Announce on every interface, then answer, until cancelled; goodbyes at the end."""
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                for key, interface in self.interfaces.items():
-                    nursery.start_soon(self._announce, key, interface)
-                task_status.started()
-                await trio.sleep_forever()
+            await self._tasks.run(task_status=task_status, first=self._announce_everywhere)
         finally:
-            self._nursery = None
             with trio.CancelScope(shield=True) as scope:
                 scope.deadline = trio.current_time() + GOODBYE_TIMEOUT
                 await self.goodbye()
 
+    def _announce_everywhere(self, nursery: trio.Nursery) -> None:
+        for key, interface in self.interfaces.items():
+            nursery.start_soon(self._announce, key, interface)
+
     def added(self, key: str, interface: Interface) -> None:
         """A new interface (already in :attr:`interfaces`): announce on it."""
-        if self._nursery is not None:
-            self._nursery.start_soon(self._announce, key, interface)
+        nursery = self._tasks.nursery
+        if nursery is not None:
+            nursery.start_soon(self._announce, key, interface)
 
     def removed(self, key: str) -> None:
         """An interface went away: nothing can be sent there any more."""
@@ -105,7 +105,8 @@ class Announcer:
     def on_packet(self, data: bytes, source: Source, key: str) -> None:
         """A packet that came in on interface ``key``: if it asks about us, answer it."""
         interface = self.interfaces.get(key)
-        if interface is None or self._nursery is None:
+        nursery = self._tasks.nursery
+        if interface is None or nursery is None:
             return
         legacy = source[1] != MDNS_PORT
         if not legacy and key in self._answering:
@@ -116,7 +117,7 @@ class Announcer:
             return
         if not legacy:
             self._answering.add(key)
-        self._nursery.start_soon(self._answer, reply, interface, key, source if legacy else None)
+        nursery.start_soon(self._answer, reply, interface, key, source if legacy else None)
 
     async def _answer(self, reply: bytes, interface: Interface, key: str,
                       to: Source | None) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from proxy.models.scan import build
 from proxy.models.servers import LlamaServers, read_estimate
 from proxy.observe.hub import Hub
 from proxy.pool.backends import BackendRegistry, LocalBackend
+from proxy.timestamps import wall
 from proxy.upstream_pool import ConnectionPool
 
 log = logging.getLogger("sluice.models")
@@ -308,4 +308,4 @@ def _wall(at: float | None, now: float) -> str | None:
     """A trio clock time as the wall clock's ISO 8601 (None for never)."""
     if at is None or math.isinf(at):
         return None
-    return iso_utc(time.time() + (at - now))
+    return iso_utc(wall() + (at - now))

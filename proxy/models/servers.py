@@ -33,6 +33,7 @@ from proxy.models.process import (
     stop_process,
     until_healthy,
 )
+from proxy.tasks import TaskHolder
 from proxy.upstream_pool import ConnectionPool
 
 HEADER_READS = (2 << 20, 64 << 20)  # bytes of a GGUF read for its header: first, at most
@@ -101,17 +102,11 @@ class LlamaServers:
         self.data_dir = data_dir
         self.socket_dir = socket_dir
         self.connections = connections
-        self._nursery: trio.Nursery | None = None
+        self._pumps = TaskHolder()  # the log pumps' nursery, while run() runs
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            try:
-                task_status.started()
-                await trio.sleep_forever()
-            finally:
-                self._nursery = None
+        await self._pumps.run(task_status=task_status)
 
     def _socket_path(self, name: str) -> Path | None:
         if self.socket_dir is None:
@@ -120,7 +115,7 @@ class LlamaServers:
         return path if len(os.fsencode(path)) <= MAX_SOCKET_PATH else None
 
     async def start(self, spec: ModelSpec) -> LlamaServer:
-        if self._nursery is None:
+        if self._pumps.nursery is None:
             raise LoadFailed("the gateway is stopping")
         if spec.problem is not None:  # found when the catalogue was made
             raise LoadFailed(spec.problem)
@@ -141,7 +136,7 @@ class LlamaServers:
             start_new_session=True)
         assert proc.stderr is not None
         logged = trio.Event()
-        self._nursery.start_soon(_log_until_closed, proc.stderr, logfile, logged)
+        self._pumps.nursery.start_soon(_log_until_closed, proc.stderr, logfile, logged)
         try:
             url, why = await until_healthy(self.connections, proc)
         except BaseException:

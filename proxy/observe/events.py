@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +33,7 @@ from protocol.json_text import compact_json
 from protocol.request_record import iso_utc
 from proxy.api.call import Call, Handler, Takeover
 from proxy.observe.feed import EventFeed
+from proxy.timestamps import wall
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
@@ -119,7 +119,7 @@ def hello_frame(ctx: GatewayContext, route: Router) -> str:
             "status": bodies["status"], "pool": bodies["pool"], "stats": bodies["stats"],
             "settings": {name: bodies[name] for name in _SETTINGS},
             "notifications": bodies["notifications"]["notifications"]}
-    return compact_json({"type": "hello", "at": iso_utc(time.time()), "data": data})
+    return compact_json({"type": "hello", "at": iso_utc(wall()), "data": data})
 
 
 async def serve(feed: EventFeed, hello: Callable[[], str], stream: trio.abc.Stream,

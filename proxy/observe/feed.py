@@ -15,7 +15,6 @@ Frames are encoded when published, so a publisher may hand over a dict it change
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ import trio
 
 from protocol.json_text import compact_json
 from protocol.request_record import RequestRecord, iso_utc
+from proxy.timestamps import wall
 
 if TYPE_CHECKING:
     from proxy.observe.hub import Hub
@@ -83,7 +83,7 @@ class Subscriber:
         while not self.closing:
             frames = self.frames
             if self.lost or frames:
-                taken = [encode_frame("resync", time.time(), {})] if self.lost else []
+                taken = [encode_frame("resync", wall(), {})] if self.lost else []
                 self.lost = False
                 taken += frames
                 frames.clear()

@@ -22,11 +22,12 @@ order and answers stay exact.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
+
+from proxy.timestamps import wall
 
 log = logging.getLogger("sluice.observe")
 
@@ -78,7 +79,7 @@ class Hub:
         the gateway goes on serving)."""
         self.drain()
         if self._by_type.get(kind):
-            self._deliver(kind, time.time(), data)
+            self._deliver(kind, wall(), data)
 
     def deliver(self, kind: str, at: float, data: Any) -> None:
         """Like :meth:`publish`, for a flusher: without draining first, with its own

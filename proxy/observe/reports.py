@@ -17,17 +17,12 @@ import trio
 
 from protocol.request_info import request_path
 from protocol.request_record import RequestRecord
-from proxy.routing.attempts import Outcome
 
 if TYPE_CHECKING:
     from proxy.observe.access_log import AccessLog
     from proxy.observe.hub import Hub
 
 BATCH_MAX = 512  # requests that make a batch go out at once
-
-# The request log's words (SPEC §9.1): a 4xx answer, the upstream's or ours, is "refused".
-_OUTCOMES = {Outcome.SUCCESS: "success", Outcome.CLIENT_ERROR: "refused",
-             Outcome.FAILURE: "failure", Outcome.ABORTED: "aborted"}
 
 
 class Finished(Protocol):
@@ -36,7 +31,7 @@ class Finished(Protocol):
 
     request: Any  # the h11.Request
     relay: Any  # the proxy.relay.Relay, or None when no upstream was asked
-    outcome: Outcome | None
+    outcome: str  # the request's, in the request log's words (decided by Exchange.decide)
     info: Any  # the protocol.request_info.RequestInfo of an OpenAI call, or None
     started: float  # trio clock
     wall: float  # the same moment, wall-clock
@@ -58,14 +53,13 @@ class Reports:
         return f"Reports({len(self._pending)} waiting)"
 
     def add(self, exchange: Finished, response: Any, first_at: float | None, bytes_sent: int,
-            error_code: str | None, left: bool) -> None:
-        """A request ended now. ``response`` is its ``protocol.response.Response``;
-        ``first_at`` (trio clock), ``bytes_sent`` and ``error_code`` are its
-        ``Downstream``'s figures; ``left``: the client went away (or its scope was
-        cancelled)."""
+            error_code: str | None) -> None:
+        """A request ended now, its outcome decided. ``response`` is its
+        ``protocol.response.Response``; ``first_at`` (trio clock), ``bytes_sent`` and
+        ``error_code`` are its ``Downstream``'s figures."""
         pending = self._pending
         pending.append((exchange, trio.current_time(), response, first_at, bytes_sent,
-                        error_code, left))
+                        error_code))
         if self._hub is None:
             self.flush()
         elif len(pending) == 1:
@@ -81,18 +75,13 @@ class Reports:
         hub = self._hub if self._hub is not None and self._hub.wants("request") else None
         lines = self._access.enabled()
         written: list[tuple[float, tuple[Any, ...]]] = []
-        for exchange, ended, response, first_at, bytes_sent, error_code, left in pending:
+        for exchange, ended, response, first_at, bytes_sent, error_code in pending:
             request = exchange.request
             path = request_path(request.target)
             relay = exchange.relay
             served_by = None if relay is None else relay.plan.upstream.served_by.decode()
             status = response.status
-            if relay is not None:
-                outcome = _OUTCOMES[exchange.outcome] if exchange.outcome else "aborted"
-            elif not response.started and left:
-                outcome = "aborted"
-            else:
-                outcome = "refused" if status >= 400 else "success"
+            outcome = exchange.outcome
             started = exchange.started
             ttfb = None if first_at is None else max(first_at - started, 0.0)
             duration = max(ended - started, 0.0)
