@@ -213,28 +213,27 @@ def authorize(level: Access, headers: Sequence[Header], *, transport: str, loopb
     it used, to be held to its limits, or None. Raises 401/403 for a missing or wrong
     credential (the admin token passes where a key is asked; a key never counts as the
     admin token), 413 for a pairing claim's body that is too large."""
-    if level is Access.OPEN:
-        return None
-    if level is Access.CLAIM:
-        check_claim_body(headers)
-        return None
-    if level is Access.KEY and (transport != "tcp" or (loopback and not require_auth)):
-        return _offered_key(headers, access_keys)
-    token = _presented(headers)
+    if level is Access.KEY:  # the model API: most requests
+        if transport != "tcp" or (loopback and not require_auth):
+            return _offered_key(headers, access_keys)
+        token = _presented(headers)
+        if token is None:
+            raise key_missing()
+        if token_equals(token, admin_token):
+            return None
+        entry = key_matches(token, access_keys)
+        if entry is None:
+            raise key_invalid()
+        return entry
     if level is Access.ADMIN:
+        token = _presented(headers)
         if token is None:
             raise admin_token_missing()
         if not token_equals(token, admin_token):
             raise admin_token_invalid()
-        return None
-    if token is None:
-        raise key_missing()
-    if token_equals(token, admin_token):
-        return None
-    entry = key_matches(token, access_keys)
-    if entry is None:
-        raise key_invalid()
-    return entry
+    elif level is Access.CLAIM:
+        check_claim_body(headers)
+    return None
 
 
 # ----------------------------------------------------------------------- answers
