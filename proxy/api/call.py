@@ -96,11 +96,10 @@ AnyHandler = Handler | AsyncHandler
 @attrs.frozen(eq=False)
 class Endpoint:
     """One path of the route table: who may call it (``access``, by method: SPEC §5) and
-    its handler for each method it serves; a handler of None relays the request to a model
-    server (the OpenAI calls)."""
+    its handler for each method it serves."""
 
     access: Rule
-    handlers: Mapping[bytes, AnyHandler | None]
+    handlers: Mapping[bytes, AnyHandler]
 
 
 @contextmanager

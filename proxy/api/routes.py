@@ -9,6 +9,7 @@ only method is POST.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from protocol.access import (
@@ -185,7 +186,7 @@ PREFIXES: dict[str, Endpoint] = {
 
 NEEDS_MODELS: frozenset[AnyHandler] = frozenset({list_models, get_model})
 
-_RELAYED = Endpoint(KEY_HOLDERS, {b"POST": None})
+_RELAYED: Mapping[bytes, AnyHandler | None] = {b"POST": None}  # an OpenAI call's methods
 
 
 def unlisted(path: str) -> Rule:
@@ -201,7 +202,6 @@ def unlisted(path: str) -> Rule:
 
 
 IMPLEMENTED = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS"})
-
 
 _PREFIXES = tuple(PREFIXES)  # one test rejects most paths (a model API call) at once
 
@@ -229,11 +229,13 @@ def route(method: bytes, path: str) -> AnyHandler | None:
     if method not in IMPLEMENTED:
         raise method_not_implemented(method.decode("latin-1"))
     endpoint = _endpoint(path)
-    if endpoint is None:
-        if not path.startswith("/v1/"):
-            raise not_found(f"no such endpoint: {path}")
-        endpoint = _RELAYED
-    handlers = endpoint.handlers
+    handlers: Mapping[bytes, AnyHandler | None]
+    if endpoint is not None:
+        handlers = endpoint.handlers
+    elif path.startswith("/v1/"):
+        handlers = _RELAYED
+    else:
+        raise not_found(f"no such endpoint: {path}")
     if method not in handlers:
         raise method_not_allowed(method.decode("latin-1"),
                                  tuple(m.decode() for m in handlers))
