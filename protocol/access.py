@@ -12,8 +12,8 @@ import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
 
@@ -23,12 +23,13 @@ from protocol.pairing import check_claim_body
 
 __all__ = [
     "ADMIN_CHANGES", "ADMIN_ONLY", "ANYONE", "KEY_HOLDERS", "KEY_PREFIX", "PAIRING_CLAIM_PATH",
-    "PAIRING_PATH", "WRITES", "Access", "KeyEntry", "Rule", "admin_token_invalid",
+    "PAIRING_PATH", "WRITES", "Access", "Rule", "admin_token_invalid",
     "admin_token_missing", "api_key_header", "authorize", "bearer_token", "check_api_key",
     "check_secret_maps", "hash_key", "key_expired", "key_invalid", "key_matches",
     "key_missing", "model_not_allowed", "new_access_key", "rate_limited", "token_equals",
 ]
 
+Stored = TypeVar("Stored", bound=Mapping[str, Any])  # an access key as stored
 KEY_PREFIX = "sk-sluice-"  # public and recognisable (for secret scanners); the rest is random
 HASH_SCHEME = "sha256:"
 MAX_KEY_LENGTH = 4096
@@ -115,11 +116,11 @@ def token_equals(presented: str, expected: str) -> bool:
     return hmac.compare_digest(a, b)
 
 
-def key_matches(presented: str, stored: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+def key_matches(presented: str, stored: Iterable[Stored]) -> Stored | None:
     """The stored access key ``presented`` is, compared in constant time against every
     stored hash (no early exit)."""
     digest = hash_key(presented).encode()
-    found: dict[str, Any] | None = None
+    found: Stored | None = None
     for entry in stored:
         value = entry.get("hash")
         if isinstance(value, str) and hmac.compare_digest(digest, value.encode()):
@@ -174,9 +175,6 @@ KEY_HOLDERS = Rule(Access.KEY, Access.KEY)  # the model API, and what a key hold
 ADMIN_CHANGES = Rule(Access.KEY, Access.ADMIN)  # read with a key, changed by the admin
 ADMIN_ONLY = Rule(Access.ADMIN, Access.ADMIN)
 
-KeyEntry = dict[str, Any]  # a stored access key (secrets.yaml ``access_keys``)
-
-
 def _values(headers: Sequence[Header], name: bytes) -> list[bytes]:
     return [value for key, value in headers if key == name]
 
@@ -190,10 +188,11 @@ def _presented(headers: Sequence[Header]) -> str | None:
     return token
 
 
-def _offered_key(headers: Sequence[Header], access_keys: Iterable[KeyEntry]) -> KeyEntry | None:
+def _offered_key(headers: Sequence[Header],
+                 find_key: Callable[[str], Stored | None]) -> Stored | None:
     """Where no key is needed: the stored key the request carries if it is one of ours
     (SPEC §13: held to its limits); None for no token or any other (apps send dummy keys;
-    never hashed unless it looks like ours)."""
+    never looked up unless it looks like ours)."""
     for name, _ in headers:  # most requests here carry no credential: one pass, no parse
         if name == b"authorization" or name == b"x-api-key":
             break
@@ -202,29 +201,31 @@ def _offered_key(headers: Sequence[Header], access_keys: Iterable[KeyEntry]) -> 
     token = _presented(headers)
     if token is None or not token.startswith(KEY_PREFIX):
         return None
-    return key_matches(token, access_keys)
+    return find_key(token)
 
 
 def authorize(level: Access, headers: Sequence[Header], *, transport: str, loopback: bool,
               require_auth: bool, admin_token: str,
-              access_keys: Iterable[KeyEntry]) -> KeyEntry | None:
+              find_key: Callable[[str], Stored | None]) -> Stored | None:
     """The decision for one request at ``level`` on the listener ``transport`` (``"unix"``,
     ``"tcp"`` or ``"local-tcp"``) from a ``loopback`` peer or not: the stored access key
-    it used, to be held to its limits, or None. Raises 401/403 for a missing or wrong
-    credential (the admin token passes where a key is asked; a key never counts as the
-    admin token), 413 for a pairing claim's body that is too large."""
+    it used, to be held to its limits, or None. ``find_key(token)`` is the stored key a
+    presented token is (:func:`key_matches` over the stored keys), None for no key of ours.
+    Raises 401/403 for a missing or wrong credential (the admin token passes where a key is
+    asked; a key never counts as the admin token), 413 for a pairing claim's body that is
+    too large."""
     if level is Access.KEY:  # the model API: most requests
         if transport != "tcp" or (loopback and not require_auth):
-            return _offered_key(headers, access_keys)
+            return _offered_key(headers, find_key)
         token = _presented(headers)
         if token is None:
             raise key_missing()
         if token_equals(token, admin_token):
             return None
-        entry = key_matches(token, access_keys)
-        if entry is None:
+        key = find_key(token)
+        if key is None:
             raise key_invalid()
-        return entry
+        return key
     if level is Access.ADMIN:
         token = _presented(headers)
         if token is None:

@@ -14,6 +14,7 @@ settings know.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from protocol.access import Access
+from protocol.access import Access, key_matches
 from protocol.access import authorize as decide
 from protocol.errors import bad_request
 from protocol.headers import Header
@@ -114,5 +115,5 @@ def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, level: A
     secrets = ctx.settings.secrets
     entry = decide(level, headers, transport=transport, loopback=loopback_peer,
                    require_auth=ctx.config.api.require_auth, admin_token=secrets.admin_token,
-                   access_keys=secrets.access_keys)
+                   find_key=functools.partial(key_matches, stored=secrets.access_keys))
     return None if entry is None else ctx.key_grants.grant(entry)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from protocol.access import (
     Rule,
     authorize,
     hash_key,
+    key_matches,
     new_access_key,
 )
 from protocol.errors import SluiceError
@@ -26,6 +28,7 @@ ADMIN = "the-admin-token"
 KEY_ID, KEY = new_access_key()
 STORED = [{"id": "ak-other", "hash": hash_key("sk-sluice-other")},
           {"id": KEY_ID, "hash": hash_key(KEY)}]
+FIND = functools.partial(key_matches, stored=STORED)
 # Every method a request may name, served somewhere or not (501s are decided after this).
 METHODS = (b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS", b"FOO")
 LISTENERS = (("unix", True), ("local-tcp", True), ("tcp", True), ("tcp", False))
@@ -41,7 +44,7 @@ def decide(level: Access, transport: str, loopback: bool, credential: str | None
         headers.append((header, value.encode()))
     try:
         entry = authorize(level, headers, transport=transport, loopback=loopback,
-                          require_auth=require_auth, admin_token=ADMIN, access_keys=STORED)
+                          require_auth=require_auth, admin_token=ADMIN, find_key=FIND)
     except SluiceError as err:
         return f"{err.status} {err.code}"
     if entry is None:
@@ -91,7 +94,7 @@ def test_the_refusals_are_the_same_errors() -> None:
                                                   f"Bearer {credential}".encode())]
         with pytest.raises(SluiceError) as info:
             authorize(level, headers, transport="tcp", loopback=False, require_auth=False,
-                      admin_token=ADMIN, access_keys=STORED)
+                      admin_token=ADMIN, find_key=FIND)
         return info.value
 
     missing = error(Access.KEY, None)
