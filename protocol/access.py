@@ -1,180 +1,44 @@
-"""Access-control rules (SPEC §5), pure: the DNS-rebinding guard (``Host`` and ``Origin``),
-bearer tokens, access-key format, hashing and constant-time verification, and the errors
-these checks answer with. No sockets, no clock, no files.
+"""Access-control rules (SPEC §5, §13, §14), pure: bearer tokens, access-key format, hashing
+and constant-time verification, who may call a path (:class:`Access`, by method a
+:class:`Rule`: the route table gives every route one, :mod:`proxy.api.routes`), the decision
+for one request (:func:`authorize`) and the errors it answers with. The DNS-rebinding guard
+is :mod:`protocol.rebinding`. No sockets, no clock, no files.
 """
 
 from __future__ import annotations
 
-import functools
+import enum
 import hashlib
 import hmac
-import ipaddress
 import re
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import attrs
+
 from protocol.errors import ConfigError, SluiceError, Source, rate_limit_error
+from protocol.headers import Header
+from protocol.pairing import check_claim_body
 
 __all__ = [
-    "CORS_MAX_AGE", "KEY_PREFIX", "PAIRING_CLAIM_PATH", "PAIRING_PATH", "PREFLIGHT_METHODS",
-    "admin_token_invalid",
-    "admin_token_missing", "api_key_header", "bearer_token", "check_api_key",
-    "check_secret_maps",
-    "cors_headers", "forbidden_host", "forbidden_origin", "hash_key", "host_allowed",
-    "is_loopback_ip", "key_expired", "key_invalid", "key_matches", "key_missing",
-    "model_not_allowed", "new_access_key", "normal_address", "open_to_strangers",
-    "origin_allowed", "own_host", "preflight_headers", "rate_limited", "token_equals",
+    "ADMIN_CHANGES", "ADMIN_ONLY", "ANYONE", "KEY_HOLDERS", "KEY_PREFIX", "PAIRING_CLAIM_PATH",
+    "PAIRING_PATH", "WRITES", "Access", "Rule", "admin_token_invalid",
+    "admin_token_missing", "api_key_header", "authorize", "bearer_token", "check_api_key",
+    "check_secret_maps", "hash_key", "key_expired", "key_invalid", "key_matches",
+    "key_missing", "model_not_allowed", "new_access_key", "rate_limited", "token_equals",
 ]
 
 Stored = TypeVar("Stored", bound=Mapping[str, Any])  # an access key as stored
 KEY_PREFIX = "sk-sluice-"  # public and recognisable (for secret scanners); the rest is random
 HASH_SCHEME = "sha256:"
-CORS_MAX_AGE = b"600"  # seconds a browser may cache a preflight answer
-PREFLIGHT_METHODS = b"GET, POST, PUT, PATCH, DELETE, OPTIONS"
-PREFLIGHT_HEADERS = b"Authorization, Content-Type"
 MAX_KEY_LENGTH = 4096
 _WWW_AUTHENTICATE = ((b"www-authenticate", b"Bearer"),)
 PAIRING_PATH = "/api/v1/pairing"  # SPEC §14: the code; admin only, even to read
 PAIRING_CLAIM_PATH = "/api/v1/pairing/claim"  # SPEC §14: how another computer gets a key
 
 
-# ----------------------------------------------------------------------- DNS rebinding
-
-
-def is_loopback_ip(text: str) -> bool:
-    """127.0.0.0/8, ::1, and IPv4-mapped ::ffff:127.x (a dual-stack socket's view)."""
-    try:
-        addr = ipaddress.ip_address(text.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return addr.ipv4_mapped.is_loopback
-    return addr.is_loopback
-
-
-def _split_authority(value: str) -> tuple[str, str] | None:
-    """``host[:port]`` or ``[v6][:port]`` -> (host, port); None when malformed."""
-    if value.startswith("["):
-        end = value.find("]")
-        if end < 0:
-            return None
-        host, rest = value[1:end], value[end + 1:]
-        if rest and not rest.startswith(":"):
-            return None
-        port = rest[1:]
-        if ":" not in host:  # brackets are for IPv6 only
-            return None
-    else:
-        host, _, port = value.partition(":")
-        if ":" in port:
-            return None
-    if port and not port.isdigit():
-        return None
-    return host, port
-
-
-def _is_local_name(host: str) -> bool:
-    return host == "localhost" or is_loopback_ip(host)
-
-
-@functools.lru_cache(maxsize=512)
-def host_allowed(host: bytes | None, allowed_hosts: tuple[str, ...] = ()) -> bool:
-    """The ``Host`` check on TCP: ``localhost``, a loopback address or a name listed in
-    ``api.allowed_hosts`` (the port is ignored). No Host at all (HTTP/1.0) passes; an empty
-    host (``Host: :39080``) does not."""
-    if host is None:
-        return True
-    try:
-        text = host.decode("ascii").strip().lower()
-    except UnicodeDecodeError:
-        return False
-    parts = _split_authority(text)
-    if parts is None or not parts[0] or "@" in text:
-        return False
-    name = parts[0].removesuffix(".") if parts[0] != "." else ""
-    if not name:
-        return False
-    if _is_local_name(name):
-        return True
-    for entry in allowed_hosts:
-        entry = entry.strip().lower()
-        if entry in (name, text):
-            return True
-    return False
-
-
-def own_host(host: bytes, addresses: frozenset[str], hostname: str) -> bool:
-    """A ``Host`` that names this computer itself (SPEC §14, with external access): an IP
-    literal among ``addresses`` (this computer's own, as :func:`normal_address` writes
-    them; an IPv6 zone is ignored) or ``<hostname>.local`` (any case, a final dot allowed).
-    The port is ignored. A DNS-rebinding page needs a name it controls, not our address."""
-    try:
-        text = host.decode("ascii").strip().lower()
-    except UnicodeDecodeError:
-        return False
-    parts = _split_authority(text)
-    if parts is None or "@" in text:
-        return False
-    name = parts[0].removesuffix(".")
-    if not name:
-        return False
-    if hostname and name == hostname.lower() + ".local":
-        return True
-    address = normal_address(name.split("%", 1)[0])
-    return address is not None and address in addresses
-
-
-def normal_address(text: str) -> str | None:
-    """An IP address in one spelling (``::FFFF:10.0.0.1`` and ``10.0.0.1`` alike), or None
-    for text that is no address."""
-    try:
-        addr = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return str(addr.ipv4_mapped)
-    return str(addr)
-
-
-@functools.lru_cache(maxsize=512)
-def origin_allowed(origin: bytes, allowed_origins: tuple[str, ...] = ()) -> bool:
-    """A browser ``Origin`` the gateway answers: http(s) on localhost or a loopback
-    address (any port), or one listed exactly in ``api.allowed_origins``."""
-    try:
-        text = origin.decode("ascii").strip().lower()
-    except UnicodeDecodeError:
-        return False
-    for entry in allowed_origins:
-        if entry.strip().lower().rstrip("/") == text.rstrip("/"):
-            return True
-    scheme, sep, rest = text.partition("://")
-    if not sep or scheme not in ("http", "https") or "/" in rest or "@" in rest:
-        return False
-    parts = _split_authority(rest)
-    return parts is not None and bool(parts[0]) and _is_local_name(parts[0])
-
-
-def cors_headers(origin: bytes) -> list[tuple[bytes, bytes]]:
-    """What an answer to an allowed origin carries."""
-    return [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
-
-
-def preflight_headers() -> list[tuple[bytes, bytes]]:
-    """What a preflight answer to an allowed origin adds to :func:`cors_headers`."""
-    return [(b"access-control-allow-methods", PREFLIGHT_METHODS),
-            (b"access-control-allow-headers", PREFLIGHT_HEADERS),
-            (b"access-control-max-age", CORS_MAX_AGE)]
-
-
 # ----------------------------------------------------------------------- tokens and keys
-
-
-def open_to_strangers(method: bytes, path: str) -> bool:
-    """The one request that needs neither the admin token nor an access key, on every
-    listener: a pairing claim (SPEC §14), guarded by its one-time code, the code's tries and
-    a rate limit per peer (:mod:`protocol.pairing`). The Host/Origin guard still applies."""
-    return method == b"POST" and path == PAIRING_CLAIM_PATH
 
 
 _VISIBLE_ASCII = re.compile("[!-~]+")  # U+0021 to U+007E
@@ -264,6 +128,115 @@ def key_matches(presented: str, stored: Iterable[Stored]) -> Stored | None:
     return found
 
 
+# ----------------------------------------------------------------------- who may call a path
+
+
+class Access(enum.Enum):
+    """What a request must show to be let through (SPEC §5, §14); the Host/Origin guard
+    applies before it, whatever the level."""
+
+    OPEN = "open"  # nothing, on every listener: GET /health, a CORS preflight
+    CLAIM = "claim"  # nothing but a small body: a pairing claim, its one-time code its key
+    KEY = "key"  # an access key (or the admin token) on the tcp API listener from a peer
+    # that is not loopback, and from loopback peers too with api.require_auth; nothing on
+    # the Unix socket or local-tcp
+    ADMIN = "admin"  # the admin token, on every listener
+
+
+WRITES = frozenset({b"POST", b"PUT", b"PATCH", b"DELETE"})
+
+
+@attrs.frozen
+class Rule:
+    """Who may call one path, by method: ``writes`` for POST, PUT, PATCH and DELETE,
+    ``reads`` for every other method, ``own`` for a method with a level of its own. Methods
+    the path does not serve have a level too (it is decided before the 405). A preflight
+    (OPTIONS, which carries no credentials) is OPEN on every path."""
+
+    reads: Access
+    writes: Access
+    own: tuple[tuple[bytes, Access], ...] = ()
+
+    def level(self, method: bytes) -> Access:
+        if method == b"OPTIONS":
+            return Access.OPEN
+        for name, level in self.own:
+            if name == method:
+                return level
+        return self.writes if method in WRITES else self.reads
+
+    def but(self, method: bytes, level: Access) -> Rule:
+        """This rule with ``method`` at ``level``."""
+        return attrs.evolve(self, own=(*self.own, (method, level)))
+
+
+ANYONE = Rule(Access.OPEN, Access.OPEN)
+KEY_HOLDERS = Rule(Access.KEY, Access.KEY)  # the model API, and what a key holder reads
+ADMIN_CHANGES = Rule(Access.KEY, Access.ADMIN)  # read with a key, changed by the admin
+ADMIN_ONLY = Rule(Access.ADMIN, Access.ADMIN)
+
+def _values(headers: Sequence[Header], name: bytes) -> list[bytes]:
+    return [value for key, value in headers if key == name]
+
+
+def _presented(headers: Sequence[Header]) -> str | None:
+    """The credential a request carries: ``Authorization: Bearer``, else ``x-api-key``
+    (Anthropic's clients, SPEC §12)."""
+    token = bearer_token(_values(headers, b"authorization"))
+    if token is None:
+        token = api_key_header(_values(headers, b"x-api-key"))
+    return token
+
+
+def _offered_key(headers: Sequence[Header],
+                 find_key: Callable[[str], Stored | None]) -> Stored | None:
+    """Where no key is needed: the stored key the request carries if it is one of ours
+    (SPEC §13: held to its limits); None for no token or any other (apps send dummy keys;
+    never looked up unless it looks like ours)."""
+    for name, _ in headers:  # most requests here carry no credential: one pass, no parse
+        if name == b"authorization" or name == b"x-api-key":
+            break
+    else:
+        return None
+    token = _presented(headers)
+    if token is None or not token.startswith(KEY_PREFIX):
+        return None
+    return find_key(token)
+
+
+def authorize(level: Access, headers: Sequence[Header], *, transport: str, loopback: bool,
+              require_auth: bool, admin_token: str,
+              find_key: Callable[[str], Stored | None]) -> Stored | None:
+    """The decision for one request at ``level`` on the listener ``transport`` (``"unix"``,
+    ``"tcp"`` or ``"local-tcp"``) from a ``loopback`` peer or not: the stored access key
+    it used, to be held to its limits, or None. ``find_key(token)`` is the stored key a
+    presented token is (:func:`key_matches` over the stored keys), None for no key of ours.
+    Raises 401/403 for a missing or wrong credential (the admin token passes where a key is
+    asked; a key never counts as the admin token), 413 for a pairing claim's body that is
+    too large."""
+    if level is Access.KEY:  # the model API: most requests
+        if transport != "tcp" or (loopback and not require_auth):
+            return _offered_key(headers, find_key)
+        token = _presented(headers)
+        if token is None:
+            raise key_missing()
+        if token_equals(token, admin_token):
+            return None
+        key = find_key(token)
+        if key is None:
+            raise key_invalid()
+        return key
+    if level is Access.ADMIN:
+        token = _presented(headers)
+        if token is None:
+            raise admin_token_missing()
+        if not token_equals(token, admin_token):
+            raise admin_token_invalid()
+    elif level is Access.CLAIM:
+        check_claim_body(headers)
+    return None
+
+
 # ----------------------------------------------------------------------- answers
 
 
@@ -312,16 +285,3 @@ def admin_token_missing() -> SluiceError:
 def admin_token_invalid() -> SluiceError:
     return _auth_error(403, "the admin token is not valid", "invalid_admin_token",
                        challenge=False)
-
-
-def forbidden_host() -> SluiceError:
-    return SluiceError(403, "the Host header names neither localhost, a loopback address nor "
-                            "a name in api.allowed_hosts", type="invalid_request_error",
-                       code="forbidden_host", param="api.allowed_hosts", source=Source.CLIENT)
-
-
-def forbidden_origin() -> SluiceError:
-    return SluiceError(403, "the Origin is neither loopback nor listed in "
-                            "api.allowed_origins", type="invalid_request_error",
-                       code="forbidden_origin", param="api.allowed_origins",
-                       source=Source.CLIENT)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from protocol.access import cors_headers
 from protocol.errors import Family, SluiceError
 from protocol.headers import REQUEST_ID, Header
 from protocol.http1 import (
@@ -31,6 +30,7 @@ from protocol.http1 import (
     build_response_head,
     frame_chunk,
 )
+from protocol.rebinding import cors_headers
 from protocol.sse import error_event
 
 CLOSE: Header = (b"connection", b"close")

@@ -1,20 +1,15 @@
-"""Who may ask what (SPEC §5): the per-request decision from the connection's transport,
-its peer and the request head. The rules themselves are pure (:mod:`protocol.access`).
+"""Who may ask what (SPEC §5): the I/O side of the per-request decision. The rules are pure:
+the DNS-rebinding guard is :mod:`protocol.rebinding`, who may call each path is the route
+table's (:func:`proxy.api.routes.access_level`), and the decision for a request at its level
+is :func:`protocol.access.authorize`; this module feeds them what the connection and the
+settings know.
 
 - Unix socket: the peer's uid (SO_PEERCRED) must be ours or root; no key ever.
 - TCP (``tcp`` API listener and the ``local-tcp`` fallback): the Host/Origin guard; with
   external access, a Host that names this computer passes too (:mod:`proxy.own_host`).
-- ``/admin/*``, writes under ``/api/v1/`` and the reads of :data:`ADMIN_READS` (the
-  pairing code's state): the admin token, on every listener.
-- The ``tcp`` API listener: an access key (or the admin token) from a non-loopback peer,
-  and from loopback peers too when ``api.require_auth`` is on. ``GET /health`` and
-  preflight ``OPTIONS`` need none.
-- ``POST /api/v1/pairing/claim`` (SPEC §14) needs neither (its one-time code is the
-  credential; :mod:`proxy.pairing`), only a small body.
-- Where no key is needed, a request that carries one of our access keys anyway
-  (``sk-sluice-...``: another gateway forwarding with our key, an app given a limited key)
-  is held to that key's limits (SPEC §13); any other token there is ignored, unhashed (apps
-  send dummy keys).
+- The admin token and the access keys come from the settings (secrets.yaml); a key the
+  request used comes back as its :class:`~proxy.key_grants.Grant` (a key past its expiry:
+  401 ``key_expired``), which the caller records and holds the request to (SPEC §13).
 """
 
 from __future__ import annotations
@@ -28,25 +23,17 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from protocol.access import (
-    KEY_PREFIX,
-    PAIRING_PATH,
-    admin_token_invalid,
-    admin_token_missing,
-    api_key_header,
-    bearer_token,
+from protocol.access import Access
+from protocol.access import authorize as decide
+from protocol.errors import bad_request
+from protocol.headers import Header
+from protocol.rebinding import (
     forbidden_host,
     forbidden_origin,
     host_allowed,
     is_loopback_ip,
-    key_invalid,
-    key_missing,
-    open_to_strangers,
     origin_allowed,
-    token_equals,
 )
-from protocol.errors import bad_request
-from protocol.pairing import check_claim_body
 
 if TYPE_CHECKING:
     from proxy.context import GatewayContext
@@ -54,12 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice.auth")
 
-Header = tuple[bytes, bytes]
-ADMIN_WRITES = frozenset({b"POST", b"PUT", b"PATCH", b"DELETE"})
-OPEN_PATHS = frozenset({"/health"})  # liveness: no key needed
-# Reads that need the admin token too: whether a pairing code is active, and its tries
-# left, are nothing for a holder of an access key to watch (SPEC §14).
-ADMIN_READS = frozenset({PAIRING_PATH})
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -96,11 +77,6 @@ def unix_peer_allowed(sock: trio.socket.SocketType) -> bool:
     return False
 
 
-def needs_admin(method: bytes, path: str) -> bool:
-    return path == "/admin" or path.startswith("/admin/") or \
-        (path.startswith("/api/v1/") and (method in ADMIN_WRITES or path in ADMIN_READS))
-
-
 def _values(headers: Sequence[Header], name: bytes) -> list[bytes]:
     return [value for key, value in headers if key == name]
 
@@ -128,59 +104,15 @@ def guard(ctx: GatewayContext, transport: str, headers: Sequence[Header]) -> byt
     return None
 
 
-def _presented(headers: Sequence[Header]) -> str | None:
-    """The credential a request carries: ``Authorization: Bearer``, else ``x-api-key``
-    (Anthropic's clients, SPEC §12)."""
-    token = bearer_token(_values(headers, b"authorization"))
-    if token is None:
-        token = api_key_header(_values(headers, b"x-api-key"))
-    return token
-
-
-def _offered_key(ctx: GatewayContext, headers: Sequence[Header]) -> Grant | None:
-    """Where no key is needed: the grant of one of our access keys if the request carries
-    one; None for no token or any other (never hashed unless it looks like ours)."""
-    for name, _ in headers:  # most requests here carry no credential: one pass, no parse
-        if name == b"authorization" or name == b"x-api-key":
-            break
-    else:
-        return None
-    token = _presented(headers)
-    if token is None or not token.startswith(KEY_PREFIX):
-        return None
-    key = ctx.settings.keys.find(token)
-    return None if key is None else ctx.key_grants.grant(key)
-
-
-def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, method: bytes,
-              path: str, headers: Sequence[Header]) -> Grant | None:
-    """The admin token and access-key checks; raises 401/403 (401 ``key_expired`` for a
-    key past its expiry). Returns the grant of the access key the request used (the caller
-    records its use: :meth:`KeyStore.used`, and holds the request to its limits), else
-    None."""
-    if method == b"OPTIONS":  # a preflight carries no credentials
-        return None
-    if open_to_strangers(method, path):  # a pairing claim (SPEC §14): its code is its key
-        check_claim_body(headers)
-        return None
-    admin_call = needs_admin(method, path)
-    if not admin_call and (transport != "tcp" or path in OPEN_PATHS or
-                           (loopback_peer and not ctx.config.api.require_auth)):
-        return None if path in OPEN_PATHS else _offered_key(ctx, headers)
+def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, level: Access,
+              headers: Sequence[Header]) -> Grant | None:
+    """The admin token and access-key checks for a request at ``level``
+    (:func:`protocol.access.authorize`, with the admin token, ``api.require_auth`` and the
+    stored keys of the moment); raises 401/403 (401 ``key_expired`` for a key past its
+    expiry). Returns the grant of the access key the request used (the caller records its
+    use: :meth:`KeyStore.used`, and holds the request to its limits), else None."""
     settings = ctx.settings
-    token = _presented(headers)
-    admin = settings.secrets.admin_token
-    if admin_call:
-        if token is None:
-            raise admin_token_missing()
-        if not token_equals(token, admin):
-            raise admin_token_invalid()
-        return None
-    if token is None:
-        raise key_missing()
-    if token_equals(token, admin):
-        return None
-    key = settings.keys.find(token)
-    if key is None:
-        raise key_invalid()
-    return ctx.key_grants.grant(key)
+    key = decide(level, headers, transport=transport, loopback=loopback_peer,
+                 require_auth=ctx.config.api.require_auth,
+                 admin_token=settings.secrets.admin_token, find_key=settings.keys.find)
+    return None if key is None else ctx.key_grants.grant(key)

@@ -27,15 +27,15 @@ import attrs
 import h11
 import trio
 
-from protocol.access import PREFLIGHT_METHODS, preflight_headers
 from protocol.errors import SluiceError, family_of
 from protocol.headers import Header, connection_tokens, header_value
+from protocol.rebinding import PREFLIGHT_METHODS, preflight_headers
 from protocol.request_info import RequestInfo, parse_request_body, request_path
 from protocol.response import Response
 from proxy import aliasing, auth
 from proxy.api.call import Body, Takeover
 from proxy.api.ollama_routes import TRANSLATED
-from proxy.api.routes import NEEDS_MODELS, AnyHandler, Call, route
+from proxy.api.routes import NEEDS_MODELS, AnyHandler, Call, access_level, route
 from proxy.errors import ClientGone
 from proxy.relay import Relay
 from proxy.routing.attempts import Outcome
@@ -167,8 +167,8 @@ class Exchange:
         ctx, peer = self.ctx, self.peer
         try:
             self.out.response.cors_origin = auth.guard(ctx, peer.transport, headers)
-            grant = auth.authorize(ctx, peer.transport, peer.loopback, request.method,
-                                   request_path(request.target), headers)
+            level = access_level(request.method, request_path(request.target))
+            grant = auth.authorize(ctx, peer.transport, peer.loopback, level, headers)
         except SluiceError as denied:
             if not _small_body(headers):
                 raise

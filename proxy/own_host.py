@@ -1,6 +1,6 @@
 """The names and addresses of this computer, for the Host guard (SPEC §14): with external
 access on, a ``Host`` that is one of our own IP addresses or ``<host name>.local`` passes
-like ``localhost``. The rule is :func:`protocol.access.own_host`; this is its cache.
+like ``localhost``. The rule is :func:`protocol.rebinding.own_host`; this is its cache.
 
 The guard asks only for a Host that did not pass already (the common requests never get
 here). The interface listing (:mod:`proxy.interfaces`, imported on the first ask) is
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from protocol.access import normal_address, own_host
+from protocol.rebinding import normal_address, own_host
 
 if TYPE_CHECKING:
     from proxy.interfaces import Interface

@@ -14,19 +14,19 @@ from hypothesis import strategies as st
 
 from protocol.access import (
     MAX_KEY_LENGTH,
+    Access,
     _visible_ascii,
     bearer_token,
     check_api_key,
     hash_key,
-    host_allowed,
-    is_loopback_ip,
     key_matches,
     new_access_key,
-    origin_allowed,
     token_equals,
 )
 from protocol.errors import ConfigError, SluiceError
+from protocol.rebinding import host_allowed, is_loopback_ip, origin_allowed
 from proxy import auth
+from proxy.api.routes import access_level
 from tests.client import Client, Reply, chat_body, raw, request
 from tests.conftest import StartGateway, remote_request
 from tests.fakeupstream import (
@@ -126,12 +126,12 @@ def test_keys_are_stored_as_hashes_and_compared_in_full() -> None:
 
 
 def test_what_needs_the_admin_token() -> None:
-    assert auth.needs_admin(b"GET", "/admin/stats")
-    assert auth.needs_admin(b"GET", "/admin")
+    assert access_level(b"GET", "/admin/stats") is Access.ADMIN
+    assert access_level(b"GET", "/admin") is Access.ADMIN
     for method in (b"POST", b"PUT", b"PATCH", b"DELETE"):
-        assert auth.needs_admin(method, "/api/v1/access-keys")
-    assert not auth.needs_admin(b"GET", "/api/v1/access-keys")
-    assert not auth.needs_admin(b"POST", "/v1/chat/completions")  # relayed, not admin
+        assert access_level(method, "/api/v1/access-keys") is Access.ADMIN
+    assert access_level(b"GET", "/api/v1/access-keys") is Access.KEY
+    assert access_level(b"POST", "/v1/chat/completions") is Access.KEY  # relayed, not admin
     assert auth.uid_allowed(0, 1000)
     assert auth.uid_allowed(1000, 1000)
     assert not auth.uid_allowed(12345, 1000)
@@ -150,7 +150,7 @@ async def test_authorize_decision_by_peer(start_gateway: StartGateway) -> None:
               path: str = "/v1/chat/completions") -> int:
         headers = [] if token is None else [(b"authorization", f"Bearer {token}".encode())]
         try:
-            auth.authorize(ctx, transport, loopback, method, path, headers)
+            auth.authorize(ctx, transport, loopback, access_level(method, path), headers)
         except SluiceError as err:
             return err.status
         return 200
@@ -170,7 +170,7 @@ async def test_authorize_decision_by_peer(start_gateway: StartGateway) -> None:
         assert check(transport, True, admin, b"DELETE", "/api/v1/access-keys/x") == 200
     # The key's use is the caller's to record (KeyStore.used): authorize names it.
     def used(token: str) -> str | None:
-        grant = auth.authorize(ctx, "tcp", False, b"POST", "/v1/chat/completions",
+        grant = auth.authorize(ctx, "tcp", False, Access.KEY,
                                [(b"authorization", f"Bearer {token}".encode())])
         return None if grant is None else grant.key_id
 

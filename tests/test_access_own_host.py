@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from protocol.access import normal_address, own_host
+from protocol.rebinding import normal_address, own_host
 from proxy import own_host as own_host_module
 from proxy.interfaces import Interface, list_interfaces
 from proxy.own_host import REFRESH, OwnHost, short_hostname

@@ -1,17 +1,19 @@
 """What a gateway endpoint handler gets: the context and the request (method, path, body,
-query, headers); and what it may give back besides JSON: raw bytes (:class:`Body`) or a
-protocol switch (:class:`Takeover`)."""
+query, headers); what it may give back besides JSON: raw bytes (:class:`Body`) or a
+protocol switch (:class:`Takeover`); and an entry of the route table (:class:`Endpoint`:
+who may call a path, and its handler for each method)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 import attrs
 
+from protocol.access import Rule
 from protocol.errors import bad_request, not_saved
 
 if TYPE_CHECKING:
@@ -85,6 +87,19 @@ class Takeover:
 Handler = Callable[[Call], tuple[int, Any]]
 """``handler(call) -> (status, payload)``: the payload is sent as JSON, or as it is when it
 is a :class:`Body`; a :class:`Takeover` hands the connection over."""
+
+AsyncHandler = Callable[[Call], Awaitable[tuple[int, Any]]]
+"""A handler that must wait for something (adding a node asks the node who it is)."""
+AnyHandler = Handler | AsyncHandler
+
+
+@attrs.frozen(eq=False)
+class Endpoint:
+    """One path of the route table: who may call it (``access``, by method: SPEC §5) and
+    its handler for each method it serves."""
+
+    access: Rule
+    handlers: Mapping[bytes, AnyHandler]
 
 
 @contextmanager

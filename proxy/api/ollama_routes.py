@@ -2,6 +2,9 @@
 handler here imports :mod:`proxy.api.ollama` (and :mod:`protocol.ollama`) when the first
 Ollama request comes, so a gateway no Ollama app talks to does not hold them (about 0.8 MB).
 
+Every Ollama path is the model API's: an access key where one is needed, whatever the
+method (:data:`protocol.access.KEY_HOLDERS`).
+
 The endpoints that run a model (``/api/chat``, ``/api/generate``, ``/api/embed``,
 ``/api/embeddings``) are in :data:`TRANSLATED`: the exchange sends them through
 :mod:`proxy.ollama` (routing, failover and timeouts as every ``/v1/*`` request), never
@@ -12,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.api.call import Call, Handler
+from protocol.access import KEY_HOLDERS
+from proxy.api.call import Call, Endpoint
 
 __all__ = ["PREFIXES", "ROUTES", "TRANSLATED"]
 
@@ -56,19 +60,22 @@ def translated(call: Call) -> tuple[int, Any]:  # pragma: no cover (never called
 
 TRANSLATED = frozenset({translated})
 
-ROUTES: dict[str, dict[bytes, Handler]] = {
-    "/api/tags": {b"GET": tags, b"HEAD": tags},
-    "/api/ps": {b"GET": ps},
-    "/api/show": {b"POST": show},
-    "/api/version": {b"GET": version},
-    "/api/chat": {b"POST": translated},
-    "/api/generate": {b"POST": translated},
-    "/api/embed": {b"POST": translated},
-    "/api/embeddings": {b"POST": translated},
-    "/api/pull": {b"POST": refuse},
-    "/api/push": {b"POST": refuse},
-    "/api/create": {b"POST": refuse},
-    "/api/copy": {b"POST": refuse},
-    "/api/delete": {b"DELETE": refuse},
+
+ROUTES: dict[str, Endpoint] = {
+    "/api/tags": Endpoint(KEY_HOLDERS, {b"GET": tags, b"HEAD": tags}),
+    "/api/ps": Endpoint(KEY_HOLDERS, {b"GET": ps}),
+    "/api/show": Endpoint(KEY_HOLDERS, {b"POST": show}),
+    "/api/version": Endpoint(KEY_HOLDERS, {b"GET": version}),
+    "/api/chat": Endpoint(KEY_HOLDERS, {b"POST": translated}),
+    "/api/generate": Endpoint(KEY_HOLDERS, {b"POST": translated}),
+    "/api/embed": Endpoint(KEY_HOLDERS, {b"POST": translated}),
+    "/api/embeddings": Endpoint(KEY_HOLDERS, {b"POST": translated}),
+    "/api/pull": Endpoint(KEY_HOLDERS, {b"POST": refuse}),
+    "/api/push": Endpoint(KEY_HOLDERS, {b"POST": refuse}),
+    "/api/create": Endpoint(KEY_HOLDERS, {b"POST": refuse}),
+    "/api/copy": Endpoint(KEY_HOLDERS, {b"POST": refuse}),
+    "/api/delete": Endpoint(KEY_HOLDERS, {b"DELETE": refuse}),
 }
-PREFIXES: dict[str, dict[bytes, Handler]] = {"/api/blobs/": {b"HEAD": refuse, b"POST": refuse}}
+PREFIXES: dict[str, Endpoint] = {
+    "/api/blobs/": Endpoint(KEY_HOLDERS, {b"HEAD": refuse, b"POST": refuse}),
+}

@@ -1,7 +1,7 @@
 """``/api/v1/pairing`` (SPEC §14), on the computer to add: make, show and cancel the
 one-time pairing code (admin token), and ``/api/v1/pairing/claim``, where another computer
-trades the code for an access key (no token, no key: the rule in
-:func:`protocol.access.open_to_strangers`).
+trades the code for an access key (no token, no key: its level in the route table is
+:attr:`protocol.access.Access.CLAIM`).
 
 The claim's access key is made exactly as ``POST /api/v1/access-keys`` makes one
 (:meth:`KeyStore.add`: stored hashed, listed by ``GET /api/v1/access-keys``),
@@ -26,7 +26,7 @@ CLAIM_PATH = PAIRING_CLAIM_PATH
 
 def show_code(call: Call) -> tuple[int, Any]:
     """``{active, state, expiresAt, triesLeft, name}``, never the code (the admin token,
-    even to read: :data:`proxy.auth.ADMIN_READS`)."""
+    even to read: the path is ADMIN_ONLY in :data:`proxy.api.routes.ROUTES`)."""
     return 200, call.ctx.pairing.view()
 
 

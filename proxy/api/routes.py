@@ -1,4 +1,7 @@
-"""The gateway's own endpoints: a table of path → method → handler, each a small function.
+"""The gateway's own endpoints: a table of path → who may call it and, by method, its
+handler, each a small function. Who may call a path is decided here alone (SPEC §5, §13,
+§14): every entry names its :class:`~protocol.access.Rule`, and :func:`unlisted` gives the
+rule of every path outside the table; :func:`access_level` reads them.
 
 Every ``/v1/*`` path not in the table is an OpenAI call relayed to a model server, so its
 only method is POST.
@@ -6,9 +9,17 @@ only method is POST.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from typing import Any
 
+from protocol.access import (
+    ADMIN_CHANGES,
+    ADMIN_ONLY,
+    ANYONE,
+    KEY_HOLDERS,
+    Access,
+    Rule,
+)
 from protocol.errors import (
     method_not_allowed,
     method_not_implemented,
@@ -31,16 +42,13 @@ from proxy.api import (
     settings_history,
     settings_lb,
 )
-from proxy.api.call import Call, Handler
+from proxy.api.call import AnyHandler, AsyncHandler, Call, Endpoint, Handler
 from proxy.api.model_list import model_entries
 from proxy.observe import events
 from proxy.routing.stats import routing_stats as stats_of
 
-__all__ = ["NEEDS_MODELS", "ROUTES", "AnyHandler", "AsyncHandler", "Call", "Handler", "route"]
-
-AsyncHandler = Callable[[Call], Awaitable[tuple[int, Any]]]
-"""A handler that must wait for something (adding a node asks the node who it is)."""
-AnyHandler = Handler | AsyncHandler
+__all__ = ["NEEDS_MODELS", "PREFIXES", "ROUTES", "AnyHandler", "AsyncHandler", "Call",
+           "Endpoint", "Handler", "access_level", "route", "unlisted"]
 
 
 def health(call: Call) -> tuple[int, Any]:
@@ -115,62 +123,103 @@ def live_events(call: Call) -> tuple[int, Any]:
     return events.upgrade(call, route)
 
 
-ROUTES: dict[str, dict[bytes, AnyHandler]] = {
-    "/health": {b"GET": health},
-    "/metrics": {b"GET": metrics_api.scrape},
-    "/v1/models": {b"GET": list_models},
-    "/api/v1/inference/models": {b"GET": list_models},
-    "/api/v1/inference/status": {b"GET": inference_status},
-    "/api/v1/pool/distributed-status": {b"GET": distributed_status},
-    "/api/v1/pool/routing-stats": {b"GET": routing_stats},
-    "/api/v1/nodes/routing-stats": {b"GET": routing_stats},
-    "/admin/stats": {b"GET": routing_stats},
-    "/api/v1/notifications": {b"GET": notifications},
-    "/api/v1/requests": {b"GET": requests_api.list_requests},
-    "/api/v1/events": {b"GET": live_events},
-    "/api/v1/access-keys": {b"GET": access_keys.list_keys, b"POST": access_keys.create_key},
-    "/api/v1/settings/api": {b"GET": settings_api.get_api, b"PUT": settings_api.put_api},
-    "/api/v1/settings/load-balancing": {b"GET": settings_lb.get_load_balancing,
-                                        b"PUT": settings_lb.put_load_balancing},
-    "/api/v1/settings/timeouts": {b"GET": settings_lb.get_timeouts,
-                                  b"PUT": settings_lb.put_timeouts},
-    "/api/v1/settings/aliases": {b"GET": settings_aliases.get_aliases,
-                                 b"PUT": settings_aliases.put_aliases},
-    settings_discovery.PATH: {b"GET": settings_discovery.get_discovery,
-                              b"PUT": settings_discovery.put_discovery},
-    settings_discovery.DISCOVERED_PATH: {b"GET": settings_discovery.discovered},  # SPEC §14
-    settings_history.PATH: {b"GET": settings_history.list_history},
-    "/api/v1/node/identity": {b"GET": nodes.identity},
-    models_local.PATH: {b"GET": models_local.list_local},
-    models_local.PREFIX + "rescan": {b"POST": models_local.rescan},
-    "/api/v1/nodes": {b"GET": nodes.list_nodes, b"POST": nodes.add_node},
-    "/api/v1/nodes/order": {b"PUT": nodes.put_order},
-    pairing.PATH: {b"GET": pairing.show_code, b"POST": pairing.make_code,
-                   b"DELETE": pairing.cancel_code},
-    pairing.CLAIM_PATH: {b"POST": pairing.claim_code},
-    "/ui": {b"GET": console.redirect, b"HEAD": console.redirect},
-    "/ui/": {b"GET": console.serve_file, b"HEAD": console.serve_file},
+# Who may call each path (SPEC §5): ANYONE (nothing needed), KEY_HOLDERS (an access key where
+# one is needed, whatever the method), ADMIN_CHANGES (reads with a key, writes with the admin
+# token), ADMIN_ONLY (the admin token for every method); see protocol.access.Rule.
+ROUTES: dict[str, Endpoint] = {
+    "/health": Endpoint(ANYONE, {b"GET": health}),
+    "/metrics": Endpoint(KEY_HOLDERS, {b"GET": metrics_api.scrape}),
+    "/v1/models": Endpoint(KEY_HOLDERS, {b"GET": list_models}),
+    "/api/v1/inference/models": Endpoint(ADMIN_CHANGES, {b"GET": list_models}),
+    "/api/v1/inference/status": Endpoint(ADMIN_CHANGES, {b"GET": inference_status}),
+    "/api/v1/pool/distributed-status": Endpoint(ADMIN_CHANGES, {b"GET": distributed_status}),
+    "/api/v1/pool/routing-stats": Endpoint(ADMIN_CHANGES, {b"GET": routing_stats}),
+    "/api/v1/nodes/routing-stats": Endpoint(ADMIN_CHANGES, {b"GET": routing_stats}),
+    "/admin/stats": Endpoint(ADMIN_ONLY, {b"GET": routing_stats}),
+    "/api/v1/notifications": Endpoint(ADMIN_CHANGES, {b"GET": notifications}),
+    "/api/v1/requests": Endpoint(ADMIN_CHANGES, {b"GET": requests_api.list_requests}),
+    "/api/v1/events": Endpoint(ADMIN_CHANGES, {b"GET": live_events}),
+    "/api/v1/access-keys": Endpoint(ADMIN_CHANGES, {b"GET": access_keys.list_keys,
+                                                    b"POST": access_keys.create_key}),
+    "/api/v1/settings/api": Endpoint(ADMIN_CHANGES, {b"GET": settings_api.get_api,
+                                                     b"PUT": settings_api.put_api}),
+    "/api/v1/settings/load-balancing": Endpoint(ADMIN_CHANGES, {
+        b"GET": settings_lb.get_load_balancing, b"PUT": settings_lb.put_load_balancing}),
+    "/api/v1/settings/timeouts": Endpoint(ADMIN_CHANGES, {b"GET": settings_lb.get_timeouts,
+                                                          b"PUT": settings_lb.put_timeouts}),
+    "/api/v1/settings/aliases": Endpoint(ADMIN_CHANGES, {b"GET": settings_aliases.get_aliases,
+                                                         b"PUT": settings_aliases.put_aliases}),
+    settings_discovery.PATH: Endpoint(ADMIN_CHANGES, {b"GET": settings_discovery.get_discovery,
+                                                      b"PUT": settings_discovery.put_discovery}),
+    settings_discovery.DISCOVERED_PATH: Endpoint(ADMIN_CHANGES, {  # SPEC §14
+        b"GET": settings_discovery.discovered}),
+    settings_history.PATH: Endpoint(ADMIN_CHANGES, {b"GET": settings_history.list_history}),
+    "/api/v1/node/identity": Endpoint(ADMIN_CHANGES, {b"GET": nodes.identity}),
+    models_local.PATH: Endpoint(ADMIN_CHANGES, {b"GET": models_local.list_local}),
+    models_local.PREFIX + "rescan": Endpoint(ADMIN_CHANGES, {b"POST": models_local.rescan}),
+    "/api/v1/nodes": Endpoint(ADMIN_CHANGES, {b"GET": nodes.list_nodes,
+                                              b"POST": nodes.add_node}),
+    "/api/v1/nodes/order": Endpoint(ADMIN_CHANGES, {b"PUT": nodes.put_order}),
+    # SPEC §14: whether a code is active, and its tries left, are the admin's even to read;
+    # a claim is open to strangers (its one-time code is its key; CLAIM: its body small).
+    pairing.PATH: Endpoint(ADMIN_ONLY, {b"GET": pairing.show_code, b"POST": pairing.make_code,
+                                        b"DELETE": pairing.cancel_code}),
+    pairing.CLAIM_PATH: Endpoint(ADMIN_CHANGES.but(b"POST", Access.CLAIM),
+                                 {b"POST": pairing.claim_code}),
+    "/ui": Endpoint(KEY_HOLDERS, {b"GET": console.redirect, b"HEAD": console.redirect}),
+    "/ui/": Endpoint(KEY_HOLDERS, {b"GET": console.serve_file, b"HEAD": console.serve_file}),
+    **ollama_routes.ROUTES,  # the Ollama API (SPEC §12)
 }
 
-ROUTES.update(ollama_routes.ROUTES)  # type: ignore[arg-type]  # the Ollama API (SPEC §12)
-
-# Paths with a trailing parameter: prefix -> method -> handler.
-PREFIXES: dict[str, dict[bytes, AnyHandler]] = {
-    "/v1/models/": {b"GET": get_model},
-    access_keys.PREFIX: {b"PATCH": access_keys.update_key, b"DELETE": access_keys.revoke_key},
-    models_local.PREFIX: {b"POST": models_local.model_action},
-    **ollama_routes.PREFIXES,  # type: ignore[dict-item]
-    nodes.PREFIX: {b"PATCH": nodes.patch_node, b"DELETE": nodes.delete_node},
-    settings_history.PREFIX: {b"POST": settings_history.restore},
-    "/ui/": {b"GET": console.serve_file, b"HEAD": console.serve_file},
+# Paths with a trailing parameter: prefix -> endpoint (the first prefix that matches).
+PREFIXES: dict[str, Endpoint] = {
+    "/v1/models/": Endpoint(KEY_HOLDERS, {b"GET": get_model}),
+    access_keys.PREFIX: Endpoint(ADMIN_CHANGES, {b"PATCH": access_keys.update_key,
+                                                 b"DELETE": access_keys.revoke_key}),
+    models_local.PREFIX: Endpoint(ADMIN_CHANGES, {b"POST": models_local.model_action}),
+    **ollama_routes.PREFIXES,
+    nodes.PREFIX: Endpoint(ADMIN_CHANGES, {b"PATCH": nodes.patch_node,
+                                           b"DELETE": nodes.delete_node}),
+    settings_history.PREFIX: Endpoint(ADMIN_CHANGES, {b"POST": settings_history.restore}),
+    "/ui/": Endpoint(KEY_HOLDERS, {b"GET": console.serve_file, b"HEAD": console.serve_file}),
 }
 
 NEEDS_MODELS: frozenset[AnyHandler] = frozenset({list_models, get_model})
 
-_RELAYED: dict[bytes, AnyHandler | None] = {b"POST": None}
+_RELAYED: Mapping[bytes, AnyHandler | None] = {b"POST": None}  # an OpenAI call's methods
+
+
+def unlisted(path: str) -> Rule:
+    """Who may call a path outside the tables: an OpenAI call relayed to a model server, or
+    a path answered 404 once let through. The admin's paths and the gateway's own API keep
+    their rules there (SPEC §5: ``/admin/*`` and every write under ``/api/v1/`` need the
+    admin token), so an unknown path is refused as a known one would be."""
+    if path == "/admin" or path.startswith("/admin/"):
+        return ADMIN_ONLY
+    if path.startswith("/api/v1/"):
+        return ADMIN_CHANGES
+    return KEY_HOLDERS
 
 
 IMPLEMENTED = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS"})
+
+_PREFIXES = tuple(PREFIXES)  # one test rejects most paths (a model API call) at once
+
+
+def _endpoint(path: str) -> Endpoint | None:
+    found = ROUTES.get(path)
+    if found is None and path.startswith(_PREFIXES):
+        for prefix, endpoint in PREFIXES.items():
+            if path.startswith(prefix) and len(path) > len(prefix):
+                return endpoint
+    return found
+
+
+def access_level(method: bytes, path: str) -> Access:
+    """What a request must show to be let through (:func:`protocol.access.authorize`),
+    decided before it is routed: a method the path does not serve has a level too."""
+    endpoint = _endpoint(path)
+    return (unlisted(path) if endpoint is None else endpoint.access).level(method)
 
 
 def route(method: bytes, path: str) -> AnyHandler | None:
@@ -179,18 +228,15 @@ def route(method: bytes, path: str) -> AnyHandler | None:
     and 405 (with Allow) for a known path's wrong method."""
     if method not in IMPLEMENTED:
         raise method_not_implemented(method.decode("latin-1"))
-    methods: dict[bytes, AnyHandler | None] | None = ROUTES.get(path)  # type: ignore[assignment]
-    if methods is None:
-        for prefix, table in PREFIXES.items():
-            if path.startswith(prefix) and len(path) > len(prefix):
-                methods = table  # type: ignore[assignment]
-                break
-        else:
-            methods = _RELAYED if path.startswith("/v1/") else None
-        if methods is None:
-            raise not_found(f"no such endpoint: {path}")
-    if method not in methods:
+    endpoint = _endpoint(path)
+    handlers: Mapping[bytes, AnyHandler | None]
+    if endpoint is not None:
+        handlers = endpoint.handlers
+    elif path.startswith("/v1/"):
+        handlers = _RELAYED
+    else:
+        raise not_found(f"no such endpoint: {path}")
+    if method not in handlers:
         raise method_not_allowed(method.decode("latin-1"),
-                                 tuple(m.decode() for m in methods))
-    return methods[method]
-
+                                 tuple(m.decode() for m in handlers))
+    return handlers[method]
