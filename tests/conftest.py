@@ -1,9 +1,10 @@
 """Shared fixtures and helpers: short socket folders, fake upstreams, the test config
-builder, in-process gateways (and changing their live config), remote peers, and the
-run's figures (tests/figures.py)."""
+builder, in-process gateways (and changing their live config), admin and remote-peer
+requests, and the run's figures (tests/figures.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -29,7 +30,7 @@ from protocol.config import (
 from proxy import auth
 from proxy.server import Gateway
 from proxy.settings import Settings
-from tests.client import Client, Reply
+from tests.client import Reply, request
 from tests.fakeupstream import FakeUpstream
 from tests.figures import Figures
 
@@ -232,24 +233,33 @@ def configure(gw: RunningGateway, nodes: tuple[NodeConfig, ...] | None = None, *
     gw.gateway.ctx.nodes.wake()
 
 
+REMOTE = "127.0.0.2"  # a loopback address the ``remote_seam`` fixture counts as a remote peer
+
+
 async def remote_request(gw: RunningGateway, method: str, path: str, body: bytes | None = None,
                          headers: list[tuple[str, str]] | None = None) -> Reply:
     """A request from 127.0.0.2, which the ``remote_seam`` fixture counts as a remote peer."""
-    sock = trio.socket.socket()
-    await sock.bind(("127.0.0.2", 0))
-    host, port = gw.tcp.rsplit(":", 1)
-    await sock.connect((host, int(port)))
-    client = Client(trio.SocketStream(sock))
-    try:
-        return await client.request(method, path, body, headers)
-    finally:
-        await client.aclose()
+    return await request(gw.tcp, method, path, body, headers, source=REMOTE)
+
+
+def admin_headers(gw: RunningGateway) -> list[tuple[str, str]]:
+    """The gateway's admin token as a bearer ``authorization`` header."""
+    return [("authorization", f"Bearer {gw.gateway.settings.secrets.admin_token}")]
+
+
+async def admin(gw: RunningGateway, method: str, path: str, doc: Any = None, *,
+                body: bytes | None = None) -> Reply:
+    """An admin request over the Unix socket with the admin token: ``doc`` sent as JSON, or
+    ``body`` as is."""
+    if doc is not None:
+        body = json.dumps(doc).encode()
+    return await request(gw.unix, method, path, body, admin_headers(gw))
 
 
 @pytest.fixture
 def remote_seam(monkeypatch: pytest.MonkeyPatch) -> None:
     real = auth.peer_is_loopback
-    monkeypatch.setattr(auth, "peer_is_loopback", lambda host: host != "127.0.0.2" and real(host))
+    monkeypatch.setattr(auth, "peer_is_loopback", lambda host: host != REMOTE and real(host))
 
 
 def blackhole_listener() -> tuple[socket.socket, list[socket.socket]]:

@@ -12,7 +12,6 @@ import trio
 from proxy.faults import wire
 from proxy.faults.server import FaultServer
 
-CHAT = "/v1/chat/completions"
 MODEL = "faulty"
 
 

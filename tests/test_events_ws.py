@@ -27,7 +27,7 @@ from proxy.observe import event_socket
 from proxy.observe.feed import CLOSE_TIMEOUT, QUEUE_FRAMES
 from proxy.replay_stream import ReplayStream, request_head
 from tests.client import Client, chat_body, connect, raw, request
-from tests.conftest import RunningGateway, StartGateway
+from tests.conftest import REMOTE, RunningGateway, StartGateway
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
 from tests.figures import Figures
 
@@ -451,10 +451,7 @@ async def test_a_remote_client_needs_a_key(start_gateway: StartGateway) -> None:
     gw = await start_gateway([])
 
     async def remote_stream() -> trio.SocketStream:
-        sock = trio.socket.socket()
-        await sock.bind(("127.0.0.2", 0))
-        await sock.connect(("127.0.0.1", gw.gateway.ctx.tcp_port))
-        return trio.SocketStream(sock)
+        return await connect(gw.tcp, source=REMOTE)
 
     refused = await refusal(await remote_stream(), [])
     assert refused.status_code == 401

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.client import Client, assert_refused, chat_body, read_events, request
+from tests.client import CHAT, Client, assert_refused, chat_body, read_events, request
 from tests.conftest import (
     RunningGateway,
     StartGateway,
@@ -40,7 +40,6 @@ from tests.fakeupstream import (
     status,
 )
 
-CHAT = "/v1/chat/completions"
 STATS = "/api/v1/pool/routing-stats"
 MODEL = "remote-m"
 

@@ -15,7 +15,7 @@ import trio
 from protocol.stream_reuse import PROBES_AT_ONCE, PROBES_TO_TRUST, Verdict
 from proxy.faults.server import FaultServer
 from proxy.upstream_pool import ConnectionPool
-from tests.client import Client, chat_body, request
+from tests.client import CHAT, Client, chat_body, request
 from tests.conftest import RunningGateway, StartGateway
 from tests.cycles import SHAPES, CycleResult, run_transitions
 from tests.fakeupstream import (
@@ -27,7 +27,6 @@ from tests.fakeupstream import (
     sse_stream,
 )
 
-CHAT = "/v1/chat/completions"
 MODEL = "fake-model"
 
 
