@@ -1,6 +1,22 @@
 """Shared fixtures and helpers: short socket folders, fake upstreams, the test config
 builder, in-process gateways (and changing their live config), admin and remote-peer
-requests, and the run's figures (tests/figures.py)."""
+requests, the run's figures (tests/figures.py), and the test tiers.
+
+Test files are named by what they run, and the name alone puts each in its tier (the
+markers below, set by ``pytest_collection_modifyitems``):
+
+- ``test_e2e_*.py`` (marker ``e2e``): real processes: a ``sluice serve`` child
+  (tests/gateways.py), real llama.cpp servers, the benchmark, the soak, the fuzzer.
+- ``test_*_lan.py`` (marker ``lan``): two hosts in network namespaces (tests/netns.py; root).
+- ``test_ui_*.py`` (marker ``ui``): the web console in a real browser (tests/browser.py).
+- everything else: unit tests and in-process tests (a gateway in the test's own trio loop,
+  fakes on real loopback sockets; a few run a short CLI command as a child). Where a
+  file tests a gateway in process it is often ``test_*_gateway.py``.
+
+``scripts/test --quick`` runs only the last group: ``-m "not e2e and not lan and not ui"``.
+``tests/test_key_limits_e2e.py`` still has the old ``*_e2e`` suffix, which counts as ``e2e``
+until it is renamed ``test_e2e_key_limits.py``.
+"""
 
 from __future__ import annotations
 
@@ -289,6 +305,28 @@ def blackhole() -> Iterator[str]:
         for sock in fillers:
             sock.close()
         listener.close()
+
+
+# -------------------------------------------------------------------------------- tiers
+
+
+def tier_of(stem: str) -> list[str]:
+    """The tier markers a test file's name (without ``.py``) gives (see the module
+    docstring)."""
+    marks = []
+    if stem.startswith("test_e2e_") or stem.endswith("_e2e"):
+        marks.append("e2e")
+    if stem.endswith("_lan"):
+        marks.append("lan")
+    if stem.startswith("test_ui_"):
+        marks.append("ui")
+    return marks
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for mark in tier_of(item.path.stem):
+            item.add_marker(mark)
 
 
 # ------------------------------------------------------------------------------ figures

@@ -1,4 +1,4 @@
-"""The soak's parts (tests/test_soak.py): a fake model server whose behaviour each request
+"""The soak's parts (tests/test_e2e_soak.py): a fake model server whose behaviour each request
 chooses, the clients that load a real gateway process, and what /proc says about it.
 
 Every chat request carries ``"soak": {"id": ..., "act": ...}`` in its JSON body (the gateway

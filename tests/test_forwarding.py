@@ -4,7 +4,7 @@ half-open probe, client-caused outcomes, the strategies, and routing-stats count
 
 Everything runs under the autojump clock, so every hop is a Unix socket and the nodes are
 put into the live config directly (``configure`` in tests/conftest.py). The same behaviours
-across real gateway processes over TCP are in tests/test_routing_e2e.py."""
+across real gateway processes over TCP are in tests/test_e2e_routing.py."""
 
 from __future__ import annotations
 
