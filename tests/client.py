@@ -1,5 +1,7 @@
 """A small raw HTTP/1.1 test client on trio sockets that keeps what a real client hides:
-the exact body bytes, the read boundaries, and what happens when the connection ends."""
+the exact body bytes, the read boundaries, and what happens when the connection ends. It
+sits on tests/rawhttp.py (connections, exact bytes) and holds what most test files share:
+the chat path ``CHAT``, :func:`chat_body`, :func:`error_of` and :func:`assert_refused`."""
 
 from __future__ import annotations
 
@@ -8,6 +10,10 @@ from typing import Any
 
 import h11
 import trio
+
+from tests.rawhttp import assert_openai_error, connect, until_close
+
+CHAT = "/v1/chat/completions"
 
 
 class Reply:
@@ -35,29 +41,20 @@ class Reply:
 def assert_refused(reply: Reply, code: str) -> None:
     """A routing refusal: 503 with an OpenAI-shaped server_error of this ``code``."""
     assert reply.status == 503, reply
-    error = reply.json()["error"]
+    error = error_of(reply)
     assert (error["code"], error["type"]) == (code, "server_error"), error
 
 
-async def connect(address: str) -> trio.SocketStream:
-    """``address`` is ``unix:/path`` or ``127.0.0.1:port`` (or ``http://127.0.0.1:port``)."""
-    if address.startswith("unix:"):
-        return await trio.open_unix_socket(address[5:])
-    host, port = address.removeprefix("http://").rsplit(":", 1)
-    return await trio.open_tcp_stream(host, int(port))
+def error_of(reply: Reply) -> dict[str, Any]:
+    """The error object of a whole (not streamed) OpenAI-shaped error reply, its shape checked
+    (tests.rawhttp.assert_openai_error)."""
+    assert not reply.body.startswith(b"data:"), reply.body[:200]
+    return assert_openai_error(reply.body)
 
 
 async def raw(address: str, head: bytes) -> Reply:
     """Send ``head`` (a whole request) as is; read the answer until the server closes."""
-    stream = await connect(address)
-    try:
-        await stream.send_all(head)
-        data = b""
-        with trio.fail_after(5):
-            while chunk := await stream.receive_some(65536):
-                data += chunk
-    finally:
-        await stream.aclose()
+    data = await until_close(address, head)
     head_part, _, body = data.partition(b"\r\n\r\n")
     lines = head_part.split(b"\r\n")
     headers = [(k.strip().lower(), v.strip()) for k, _, v in
@@ -73,8 +70,9 @@ class Client:
         self.h11 = h11.Connection(h11.CLIENT)
 
     @classmethod
-    async def open(cls, address: str) -> Client:
-        return cls(await connect(address))
+    async def open(cls, address: str, *, source: str | None = None) -> Client:
+        """A connection to ``address`` (tests.rawhttp.connect), from ``source`` if given."""
+        return cls(await connect(address, source=source))
 
     async def aclose(self) -> None:
         await self.stream.aclose()
@@ -137,8 +135,10 @@ class Client:
 
 
 async def request(address: str, method: str, path: str, body: bytes | None = None,
-                  headers: list[tuple[str, str]] | None = None) -> Reply:
-    client = await Client.open(address)
+                  headers: list[tuple[str, str]] | None = None, *,
+                  source: str | None = None) -> Reply:
+    """One request on a connection of its own (from ``source``, if given)."""
+    client = await Client.open(address, source=source)
     try:
         return await client.request(method, path, body, headers)
     finally:

@@ -1,9 +1,26 @@
 """Shared fixtures and helpers: short socket folders, fake upstreams, the test config
-builder, in-process gateways (and changing their live config), remote peers, and the
-run's figures (tests/figures.py)."""
+builder, in-process gateways (and changing their live config), admin and remote-peer
+requests, the run's figures (tests/figures.py), and the test tiers.
+
+Test files are named by what they run, and the name alone puts each in its tier (the
+markers below, set by ``pytest_collection_modifyitems``):
+
+- ``test_e2e_*.py`` (marker ``e2e``): real processes: a ``sluice serve`` child
+  (tests/gateways.py), real llama.cpp servers, the benchmark, the soak, the fuzzer.
+- ``test_*_lan.py`` (marker ``lan``): two hosts in network namespaces (tests/netns.py; root).
+- ``test_ui_*.py`` (marker ``ui``): the web console in a real browser (tests/browser.py).
+- everything else: unit tests and in-process tests (a gateway in the test's own trio loop,
+  fakes on real loopback sockets; a few run a short CLI command as a child). Where a
+  file tests a gateway in process it is often ``test_*_gateway.py``.
+
+``scripts/test --quick`` runs only the last group: ``-m "not e2e and not lan and not ui"``.
+``tests/test_key_limits_e2e.py`` still has the old ``*_e2e`` suffix, which counts as ``e2e``
+until it is renamed ``test_e2e_key_limits.py``.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -29,7 +46,7 @@ from protocol.config import (
 from proxy import auth
 from proxy.server import Gateway
 from proxy.settings import Settings
-from tests.client import Client, Reply
+from tests.client import Reply, request
 from tests.fakeupstream import FakeUpstream
 from tests.figures import Figures
 
@@ -232,24 +249,33 @@ def configure(gw: RunningGateway, nodes: tuple[NodeConfig, ...] | None = None, *
     gw.gateway.ctx.nodes.wake()
 
 
+REMOTE = "127.0.0.2"  # a loopback address the ``remote_seam`` fixture counts as a remote peer
+
+
 async def remote_request(gw: RunningGateway, method: str, path: str, body: bytes | None = None,
                          headers: list[tuple[str, str]] | None = None) -> Reply:
     """A request from 127.0.0.2, which the ``remote_seam`` fixture counts as a remote peer."""
-    sock = trio.socket.socket()
-    await sock.bind(("127.0.0.2", 0))
-    host, port = gw.tcp.rsplit(":", 1)
-    await sock.connect((host, int(port)))
-    client = Client(trio.SocketStream(sock))
-    try:
-        return await client.request(method, path, body, headers)
-    finally:
-        await client.aclose()
+    return await request(gw.tcp, method, path, body, headers, source=REMOTE)
+
+
+def admin_headers(gw: RunningGateway) -> list[tuple[str, str]]:
+    """The gateway's admin token as a bearer ``authorization`` header."""
+    return [("authorization", f"Bearer {gw.gateway.settings.secrets.admin_token}")]
+
+
+async def admin(gw: RunningGateway, method: str, path: str, doc: Any = None, *,
+                body: bytes | None = None) -> Reply:
+    """An admin request over the Unix socket with the admin token: ``doc`` sent as JSON, or
+    ``body`` as is."""
+    if doc is not None:
+        body = json.dumps(doc).encode()
+    return await request(gw.unix, method, path, body, admin_headers(gw))
 
 
 @pytest.fixture
 def remote_seam(monkeypatch: pytest.MonkeyPatch) -> None:
     real = auth.peer_is_loopback
-    monkeypatch.setattr(auth, "peer_is_loopback", lambda host: host != "127.0.0.2" and real(host))
+    monkeypatch.setattr(auth, "peer_is_loopback", lambda host: host != REMOTE and real(host))
 
 
 def blackhole_listener() -> tuple[socket.socket, list[socket.socket]]:
@@ -279,6 +305,28 @@ def blackhole() -> Iterator[str]:
         for sock in fillers:
             sock.close()
         listener.close()
+
+
+# -------------------------------------------------------------------------------- tiers
+
+
+def tier_of(stem: str) -> list[str]:
+    """The tier markers a test file's name (without ``.py``) gives (see the module
+    docstring)."""
+    marks = []
+    if stem.startswith("test_e2e_") or stem.endswith("_e2e"):
+        marks.append("e2e")
+    if stem.endswith("_lan"):
+        marks.append("lan")
+    if stem.startswith("test_ui_"):
+        marks.append("ui")
+    return marks
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for mark in tier_of(item.path.stem):
+            item.add_marker(mark)
 
 
 # ------------------------------------------------------------------------------ figures

@@ -17,10 +17,9 @@ from collections import Counter
 import attrs
 import trio
 
-from tests.client import Client, Reply
+from tests.client import CHAT, Client, Reply
 
 SHAPES = ("stream-stream", "stream-whole", "whole-stream")  # in the sequence's order
-CHAT = "/v1/chat/completions"
 
 
 def cycle_body(model: str, stream: bool, max_tokens: int) -> bytes:

@@ -30,6 +30,7 @@ from typing import Any
 
 import trio
 
+from tests.client import CHAT
 from tests.fakeupstream import (
     CREATED,
     LLAMA_SSE_HEADERS,
@@ -41,8 +42,6 @@ from tests.fakeupstream import (
     sse_events,
     sse_stream,
 )
-
-CHAT = "/v1/chat/completions"
 
 
 def chat_answer(text: str) -> Handler:

@@ -12,7 +12,6 @@ import trio
 from tools.faults import wire
 from tools.faults.server import FaultServer
 
-CHAT = "/v1/chat/completions"
 MODEL = "faulty"
 
 

@@ -1,6 +1,8 @@
-"""Raw HTTP/1.1 over a real socket, for tests where the exact bytes matter: :class:`Raw` (exact
-bytes out, a buffered reader of responses in), the OpenAI error shape check, and the
-send-then-read-to-close helpers. Shared by the hygiene, hostile-input and slow-peer suites."""
+"""Raw HTTP/1.1 over a real socket, for tests where the exact bytes matter: the one place a
+test opens a connection (:func:`connect`, also from another loopback address), :class:`Raw`
+(exact bytes out, a buffered reader of responses in), the OpenAI error shape check, and the
+send-then-read-to-close helpers. The h11 client of tests/client.py sits on top of it; the
+hygiene, hostile-input and slow-peer suites use it directly."""
 
 from __future__ import annotations
 
@@ -9,9 +11,40 @@ from typing import Any
 
 import trio
 
-from tests.client import connect
-
 T = 5  # real-time budget for any single wait in a real-clock test
+
+
+async def connect(address: str, *, source: str | None = None) -> trio.SocketStream:
+    """``address`` is ``unix:/path`` or ``127.0.0.1:port`` (or ``http://127.0.0.1:port``);
+    ``source``: the loopback address a TCP connection comes from (127.0.0.2 is a remote peer
+    under the ``remote_seam`` fixture)."""
+    if address.startswith("unix:"):
+        return await trio.open_unix_socket(address[5:])
+    host, port = address.removeprefix("http://").rsplit(":", 1)
+    if source is None:
+        return await trio.open_tcp_stream(host, int(port))
+    sock = trio.socket.socket()
+    try:
+        await sock.bind((source, 0))
+        await sock.connect((host, int(port)))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)
+
+
+async def until_close(address: str, data: bytes) -> bytes:
+    """Send ``data`` as is; every byte that comes back until the server closes (within T)."""
+    stream = await connect(address)
+    got = b""
+    try:
+        with trio.fail_after(T):
+            await stream.send_all(data)
+            while chunk := await stream.receive_some(65536):
+                got += chunk
+    finally:
+        await stream.aclose()
+    return got
 
 
 class Raw:
@@ -103,6 +136,8 @@ class RawResponse:
 
 
 def assert_openai_error(body: bytes, code: str | None = None) -> dict[str, Any]:
+    """``body`` is exactly ``{"error": {message, type, code, param}}`` with a message and a
+    type (and this ``code`` if given); the error object."""
     doc = json.loads(body)
     assert set(doc) == {"error"}, doc
     err = doc["error"]
@@ -136,7 +171,7 @@ async def assert_refused_with_close(address: str, data: bytes, status: int,
         with trio.fail_after(T):
             await raw.send(data)
             resp = await raw.response()
-            assert resp.status == status, resp
+            assert resp.status == status, resp  # before waiting for a close that may not come
             rest = await raw.rest()
     finally:
         await raw.aclose()

@@ -1,4 +1,4 @@
-"""The soak's parts (tests/test_soak.py): a fake model server whose behaviour each request
+"""The soak's parts (tests/test_e2e_soak.py): a fake model server whose behaviour each request
 chooses, the clients that load a real gateway process, and what /proc says about it.
 
 Every chat request carries ``"soak": {"id": ..., "act": ...}`` in its JSON body (the gateway
@@ -31,7 +31,7 @@ import attrs
 import h11
 import trio
 
-from tests.client import Client, read_events
+from tests.client import CHAT, Client, read_events
 from tests.fakeupstream import (
     LLAMA_SSE_HEADERS,
     FakeUpstream,
@@ -41,7 +41,6 @@ from tests.fakeupstream import (
     status,
 )
 
-CHAT = "/v1/chat/completions"
 EVENTS = 6  # chat.completion.chunk events per stream (then data: [DONE])
 GAP = 0.02  # seconds between two events of a stream, unless the request says otherwise
 HEAD_EVENTS = 2  # events sent before an abort hold or a reset

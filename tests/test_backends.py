@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from protocol.config import default_config
-from tests.client import chat_body, request
+from tests.client import CHAT, chat_body, request
 from tests.conftest import StartGateway
 from tests.fakeupstream import (
     FakeUpstream,
@@ -20,7 +20,6 @@ from tests.fakeupstream import (
     sse_stream,
 )
 
-CHAT = "/v1/chat/completions"
 INTERVAL = default_config().health_checks.interval
 
 

@@ -9,7 +9,7 @@ import struct
 import pytest
 import trio
 
-from tests.client import Client, chat_body, read_events, request
+from tests.client import CHAT, Client, chat_body, read_events, request
 from tests.conftest import StartGateway, inject_backend
 from tests.fakeupstream import (
     FakeUpstream,
@@ -21,7 +21,6 @@ from tests.fakeupstream import (
     stall_between_chunks,
 )
 
-CHAT = "/v1/chat/completions"
 LIMIT = 0.1  # seconds, SPEC §6
 
 

@@ -30,13 +30,12 @@ import trio
 import yaml
 
 from protocol.config import DiscoveryConfig
-from tests.client import Client, chat_body, request
+from tests.client import CHAT, Client, chat_body, request
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
 from tests.gateways import GatewayProcess
 from tests.netns import Lan, lan_run, launch_in
 
 DISCOVERED = "/api/v1/nodes/discovered"
-CHAT = "/v1/chat/completions"
 EVENTS = 40  # events in B's streamed answer
 SEEN_WITHIN = 8.0  # seconds: B announces at start, A asks at 0, 1, 3, 7 s
 GONE_WITHIN = 5.0  # seconds after SIGTERM (forgetting alone would take 120)

@@ -17,13 +17,12 @@ import trio
 from protocol.config import ModelConfig
 from proxy.demo import DEMO_MODEL, ensure_demo_model
 from proxy.server import Gateway
-from tests.client import Client, chat_body, read_events, request
+from tests.client import CHAT, Client, chat_body, read_events, request
 from tests.conftest import RunningGateway, gateway_config, open_settings
 
 pytest.importorskip("xllamacpp")
 
 CACHE = Path(os.environ.get("SLUICE_TEST_CACHE", Path(__file__).parents[1] / ".cache"))
-CHAT = "/v1/chat/completions"
 PROMPT = [{"role": "user", "content": "Name three colours."}]
 
 

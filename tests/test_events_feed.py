@@ -13,11 +13,11 @@ import trio
 import trio.testing
 import trio_websocket
 
-from tests.client import chat_body, connect, request
+from tests.client import CHAT, chat_body, connect, request
 from tests.conftest import StartGateway
 from tests.fakenode import chat_answer, in_turn
 from tests.fakeupstream import status
-from tests.test_forwarding import CHAT, MODEL, pool
+from tests.test_forwarding import MODEL, pool
 
 RESET = 10.0  # circuit_breaker.reset_timeout here
 

@@ -32,12 +32,11 @@ from proxy.observe.state_events import LATENCY_STEP_MS, NodeFeed, latency_moved
 from proxy.pool.backends import BackendRegistry
 from proxy.pool.nodes import ONLINE, NodeIndex
 from proxy.upstream_pool import ConnectionPool
-from tests.client import chat_body, connect, request
-from tests.conftest import RunningGateway, StartGateway, configure, free_port, node
+from tests.client import CHAT, chat_body, connect, request
+from tests.conftest import RunningGateway, StartGateway, admin, configure, free_port, node
 from tests.fakenode import FakeNode, start_node
 from tests.fakeupstream import FakeUpstream, Handler, json_completion, status
 
-CHAT = "/v1/chat/completions"
 POOL = "/api/v1/pool/distributed-status"
 STATS = "/api/v1/pool/routing-stats"
 INTERVAL = 5.0  # the default health-check interval
@@ -80,12 +79,6 @@ async def get_json(gw: RunningGateway, path: str) -> Any:
     reply = await request(gw.unix, "GET", path)
     assert reply.status == 200, reply.body
     return reply.json()
-
-
-async def admin(gw: RunningGateway, method: str, path: str, body: Any = None) -> Any:
-    token = gw.gateway.settings.secrets.admin_token
-    data = None if body is None else json.dumps(body).encode()
-    return await request(gw.unix, method, path, data, [("authorization", f"Bearer {token}")])
 
 
 # ----------------------------------------------------------------------------- node

@@ -24,11 +24,11 @@ from wsproto.events import AcceptConnection, CloseConnection, Ping, Request, Tex
 
 from protocol.http1 import build_request_head
 from protocol.request_record import RequestRecord
-from proxy.observe import event_socket
+from proxy.observe import event_socket, feed
 from proxy.observe.feed import CLOSE_TIMEOUT, QUEUE_FRAMES
 from proxy.replay_stream import ReplayStream
 from tests.client import Client, chat_body, connect, raw, request
-from tests.conftest import RunningGateway, StartGateway
+from tests.conftest import REMOTE, RunningGateway, StartGateway
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
 from tests.figures import Figures
 
@@ -452,10 +452,7 @@ async def test_a_remote_client_needs_a_key(start_gateway: StartGateway) -> None:
     gw = await start_gateway([])
 
     async def remote_stream() -> trio.SocketStream:
-        sock = trio.socket.socket()
-        await sock.bind(("127.0.0.2", 0))
-        await sock.connect(("127.0.0.1", gw.gateway.ctx.tcp_port))
-        return trio.SocketStream(sock)
+        return await connect(gw.tcp, source=REMOTE)
 
     refused = await refusal(await remote_stream(), [])
     assert refused.status_code == 401
@@ -509,7 +506,11 @@ async def test_a_closing_client_is_unsubscribed_at_once(start_gateway: StartGate
     await subscribed(gw, 0)
 
 
-async def test_gateway_shutdown_sends_1001(start_gateway: StartGateway) -> None:
+async def test_gateway_shutdown_sends_1001(start_gateway: StartGateway,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    close_timeout = 0.5  # CLOSE_TIMEOUT shortened: the test waits it out in real time
+    assert close_timeout < CLOSE_TIMEOUT
+    monkeypatch.setattr(feed, "CLOSE_TIMEOUT", close_timeout)
     gw = await start_gateway([], drain_timeout=60)
     state = gw.gateway.settings.data_dir / "state.json"
     async with subscribe(gw, "tcp") as tcp, subscribe(gw, "unix") as unix:
@@ -525,7 +526,7 @@ async def test_gateway_shutdown_sends_1001(start_gateway: StartGateway) -> None:
         for ws in (tcp, unix):
             assert (await read_until_closed(ws)).code == 1001
         # The stuck subscriber holds the stop for CLOSE_TIMEOUT at most, not the drain's 60 s.
-        with trio.fail_after(CLOSE_TIMEOUT + WAIT):
+        with trio.fail_after(close_timeout + WAIT):
             while state.exists():
                 await trio.sleep(0.01)
         await stuck.stream.aclose()

@@ -10,9 +10,9 @@ import pytest
 import trio
 import trio.testing
 
-from tests.client import Reply, request
+from tests.client import CHAT, Reply, error_of, request
 from tests.conftest import StartGateway, inject_backend
-from tests.faultkit import CHAT, MODEL, body, error_events, fault, start_kit, stream_chunks
+from tests.faultkit import MODEL, body, error_events, fault, start_kit, stream_chunks
 from tools.faults import wire
 from tools.faults.server import FaultServer
 
@@ -25,13 +25,6 @@ async def unix_kit(nursery: trio.Nursery, short_tmp: Path) -> FaultServer:
 @pytest.fixture
 async def tcp_kit(nursery: trio.Nursery) -> FaultServer:
     return await start_kit(nursery, "127.0.0.1:0")
-
-
-def error_of(reply: Reply) -> dict[str, object]:
-    assert not reply.body.startswith(b"data:"), reply.body[:200]
-    err = reply.json()["error"]
-    assert set(err) == {"message", "type", "code", "param"}
-    return dict(err)
 
 
 def cut_stream(reply: Reply, chunks: list[bytes]) -> dict[str, object]:

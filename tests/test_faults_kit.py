@@ -14,9 +14,10 @@ import pytest
 import trio
 import trio.testing
 
-from tests.client import Client, request
+from tests.client import CHAT, Client, request
 from tests.conftest import free_port
-from tests.faultkit import CHAT, body, fault, start_kit, stream_chunks
+from tests.faultkit import body, fault, start_kit, stream_chunks
+from tests.rawhttp import until_close
 from tools.faults import wire
 from tools.faults.behaviours import TABLE, FaultSpec
 from tools.faults.specs import parse_spec, spec_from_model
@@ -147,12 +148,12 @@ async def test_refuse_count_resets_the_next_connections(nursery: trio.Nursery) -
 
 async def test_framing_faults_on_the_wire(nursery: trio.Nursery, short_tmp: Path) -> None:
     kit = await start_kit(nursery, f"unix:{short_tmp / 'k.sock'}")
-    raw = await _raw(kit.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    raw = await until_close(kit.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                      b"x-fault: cl-and-te\r\nContent-Length: 2\r\n\r\n{}")
     head = raw.split(b"\r\n\r\n", 1)[0].lower()
     assert b"transfer-encoding: chunked" in head
     assert b"content-length: " in head
-    raw = await _raw(kit.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    raw = await until_close(kit.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                      b"x-fault: chunk-overrun\r\nContent-Length: 2\r\n\r\n{}")
     assert raw.endswith(b"\r\n\r\n" + b"%x\r\n" % (len(b'data: {"overrun":true}\n\n') - 8)
                         + b'data: {"overrun":true}\n\n\r\n')
@@ -167,15 +168,3 @@ async def test_slow_reader_reads_slowly(autojump_clock: trio.testing.MockClock,
     assert reply.status == 200
     assert trio.current_time() - start >= len(sent) // 100 - 1  # one read a second
     assert kit.requests[-1].body == sent
-
-
-async def _raw(url: str, data: bytes) -> bytes:
-    stream = await trio.open_unix_socket(url.removeprefix("unix:"))
-    got = b""
-    with trio.fail_after(5):
-        await stream.send_all(data)
-        while chunk := await stream.receive_some(65536):
-            got += chunk
-    await stream.aclose()
-    return got
-

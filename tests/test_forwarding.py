@@ -4,7 +4,7 @@ half-open probe, client-caused outcomes, the strategies, and routing-stats count
 
 Everything runs under the autojump clock, so every hop is a Unix socket and the nodes are
 put into the live config directly (``configure`` in tests/conftest.py). The same behaviours
-across real gateway processes over TCP are in tests/test_routing_e2e.py."""
+across real gateway processes over TCP are in tests/test_e2e_routing.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.client import Client, assert_refused, chat_body, read_events, request
+from tests.client import CHAT, Client, assert_refused, chat_body, read_events, request
 from tests.conftest import (
     RunningGateway,
     StartGateway,
@@ -40,7 +40,6 @@ from tests.fakeupstream import (
     status,
 )
 
-CHAT = "/v1/chat/completions"
 STATS = "/api/v1/pool/routing-stats"
 MODEL = "remote-m"
 

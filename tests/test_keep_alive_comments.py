@@ -18,7 +18,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.client import Reply, chat_body, request
+from tests.client import CHAT, Reply, chat_body, request
 from tests.conftest import RunningGateway, StartGateway
 from tests.fakenode import start_node
 from tests.fakeupstream import (
@@ -35,7 +35,6 @@ from tests.fakeupstream import (
 from tests.test_dialects import anthropic_stream, responses_stream
 from tests.test_forwarding import MODEL, pool, stats
 
-CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
 RESPONSES = "/v1/responses"
 DIALECTS = [(CHAT, sse_events(3)), (MESSAGES, anthropic_stream("a b")),

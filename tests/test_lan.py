@@ -27,7 +27,7 @@ import trio
 
 from protocol.upstream_url import parse_upstream_url
 from proxy.upstream_pool import ConnectionPool
-from tests.client import Client, chat_body, read_events
+from tests.client import CHAT, Client, chat_body, read_events
 from tests.fakeupstream import (
     LLAMA_SSE_HEADERS,
     FakeUpstream,
@@ -40,7 +40,6 @@ from tests.figures import Figures
 from tests.gateways import GatewayProcess
 from tests.netns import Lan, lan_run
 
-CHAT = "/v1/chat/completions"
 CONNECT = 1.0  # timeouts.connection of A
 CHUNK_INTERVAL = 2.0  # timeouts.request.streaming.chunk_interval of A
 RESET = 3.0  # circuit_breaker.reset_timeout of A

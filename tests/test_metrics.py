@@ -4,8 +4,8 @@ requests, the gauges read from their owners, the label rules (only configured na
 text parser.
 
 First in memory, with handmade request records given to the aggregator through the hub;
-then end to end, with real gateways, fake model servers and fake nodes (tests/
-test_metrics_e2e.py)."""
+then end to end, with in-process gateways, fake model servers and fake nodes
+(tests/test_metrics_gateway.py)."""
 
 from __future__ import annotations
 

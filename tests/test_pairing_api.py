@@ -18,31 +18,22 @@ import trio
 import yaml
 
 import proxy.pairing
-from tests.client import Client, Reply, request
-from tests.conftest import RunningGateway, StartGateway
+from tests.client import Reply, error_of, request
+from tests.conftest import RunningGateway, StartGateway, admin
 
 PAIRING = "/api/v1/pairing"
 CLAIM = "/api/v1/pairing/claim"
 
 
-def admin_headers(gw: RunningGateway) -> list[tuple[str, str]]:
-    return [("authorization", f"Bearer {gw.gateway.settings.secrets.admin_token}")]
-
-
-async def admin(gw: RunningGateway, method: str, path: str = PAIRING,
-                body: bytes | None = None) -> Reply:
-    return await request(gw.unix, method, path, body, admin_headers(gw))
-
-
 async def new_code(gw: RunningGateway) -> str:
-    reply = await admin(gw, "POST")
+    reply = await admin(gw, "POST", PAIRING)
     assert reply.status == 200, reply.body
     code: str = reply.json()["code"]
     return code
 
 
 async def state(gw: RunningGateway) -> dict[str, Any]:
-    reply = await admin(gw, "GET")
+    reply = await admin(gw, "GET", PAIRING)
     assert reply.status == 200, reply.body
     found: dict[str, Any] = reply.json()
     return found
@@ -53,26 +44,13 @@ async def from_ip(gw: RunningGateway, ip: str, method: str, path: str, doc: Any 
                   body: bytes | None = None) -> Reply:
     """A request over TCP from the loopback address ``ip`` (127.0.0.2 is a remote peer
     under the ``remote_seam`` fixture)."""
-    sock = trio.socket.socket()
-    await sock.bind((ip, 0))
-    host, port = gw.tcp.rsplit(":", 1)
-    await sock.connect((host, int(port)))
-    client = Client(trio.SocketStream(sock))
     data = body if body is not None else (None if doc is None else json.dumps(doc).encode())
     hdrs = [*(headers or []), *([("content-type", "application/json")] if data else [])]
-    try:
-        return await client.request(method, path, data, hdrs)
-    finally:
-        await client.aclose()
+    return await request(gw.tcp, method, path, data, hdrs, source=ip)
 
 
 def claim_doc(code: str, **fields: Any) -> dict[str, Any]:
     return {"code": code, "fingerprint": "node-laptop-1", "name": "laptop", **fields}
-
-
-def error_of(reply: Reply) -> dict[str, Any]:
-    found: dict[str, Any] = reply.json()["error"]
-    return found
 
 
 def other_than(code: str) -> str:
@@ -89,7 +67,7 @@ async def test_codes_need_the_admin_token(start_gateway: StartGateway) -> None:
         assert wrong.status == 403, (method, wrong.body)
     assert await state(gw) == {"active": False, "state": "none", "expiresAt": None,
                                "triesLeft": None, "name": None}
-    made = await admin(gw, "POST")
+    made = await admin(gw, "POST", PAIRING)
     assert made.status == 200
     first = made.json()
     assert set(first) == {"code", "expiresAt", "replaced"}
@@ -99,14 +77,14 @@ async def test_codes_need_the_admin_token(start_gateway: StartGateway) -> None:
     shown = await state(gw)
     assert shown == {"active": True, "state": "active", "expiresAt": first["expiresAt"],
                      "triesLeft": 5, "name": None}
-    again = (await admin(gw, "POST")).json()
+    again = (await admin(gw, "POST", PAIRING)).json()
     assert again["replaced"] is True
-    assert (await admin(gw, "POST", body=b'{"x": 1}')).status == 400
-    cancelled = await admin(gw, "DELETE")
+    assert (await admin(gw, "POST", PAIRING, body=b'{"x": 1}')).status == 400
+    cancelled = await admin(gw, "DELETE", PAIRING)
     assert cancelled.json() == {"active": False, "state": "cancelled",
                                 "expiresAt": again["expiresAt"], "triesLeft": 0,
                                 "name": None, "cancelled": True}
-    assert (await admin(gw, "DELETE")).json()["cancelled"] is False
+    assert (await admin(gw, "DELETE", PAIRING)).json()["cancelled"] is False
     refused = await request(gw.unix, "POST", CLAIM, json.dumps(claim_doc(again["code"])).encode())
     assert refused.status == 401  # a cancelled code
 

@@ -9,22 +9,15 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any
 
 import trio
 import yaml
 
-from tests.client import Reply, request
-from tests.conftest import RunningGateway, StartGateway
+from tests.client import error_of
+from tests.conftest import RunningGateway, StartGateway, admin
 from tests.fakeupstream import FakeUpstream, status
 
 NODES = "/api/v1/nodes"
-
-
-async def admin(gw: RunningGateway, method: str, path: str, doc: Any = None) -> Reply:
-    body = None if doc is None else json.dumps(doc).encode()
-    return await request(gw.unix, method, path, body,
-                         [("authorization", f"Bearer {gw.gateway.settings.secrets.admin_token}")])
 
 
 async def new_code(gw: RunningGateway) -> str:
@@ -38,11 +31,6 @@ def node_keys(gw: RunningGateway) -> dict[str, str]:
     text = (gw.gateway.settings.data_dir / "secrets.yaml").read_text()
     keys: dict[str, str] = yaml.safe_load(text).get("node_keys") or {}
     return keys
-
-
-def error_of(reply: Reply) -> dict[str, Any]:
-    found: dict[str, Any] = reply.json()["error"]
-    return found
 
 
 def wrong(code: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.client import Client, chat_body, read_events
+from tests.client import CHAT, Client, chat_body, read_events
 from tests.conftest import StartGateway
 from tests.fakenode import FakeNode, reset_now
 from tests.fakeupstream import FakeUpstream, stall_before_head, stall_between_chunks
@@ -28,7 +28,6 @@ from tests.figures import Figures
 from tests.gateways import Launcher, Node
 from tests.soakload import close_client
 
-CHAT = "/v1/chat/completions"
 ABORTS = 10  # per transport and kind of close
 LIMITS = {"first_byte": 0.5, "chunk_interval": 1.0}  # seconds, as configured
 TIMEOUT_RUNS = 3

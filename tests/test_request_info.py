@@ -17,9 +17,9 @@ from protocol.request_info import (
     parse_request_body,
     timeout_class_for,
 )
+from tests.client import CHAT
 
 _SETTINGS = settings(max_examples=200, derandomize=True, deadline=None)
-CHAT = "/v1/chat/completions"
 
 
 def parse(body: bytes, path: str = CHAT) -> RequestInfo:

@@ -18,7 +18,7 @@ import yaml
 from protocol.access import KEY_PREFIX, hash_key
 from proxy.server import Gateway
 from tests.client import chat_body, connect, raw, request
-from tests.conftest import RunningGateway, gateway_config, open_settings, remote_request
+from tests.conftest import REMOTE, RunningGateway, gateway_config, open_settings, remote_request
 from tests.fakeupstream import FakeUpstream, json_completion
 from tests.figures import Figures
 
@@ -87,10 +87,8 @@ async def test_no_secret_escapes(nursery: trio.Nursery, short_tmp: Path,
             await stream.aclose()
             done.set()
 
-    sock = trio.socket.socket()  # a remote subscriber, with the access key
-    await sock.bind(("127.0.0.2", 0))
-    await sock.connect(("127.0.0.1", gateway.ctx.tcp_port))
-    await nursery.start(watch, trio.SocketStream(sock),
+    # A remote subscriber, with the access key.
+    await nursery.start(watch, await connect(gw.tcp, source=REMOTE),
                         [(b"authorization", f"Bearer {ACCESS_KEY}".encode())])
     await nursery.start(watch, await connect(gw.tcp),
                         [(b"authorization", f"Bearer {ADMIN}".encode())])

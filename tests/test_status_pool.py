@@ -13,7 +13,7 @@ import trio
 
 from proxy.cli.render import show, show_pool
 from tests.client import chat_body, request
-from tests.conftest import RunningGateway, StartGateway
+from tests.conftest import RunningGateway, StartGateway, admin
 from tests.fakeupstream import FakeUpstream, ReceivedRequest, ResponseWriter, json_completion
 
 SUMMARY = {"enabled": True, "strategy": "priority", "totalNodes": 2, "onlineNodes": 1,
@@ -225,10 +225,9 @@ async def get_json(gw: RunningGateway, path: str) -> Any:
     return reply.json()
 
 
-async def admin(gw: RunningGateway, method: str, path: str, body: Any) -> Any:
-    token = gw.gateway.settings.secrets.admin_token
-    reply = await request(gw.unix, method, path, json.dumps(body).encode(),
-                          [("authorization", f"Bearer {token}")])
+async def admin_json(gw: RunningGateway, method: str, path: str, body: Any) -> Any:
+    """The answer of an admin request that must succeed (200 or 201)."""
+    reply = await admin(gw, method, path, body)
     assert reply.status in (200, 201), reply.body
     return reply.json()
 
@@ -247,10 +246,10 @@ async def test_status_shows_the_node_row(nursery: trio.Nursery,
     off = await sluice_status(gw)
     assert "load balancing: off (no nodes registered)" in off
 
-    added = await admin(gw, "POST", "/api/v1/nodes", {"baseUrl": node.url, "name": "gpu-box"})
+    added = await admin_json(gw, "POST", "/api/v1/nodes", {"baseUrl": node.url, "name": "gpu-box"})
     assert added["fingerprint"] == "node-gpu0001"
     assert "load balancing: off (1 node registered)" in await sluice_status(gw)
-    await admin(gw, "PUT", "/api/v1/settings/load-balancing", {"enabled": True})
+    await admin_json(gw, "PUT", "/api/v1/settings/load-balancing", {"enabled": True})
     with trio.fail_after(10):  # the switch wakes the health poll at once
         while not gw.gateway.ctx.nodes.online():
             await trio.sleep(0.02)

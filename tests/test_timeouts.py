@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.client import Reply, chat_body, request
+from tests.client import CHAT, Reply, chat_body, error_of, request
 from tests.conftest import StartGateway, inject_backend
 from tests.fakeupstream import (
     LLAMA_SSE_HEADERS,
@@ -26,14 +26,6 @@ from tests.fakeupstream import (
     stall_before_head,
     stall_between_chunks,
 )
-
-CHAT = "/v1/chat/completions"
-
-
-def error_of(reply: Reply) -> dict[str, object]:
-    err = reply.json()["error"]
-    assert set(err) == {"message", "type", "code", "param"}
-    return dict(err)
 
 
 def trailing_error_event(reply: Reply) -> dict[str, object]:

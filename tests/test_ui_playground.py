@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from tests.browser import ConsoleGateway
+from tests.client import CHAT
 from tests.fakeupstream import CREATED, sse_stream
 
-CHAT = "/v1/chat/completions"
 WORDS = ["Hello", " from", " the", " fake", " model", ",", " one", " token", " at", " a",
          " time", "."]
 GAP = 0.15  # seconds between chunks: slow enough to see a reply grow

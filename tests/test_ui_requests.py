@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from tests.browser import ConsoleGateway
+from tests.client import CHAT
 from tests.fakenode import chat_answer
 from tests.fakeupstream import json_completion, status
 
 pytestmark = pytest.mark.usefixtures("local_answers")
 
-CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import trio
 
 from protocol.stream_reuse import PROBES_AT_ONCE, PROBES_TO_TRUST, Verdict
 from proxy.upstream_pool import ConnectionPool
-from tests.client import Client, chat_body, request
+from tests.client import CHAT, Client, chat_body, request
 from tests.conftest import RunningGateway, StartGateway
 from tests.cycles import SHAPES, CycleResult, run_transitions
 from tests.fakeupstream import (
@@ -27,7 +27,6 @@ from tests.fakeupstream import (
 )
 from tools.faults.server import FaultServer
 
-CHAT = "/v1/chat/completions"
 MODEL = "fake-model"
 
 

@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from proxy.observe.metrics import DURATION_BUCKETS, TTFB_BUCKETS
-from tests.client import Client, chat_body, read_events, request
+from tests.client import CHAT, Client, chat_body, read_events, request
 from tests.conftest import RunningGateway, StartGateway, configure, node
 from tests.fakenode import start_node
 from tests.fakeupstream import (
@@ -34,7 +34,6 @@ from tests.fakeupstream import (
 )
 from tests.test_metrics import expected_buckets, histogram, labels, parse, series
 
-CHAT = "/v1/chat/completions"
 LOCAL = "fake-model"
 REMOTE = "remote-m"
 TIMEOUT = 5.0  # timeouts.request.standard.total here

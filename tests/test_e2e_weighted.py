@@ -12,7 +12,8 @@ from collections import Counter
 import attrs
 import trio
 
-from tests.fakenode import CHAT, chat_answer
+from tests.client import CHAT
+from tests.fakenode import chat_answer
 from tests.fakeupstream import FakeUpstream
 from tests.gateways import GatewayProcess, Launcher
 

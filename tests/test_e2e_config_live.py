@@ -22,11 +22,10 @@ import attrs
 import trio
 
 from protocol.config import BackendConfig, dump_config_yaml, parse_config_text
-from tests.client import Client, chat_body, read_events
+from tests.client import CHAT, Client, chat_body, read_events
 from tests.fakeupstream import FakeUpstream, json_completion, sse_events, sse_stream
 from tests.gateways import GatewayProcess, Launcher
 
-CHAT = "/v1/chat/completions"
 EVENTS = 12
 
 

@@ -11,7 +11,7 @@ the client half-closes, and the gateway must close in turn.
 The default run tries ``DEFAULT_EXAMPLES`` per transport. The long run (10,000 per
 transport, ``@pytest.mark.slow``) is opt-in because other slow-marked tests run by default:
 ``scripts/soak`` runs it (or ``SLUICE_FUZZ_EXAMPLES=10000 scripts/test
-tests/test_hostile_fuzz.py -k long``).
+tests/test_e2e_hostile_fuzz.py -k long``).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ import openai
 import pytest
 import trio
 
-from tests.client import Client, Reply, assert_refused, chat_body, read_events
+from tests.client import Client, Reply, assert_refused, chat_body, error_of, read_events
 from tests.fakenode import (
     CHAT,
     FakeNode,
@@ -68,11 +68,6 @@ async def local_backend(nursery: trio.Nursery, models: list[str],
 
 def served_by(reply: Reply) -> str | None:
     return reply.header("x-sluice-served-by")
-
-
-def error_of(reply: Reply) -> dict[str, Any]:
-    error: dict[str, Any] = reply.json()["error"]
-    return error
 
 
 def content(reply: Reply) -> str:

@@ -19,21 +19,14 @@ import yaml
 
 from protocol.aliases import AliasTable
 from proxy import aliasing
-from tests.client import Reply, chat_body, request
-from tests.conftest import RunningGateway, StartGateway, configure, node
+from tests.client import CHAT, chat_body, request
+from tests.conftest import RunningGateway, StartGateway, admin, configure, node
 from tests.fakenode import start_node
 from tests.fakeupstream import FakeUpstream, json_completion, sse_events, sse_stream
 
-CHAT = "/v1/chat/completions"
 ALIASES = "/api/v1/settings/aliases"
 TABLE = {"gpt-4o": "small", "claude-3-*": "other", "claude-*": "small", "ghost": "nobody",
          "small-*": "other"}
-
-
-async def admin(gw: RunningGateway, method: str, path: str, doc: Any = None) -> Reply:
-    token = gw.gateway.settings.secrets.admin_token
-    body = None if doc is None else json.dumps(doc).encode()
-    return await request(gw.unix, method, path, body, [("authorization", f"Bearer {token}")])
 
 
 async def gateway(nursery: trio.Nursery, short_tmp: Path, start_gateway: StartGateway,
