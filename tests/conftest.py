@@ -14,8 +14,6 @@ markers below, set by ``pytest_collection_modifyitems``):
   file tests a gateway in process it is often ``test_*_gateway.py``.
 
 ``scripts/test --quick`` runs only the last group: ``-m "not e2e and not lan and not ui"``.
-``tests/test_key_limits_e2e.py`` still has the old ``*_e2e`` suffix, which counts as ``e2e``
-until it is renamed ``test_e2e_key_limits.py``.
 """
 
 from __future__ import annotations
@@ -314,7 +312,7 @@ def tier_of(stem: str) -> list[str]:
     """The tier markers a test file's name (without ``.py``) gives (see the module
     docstring)."""
     marks = []
-    if stem.startswith("test_e2e_") or stem.endswith("_e2e"):
+    if stem.startswith("test_e2e_"):
         marks.append("e2e")
     if stem.endswith("_lan"):
         marks.append("lan")

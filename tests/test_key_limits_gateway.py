@@ -16,18 +16,11 @@ from typing import Any
 import trio
 import trio.testing
 
-from tests.client import Reply, chat_body, request
-from tests.conftest import RunningGateway, StartGateway, remote_request
+from tests.client import CHAT, Reply, chat_body, error_of, request
+from tests.conftest import RunningGateway, StartGateway, admin, remote_request
 from tests.fakeupstream import FakeUpstream, json_completion
 
-CHAT = "/v1/chat/completions"
 KEYS = "/api/v1/access-keys"
-
-
-async def admin(gw: RunningGateway, method: str, path: str, doc: Any = None) -> Reply:
-    token = gw.gateway.settings.secrets.admin_token
-    body = None if doc is None else json.dumps(doc).encode()
-    return await request(gw.unix, method, path, body, [("authorization", f"Bearer {token}")])
 
 
 async def gateway(nursery: trio.Nursery, short_tmp: Path, start_gateway: StartGateway,
@@ -65,11 +58,6 @@ async def chat(gw: RunningGateway, model: str, key: str | None, *, via: str = "u
     if via == "remote":
         return await remote_request(gw, "POST", CHAT, chat_body(model), headers)
     return await request(gw.address(via), "POST", CHAT, chat_body(model), headers)
-
-
-def error_of(reply: Reply) -> dict[str, Any]:
-    found: dict[str, Any] = reply.json()["error"]
-    return found
 
 
 # ------------------------------------------------------------------------- rpm

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -15,19 +14,17 @@ import yaml
 
 import proxy.settings
 from proxy.settings import Settings
-from tests.client import Reply, request
-from tests.conftest import RunningGateway, StartGateway, gateway_config, open_settings
+from tests.client import request
+from tests.conftest import (
+    RunningGateway,
+    StartGateway,
+    admin,
+    admin_headers,
+    gateway_config,
+    open_settings,
+)
 
 SLUICE = [sys.executable, "-m", "proxy"]
-
-
-def admin_headers(gw: RunningGateway) -> list[tuple[str, str]]:
-    return [("authorization", f"Bearer {gw.gateway.settings.secrets.admin_token}")]
-
-
-async def admin_call(gw: RunningGateway, method: str, path: str, body: Any = None) -> Reply:
-    data = None if body is None else json.dumps(body).encode()
-    return await request(gw.unix, method, path, data, admin_headers(gw))
 
 
 def data_dir(gw: RunningGateway) -> Path:
@@ -39,14 +36,14 @@ def data_dir(gw: RunningGateway) -> Path:
 
 async def test_create_list_revoke(start_gateway: StartGateway) -> None:
     gw = await start_gateway([])
-    made = await admin_call(gw, "POST", "/api/v1/access-keys", {"name": "laptop"})
+    made = await admin(gw, "POST", "/api/v1/access-keys", {"name": "laptop"})
     assert made.status == 201
     doc = made.json()
     assert set(doc) == {"id", "name", "key", "createdAt", "models", "rpm", "expiresAt"}
     assert (doc["models"], doc["rpm"], doc["expiresAt"]) == (None, None, None)
     assert doc["name"] == "laptop"
     assert doc["key"].startswith("sk-sluice-")
-    unnamed = (await admin_call(gw, "POST", "/api/v1/access-keys")).json()
+    unnamed = (await admin(gw, "POST", "/api/v1/access-keys")).json()
     assert unnamed["name"] == ""
     listed = await request(gw.unix, "GET", "/api/v1/access-keys")
     assert listed.status == 200
@@ -63,13 +60,13 @@ async def test_create_list_revoke(start_gateway: StartGateway) -> None:
     assert doc["key"] not in text
     assert "sha256:" in text
     assert Settings.open(data_dir(gw)).keys.all[0]["id"] == doc["id"]
-    gone = await admin_call(gw, "DELETE", f"/api/v1/access-keys/{doc['id']}")
+    gone = await admin(gw, "DELETE", f"/api/v1/access-keys/{doc['id']}")
     assert gone.status == 200
     assert [k["id"] for k in (await request(gw.unix, "GET", "/api/v1/access-keys")).json()] \
         == [unnamed["id"]]
-    again = await admin_call(gw, "DELETE", f"/api/v1/access-keys/{doc['id']}")
+    again = await admin(gw, "DELETE", f"/api/v1/access-keys/{doc['id']}")
     assert again.status == 404
-    assert (await admin_call(gw, "PUT", "/api/v1/access-keys")).status == 405
+    assert (await admin(gw, "PUT", "/api/v1/access-keys")).status == 405
 
 
 async def test_create_refuses_bad_input(start_gateway: StartGateway) -> None:
@@ -90,7 +87,7 @@ async def test_create_refuses_bad_input(start_gateway: StartGateway) -> None:
 
 async def test_last_used_is_recorded_once_a_minute(start_gateway: StartGateway) -> None:
     gw = await start_gateway([], require_auth=True)
-    key = (await admin_call(gw, "POST", "/api/v1/access-keys")).json()["key"]
+    key = (await admin(gw, "POST", "/api/v1/access-keys")).json()["key"]
     secrets_file = data_dir(gw) / "secrets.yaml"
     before = secrets_file.stat().st_mtime_ns
     headers = [("authorization", f"Bearer {key}")]
@@ -190,7 +187,7 @@ async def test_settings_api(start_gateway: StartGateway, short_tmp: Path) -> Non
                           "restartRequired": False}
     assert (await request(gw.unix, "PUT", "/api/v1/settings/api", b"{}")).status == 401
     # requireAuth applies at once, and needs no restart.
-    live = await admin_call(gw, "PUT", "/api/v1/settings/api", {"requireAuth": True})
+    live = await admin(gw, "PUT", "/api/v1/settings/api", {"requireAuth": True})
     assert live.status == 200
     assert live.json()["requireAuth"] is True
     assert live.json()["restartRequired"] is False
@@ -198,7 +195,7 @@ async def test_settings_api(start_gateway: StartGateway, short_tmp: Path) -> Non
     config_file = data_dir(gw) / "config.yaml"
     assert "require_auth: true" in config_file.read_text()
     # Port and socket dir apply at restart.
-    moved = await admin_call(gw, "PUT", "/api/v1/settings/api",
+    moved = await admin(gw, "PUT", "/api/v1/settings/api",
                              {"port": 39999, "socketDir": "/tmp/sl-other"})
     assert moved.status == 200
     assert moved.json()["port"] == 39999
@@ -217,12 +214,12 @@ async def test_settings_api(start_gateway: StartGateway, short_tmp: Path) -> Non
                         ({"enabled": "yes"}, "api.enabled"),
                         ({"requireAuth": False, "port": -1}, "api.port"),
                         ({"bogus": 1}, "bogus")):
-        reply = await admin_call(gw, "PUT", "/api/v1/settings/api", body)
+        reply = await admin(gw, "PUT", "/api/v1/settings/api", body)
         assert reply.status == 422, body
         assert reply.json()["error"]["param"] == param
     assert config_file.read_text() == before
     assert gw.gateway.settings.config.api.require_auth is True
-    assert (await admin_call(gw, "PUT", "/api/v1/settings/api", [1])).status == 400
+    assert (await admin(gw, "PUT", "/api/v1/settings/api", [1])).status == 400
 
 
 async def test_settings_put_accepts_the_gets_own_shape(start_gateway: StartGateway) -> None:
@@ -232,23 +229,23 @@ async def test_settings_put_accepts_the_gets_own_shape(start_gateway: StartGatew
     for path in ("/api/v1/settings/api", "/api/v1/settings/load-balancing",
                  "/api/v1/settings/timeouts"):
         shown = (await request(gw.unix, "GET", path)).json()
-        back = await admin_call(gw, "PUT", path, shown)
+        back = await admin(gw, "PUT", path, shown)
         assert back.status == 200, (path, back.json())
         assert back.json() == shown
     shown = (await request(gw.unix, "GET", "/api/v1/settings/api")).json()
-    flipped = await admin_call(gw, "PUT", "/api/v1/settings/api",
+    flipped = await admin(gw, "PUT", "/api/v1/settings/api",
                                {**shown, "requireAuth": True, "restartRequired": True})
     assert flipped.status == 200
     assert flipped.json()["requireAuth"] is True
     assert flipped.json()["restartRequired"] is False  # computed, not taken from the body
-    unknown = await admin_call(gw, "PUT", "/api/v1/settings/api", {**shown, "bogus": 1})
+    unknown = await admin(gw, "PUT", "/api/v1/settings/api", {**shown, "bogus": 1})
     assert (unknown.status, unknown.json()["error"]["param"]) == (422, "bogus")
 
 
 async def test_a_failed_write_makes_and_revokes_nothing(
         start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch) -> None:
     gw = await start_gateway([])
-    made = (await admin_call(gw, "POST", "/api/v1/access-keys", {"name": "kept"})).json()
+    made = (await admin(gw, "POST", "/api/v1/access-keys", {"name": "kept"})).json()
     secrets_file = data_dir(gw) / "secrets.yaml"
     before = secrets_file.read_bytes()
     listed = gw.gateway.settings.keys.all
@@ -259,13 +256,13 @@ async def test_a_failed_write_makes_and_revokes_nothing(
     monkeypatch.setattr(proxy.settings, "atomic_write", write)
     for method, path in (("POST", "/api/v1/access-keys"),
                          ("DELETE", f"/api/v1/access-keys/{made['id']}")):
-        reply = await admin_call(gw, method, path)
+        reply = await admin(gw, method, path)
         assert reply.status == 500, (method, reply.body)
         error = reply.json()["error"]
         assert (error["type"], error["code"]) == ("server_error", "internal_error")
         assert "No space left on device" in error["message"]
     assert gw.gateway.settings.keys.all is listed  # nothing replaced
     assert secrets_file.read_bytes() == before
-    missing = await admin_call(gw, "DELETE", "/api/v1/access-keys/ak-nope")
+    missing = await admin(gw, "DELETE", "/api/v1/access-keys/ak-nope")
     assert missing.status == 404
     assert missing.json()["error"]["param"] == "id"

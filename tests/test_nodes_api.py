@@ -21,8 +21,8 @@ import proxy.settings
 from protocol.config import NodeConfig
 from protocol.upstream_url import parse_upstream_url
 from proxy.api.nodes import derived_fingerprint
-from tests.client import Reply, request
-from tests.conftest import RunningGateway, StartGateway
+from tests.client import request
+from tests.conftest import RunningGateway, StartGateway, admin
 
 SLUICE = [sys.executable, "-m", "proxy"]
 KEY = "sk-node-key-0123456789-SECRETVALUE"
@@ -30,12 +30,6 @@ KEY = "sk-node-key-0123456789-SECRETVALUE"
 
 def token(gw: RunningGateway) -> str:
     return gw.gateway.settings.secrets.admin_token
-
-
-async def admin(gw: RunningGateway, method: str, path: str, body: Any = None) -> Reply:
-    data = None if body is None else json.dumps(body).encode()
-    return await request(gw.unix, method, path, data,
-                         [("authorization", f"Bearer {token(gw)}")])
 
 
 def files(gw: RunningGateway) -> tuple[list[dict[str, Any]], dict[str, Any], str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from tests.client import Client, connect, request
+from tests.client import CHAT, Client, connect, request
 from tests.conftest import StartGateway
 from tests.fakeupstream import (
     FakeUpstream,
@@ -19,7 +19,6 @@ from tests.fakeupstream import (
     sse_stream,
 )
 
-CHAT = "/v1/chat/completions"
 BODY = json.dumps({"model": "fake-model",
                    "messages": [{"role": "user", "content": "hi"}]}).encode()
 

@@ -17,7 +17,7 @@ from protocol.request_record import RequestRecord, token_counts, usage_from_even
 from protocol.sse import SseObserver
 from proxy.observe.hub import Hub
 from proxy.observe.request_log import RequestLog
-from tests.client import Client, chat_body, read_events, request
+from tests.client import CHAT, Client, chat_body, read_events, request
 from tests.conftest import RunningGateway, StartGateway, inject_backend
 from tests.fakeupstream import (
     LLAMA_SSE_HEADERS,
@@ -33,7 +33,6 @@ from tests.fakeupstream import (
 )
 from tests.test_forwarding import MODEL, pool
 
-CHAT = "/v1/chat/completions"
 USAGE_EVENT = (b'data: {"choices":[],"id":"chatcmpl-fake","object":"chat.completion.chunk",'
                b'"usage":{"completion_tokens":3,"prompt_tokens":7,"total_tokens":10}}\n\n')
 

@@ -16,12 +16,11 @@ import pytest
 import trio
 import yaml
 
-from tests.client import Reply, chat_body, request
+from tests.client import CHAT, Reply, chat_body, error_of, request
 from tests.fakeupstream import FakeUpstream, json_completion
 from tests.gateways import GatewayProcess, Launcher, Node
 
 KEYS = "/api/v1/access-keys"
-CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture
@@ -46,11 +45,6 @@ async def make_key(gw: GatewayProcess, **fields: Any) -> dict[str, Any]:
 
 async def chat(gw: GatewayProcess, model: str, key: str) -> Reply:
     return await gw.chat(model, headers=bearer(key))
-
-
-def error_of(reply: Reply) -> dict[str, Any]:
-    found: dict[str, Any] = reply.json()["error"]
-    return found
 
 
 async def test_the_api_refuses_bad_limits(launch: Launcher, model_server: FakeUpstream
