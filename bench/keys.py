@@ -118,20 +118,21 @@ def table(result: dict[str, Any], smoke: bool) -> str:
 
 def in_process(number: int = 100_000) -> dict[str, float]:
     """Microseconds per call, best of 5, on a context with 3 stored keys: what a keyless
-    request pays (the ``is None`` test of ``Exchange.to_model``), :func:`proxy.auth.authorize`
-    for a keyless loopback request, for one carrying a dummy token and for one carrying an
-    unlimited and a limited key (look-up, hash, grant), and :meth:`KeyGrants.admit` for the
-    limited key (model pattern, token bucket). Run from the tree: ``python -m bench.keys``."""
+    request pays (the ``is None`` test of ``Exchange.to_model``),
+    :func:`proxy.access.auth.authorize` for a keyless loopback request, for one carrying a
+    dummy token and for one carrying an unlimited and a limited key (look-up, hash, grant),
+    and :meth:`KeyGrants.admit` for the limited key (model pattern, token bucket).
+    Run from the tree: ``python -m bench.keys``."""
     import timeit
     from types import SimpleNamespace
 
     import trio
 
     from protocol.access import hash_key, new_access_key
-    from proxy import auth
+    from proxy.access import auth
+    from proxy.access.key_grants import KeyGrants
+    from proxy.access.key_store import AccessKey, KeyStore
     from proxy.api.routes import access_level
-    from proxy.key_grants import KeyGrants
-    from proxy.key_store import AccessKey, KeyStore
 
     made = [new_access_key() for _ in range(3)]
     entries = [{"id": key_id, "name": "", "hash": hash_key(key), "created_at": "x",

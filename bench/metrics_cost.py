@@ -34,10 +34,10 @@ from proxy.observe.metrics import (
     TTFB_BUCKETS,
     Metrics,
 )
-from proxy.pool.backends import BackendRegistry
-from proxy.pool.nodes import NodeIndex
+from proxy.registry.backends import BackendRegistry
+from proxy.registry.nodes import NodeIndex
 from proxy.routing.router import Router
-from proxy.settings import Settings
+from proxy.settings.store import Settings
 
 USAGE = {"prompt_tokens": 21, "completion_tokens": 9, "total_tokens": 30}
 

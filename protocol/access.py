@@ -19,7 +19,7 @@ import attrs
 
 from protocol.errors import ConfigError, SluiceError, Source, rate_limit_error
 from protocol.headers import Header
-from protocol.pairing import check_claim_body
+from protocol.lan.pairing import check_claim_body
 
 __all__ = [
     "ADMIN_CHANGES", "ADMIN_ONLY", "ANYONE", "KEY_HOLDERS", "KEY_PREFIX", "PAIRING_CLAIM_PATH",

@@ -1,7 +1,7 @@
 """The DNS-rebinding guard (SPEC §5), pure: which ``Host`` and ``Origin`` a TCP request may
 carry (loopback names, ``api.allowed_hosts`` and ``api.allowed_origins``, this computer's own
 address with external access, SPEC §14), the CORS headers an allowed origin gets, and the
-403s for the others. No sockets, no clock, no files: :mod:`proxy.auth` applies it.
+403s for the others. No sockets, no clock, no files: :mod:`proxy.access.auth` applies it.
 """
 
 from __future__ import annotations

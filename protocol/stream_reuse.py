@@ -17,7 +17,7 @@ closed at once and every request after a stream opens a fresh connection. An ups
 answered ``PROBES_TO_TRUST`` probes in a row keeps its connections: they go back to the
 pool as they are, at no cost. One sign of the contrary later (such a connection found
 closed when taken, or a request written onto one lost before its answer) turns it to
-closing for good. Decisions only, no I/O: :mod:`proxy.upstream_pool` carries them out.
+closing for good. Decisions only, no I/O: :mod:`proxy.upstream.pool` carries them out.
 """
 
 from __future__ import annotations

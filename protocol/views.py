@@ -27,7 +27,7 @@ __all__ = ["PAUSED", "UNCHECKED", "NodeCheck", "aliases_view", "api_view", "disc
            "endpoint_entry", "load_balancing_view", "node_entry", "registry_view",
            "timeouts_view"]
 
-UNCHECKED: Final = "unknown"  # a node's status before its first check (proxy.pool.nodes)
+UNCHECKED: Final = "unknown"  # a node's status before its first check (proxy.registry.nodes)
 PAUSED: Final = "paused"  # every node's status while load balancing is off
 
 
@@ -85,7 +85,7 @@ def registry_view(cfg: Config, keys: Mapping[str, str]) -> list[dict[str, Any]]:
 
 
 class NodeCheck(Protocol):
-    """What the last check of a node found (:class:`proxy.pool.nodes.NodeEndpoint`)."""
+    """What the last check of a node found (:class:`proxy.registry.nodes.NodeEndpoint`)."""
 
     @property
     def status(self) -> str: ...

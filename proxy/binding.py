@@ -25,7 +25,7 @@ from proxy.listeners import (
     remove_stale_sockets,
 )
 from proxy.notifications import Notifications
-from proxy.settings import Settings
+from proxy.settings.store import Settings
 
 log = logging.getLogger("sluice.server")
 

@@ -29,7 +29,8 @@ from protocol.errors import (
 )
 from protocol.headers import REQUEST_ID, Header, header_value
 from protocol.http1 import build_request_head
-from proxy import auth, sockio
+from proxy import sockio
+from proxy.access import auth
 from proxy.context import GatewayContext
 from proxy.deadline import RequestScope
 from proxy.downstream import Downstream

@@ -1,11 +1,11 @@
 """What every connection shares, built once when the gateway has bound its listeners and
 passed explicitly (no module-level singletons). Each part has its own owner:
 
-- ``settings`` — config.yaml and secrets.yaml (:mod:`proxy.settings`), and the access keys
-  in them, ``settings.keys`` (:mod:`proxy.key_store`);
-- ``connections`` — idle keep-alive connections to model servers (:mod:`proxy.upstream_pool`);
-- ``backends`` — local model servers and their models (:mod:`proxy.pool.backends`);
-- ``nodes`` — network nodes and their models (:mod:`proxy.pool.nodes`);
+- ``settings`` — config.yaml and secrets.yaml (:mod:`proxy.settings.store`), and the access keys
+  in them, ``settings.keys`` (:mod:`proxy.access.key_store`);
+- ``connections`` — idle keep-alive connections to model servers (:mod:`proxy.upstream.pool`);
+- ``backends`` — local model servers and their models (:mod:`proxy.registry.backends`);
+- ``nodes`` — network nodes and their models (:mod:`proxy.registry.nodes`);
 - ``router`` — the routing decision, breakers and counters (:mod:`proxy.routing.router`);
 - ``clients`` — the client connections: how many, draining or not (:class:`Clients`);
 - ``listening`` — where the gateway listens (:class:`Listening`, fixed at start);
@@ -15,10 +15,10 @@ passed explicitly (no module-level singletons). Each part has its own owner:
   live events subscribers (:mod:`proxy.observe.feed`), and ``reports``, the report phase
   of each request: its access-log line and its record (:mod:`proxy.observe.reports`);
 - ``notifications``, ``ondemand`` (managed models on demand, when there are any);
-- ``key_grants``, the access keys' token buckets (:mod:`proxy.key_grants`, SPEC §13);
-- ``pairing``, the pairing code and the claims against it (:mod:`proxy.pairing`, SPEC §14);
-- ``own_host``, our addresses for the Host guard (:mod:`proxy.own_host`), and
-  ``discovery``, LAN discovery's switch (:mod:`proxy.discovery_switch`, SPEC §14).
+- ``key_grants``, the access keys' token buckets (:mod:`proxy.access.key_grants`, SPEC §13);
+- ``pairing``, the pairing code and the claims against it (:mod:`proxy.lan.pairing`, SPEC §14);
+- ``own_host``, our addresses for the Host guard (:mod:`proxy.lan.own_host`), and
+  ``discovery``, LAN discovery's switch (:mod:`proxy.lan.discovery_switch`, SPEC §14).
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ import attrs
 import trio
 
 from protocol.config import Config
-from proxy.key_grants import KeyGrants
+from proxy.access.key_grants import KeyGrants
+from proxy.lan.own_host import OwnHost
+from proxy.lan.pairing import Pairing
 from proxy.notifications import Notifications
 from proxy.observe.access_log import AccessLog
 from proxy.observe.feed import EventFeed
@@ -37,17 +39,15 @@ from proxy.observe.hub import Hub
 from proxy.observe.metrics import Metrics
 from proxy.observe.reports import Reports
 from proxy.observe.request_log import RequestLog
-from proxy.own_host import OwnHost
-from proxy.pairing import Pairing
-from proxy.pool.backends import BackendRegistry
-from proxy.pool.nodes import NodeIndex
+from proxy.registry.backends import BackendRegistry
+from proxy.registry.nodes import NodeIndex
 from proxy.routing.router import Router
-from proxy.upstream_pool import ConnectionPool
+from proxy.upstream.pool import ConnectionPool
 
 if TYPE_CHECKING:
-    from proxy.discovery_switch import DiscoverySwitch
+    from proxy.lan.discovery_switch import DiscoverySwitch
     from proxy.models.ondemand import OnDemand
-    from proxy.settings import Settings
+    from proxy.settings.store import Settings
 
 
 @attrs.frozen

@@ -4,7 +4,7 @@
 phase      what happens                                                        where
 =========  ==================================================================  ==============
 read       the request head; the body once the request may proceed             RequestSource
-authorize  the Host/Origin guard, the admin token, access keys (SPEC §5)        proxy.auth
+authorize  the Host/Origin guard, the admin token, access keys (SPEC §5)        proxy.access.auth
 route      one of the gateway's endpoints, or the routing decision:            proxy.api,
            a local backend, a network node or 503 (SPEC §7.1)                  Router.plan
 relay      the upstream exchange and the pipe to the client (SPEC §6)          proxy.relay
@@ -32,7 +32,8 @@ from protocol.headers import Header, connection_tokens, header_value
 from protocol.rebinding import PREFLIGHT_METHODS, preflight_headers
 from protocol.request_info import RequestInfo, parse_request_body, request_path
 from protocol.response import Response
-from proxy import aliasing, auth
+from proxy import aliasing
+from proxy.access import auth
 from proxy.api.call import Body, Takeover
 from proxy.api.ollama_routes import TRANSLATED
 from proxy.api.routes import NEEDS_MODELS, AnyHandler, Call, access_level, route
@@ -42,10 +43,10 @@ from proxy.routing.attempts import Outcome
 from proxy.timestamps import wall
 
 if TYPE_CHECKING:
+    from proxy.access.key_grants import Grant
     from proxy.context import GatewayContext
     from proxy.deadline import RequestScope
     from proxy.downstream import AnswerSink, Downstream
-    from proxy.key_grants import Grant
     from proxy.models.managed import Managed
     from proxy.models.ondemand import OnDemand
 

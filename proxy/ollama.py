@@ -29,10 +29,10 @@ from proxy.ollama_out import OllamaOut, now_text
 
 if TYPE_CHECKING:
     from protocol.request_info import RequestInfo
+    from proxy.access.key_grants import Grant
     from proxy.context import GatewayContext
     from proxy.deadline import RequestScope
     from proxy.downstream import AnswerSink, Downstream
-    from proxy.key_grants import Grant
     from proxy.models.managed import Managed
     from proxy.models.ondemand import OnDemand
     from proxy.relay import Relay

@@ -39,8 +39,8 @@ from protocol.sse import TAIL, SseObserver, ends_event
 from proxy.deadline import FIRST_BYTE_LIMIT, Deadline, GapWatch, RequestScope
 from proxy.errors import ClientGone
 from proxy.sockio import Fairness
-from proxy.upstream import UpstreamConnection, UpstreamFailure
-from proxy.upstream_pool import ConnectionPool, exchange
+from proxy.upstream.connection import UpstreamConnection, UpstreamFailure
+from proxy.upstream.pool import ConnectionPool, exchange
 
 if TYPE_CHECKING:
     from protocol.config import TimeoutsConfig

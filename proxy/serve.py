@@ -14,7 +14,7 @@ from proxy.datadir import resolve_data_dir
 from proxy.demo import DemoError, demo_model_config, ensure_demo_model
 from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.server import serve
-from proxy.settings import Settings
+from proxy.settings.store import Settings
 
 __all__ = ["serve_main"]
 

@@ -19,12 +19,12 @@ from proxy import logsetup
 from proxy.accept import accept_loop
 from proxy.api.nodes import version
 from proxy.binding import Binding
-from proxy.config_watch import ConfigWatcher, Follower
 from proxy.connection import IDLE_TIMEOUT, ClientConnection
 from proxy.context import Clients, GatewayContext
-from proxy.discovery_switch import DiscoverySwitch
 from proxy.drain import DRAIN_TIMEOUT, Drain, drain_timeout
 from proxy.files import remove_leftovers
+from proxy.lan.discovery_switch import DiscoverySwitch
+from proxy.lan.own_host import OwnHost
 from proxy.listeners import ListenerError
 from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.notifications import Notifications
@@ -34,13 +34,13 @@ from proxy.observe.metrics import Metrics
 from proxy.observe.reports import Reports
 from proxy.observe.request_log import RequestLog
 from proxy.observe.state_events import StateEvents
-from proxy.own_host import OwnHost
-from proxy.pool.backends import BackendRegistry, run_health_checks
-from proxy.pool.node_checks import run_node_checks
-from proxy.pool.nodes import NodeIndex
+from proxy.registry.backends import BackendRegistry, run_health_checks
+from proxy.registry.node_checks import run_node_checks
+from proxy.registry.nodes import NodeIndex
 from proxy.routing.router import Router
-from proxy.settings import Settings
-from proxy.upstream_pool import ConnectionPool
+from proxy.settings.config_watch import ConfigWatcher, Follower
+from proxy.settings.store import Settings
+from proxy.upstream.pool import ConnectionPool
 
 if TYPE_CHECKING:
     from proxy.models.ondemand import OnDemand

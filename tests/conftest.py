@@ -41,9 +41,9 @@ from protocol.config import (
     dump_config_yaml,
     rebuild_health_check,
 )
-from proxy import auth
+from proxy.access import auth
 from proxy.server import Gateway
-from proxy.settings import Settings
+from proxy.settings.store import Settings
 from tests.client import Reply, request
 from tests.fakeupstream import FakeUpstream
 from tests.figures import Figures
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.browser"]
 
 # No test may send mDNS on this machine's real interfaces (SPEC §14): every gateway this run
-# starts, in process or as a child, refuses to open the mDNS socket (proxy.discovery.link),
+# starts, in process or as a child, refuses to open the mDNS socket (proxy.lan.discovery.link),
 # but for those tests.netns starts inside the network namespaces a test made.
 os.environ["SLUICE_NO_MDNS"] = "1"
 
@@ -225,7 +225,7 @@ def transport(request: pytest.FixtureRequest) -> str:
 def inject_backend(gw: RunningGateway, name: str, url: str, models: list[str]) -> None:
     """Add a backend that holds ``models`` right now, without waiting for a health check
     (for upstreams that never answer one)."""
-    from proxy.pool.backends import LocalBackend
+    from proxy.registry.backends import LocalBackend
 
     backend = LocalBackend(BackendConfig(name=name, url=url, kind="llm"), None)
     registry = gw.gateway.backends

@@ -25,7 +25,7 @@ from protocol.access import (
 )
 from protocol.errors import ConfigError, SluiceError
 from protocol.rebinding import host_allowed, is_loopback_ip, origin_allowed
-from proxy import auth
+from proxy.access import auth
 from proxy.api.routes import access_level
 from tests.client import Client, Reply, chat_body, raw, request
 from tests.conftest import StartGateway, remote_request

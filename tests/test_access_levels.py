@@ -21,7 +21,7 @@ from protocol.access import (
     new_access_key,
 )
 from protocol.errors import SluiceError
-from protocol.pairing import MAX_CLAIM_BODY
+from protocol.lan.pairing import MAX_CLAIM_BODY
 from proxy.api.routes import PREFIXES, ROUTES, access_level, unlisted
 
 ADMIN = "the-admin-token"
@@ -130,7 +130,7 @@ def test_a_claim_needs_only_a_small_body() -> None:
 
 
 def _old_rule(method: bytes, path: str) -> Access:
-    """The rules as proxy/auth.py spelled them before the route table held them (OPTIONS
+    """The rules as proxy/access/auth.py spelled them before the route table held them (OPTIONS
     first, the pairing claim, ``needs_admin``, ``OPEN_PATHS``): the table must say the same
     for every path and method."""
     if method == b"OPTIONS":

@@ -12,9 +12,9 @@ import trio
 import trio.testing
 
 from protocol.rebinding import normal_address, own_host
-from proxy import own_host as own_host_module
-from proxy.interfaces import Interface, list_interfaces
-from proxy.own_host import REFRESH, OwnHost, short_hostname
+from proxy.lan import own_host as own_host_module
+from proxy.lan.interfaces import Interface, list_interfaces
+from proxy.lan.own_host import REFRESH, OwnHost, short_hostname
 from tests.client import raw, request
 from tests.conftest import StartGateway
 from tests.test_access import get
@@ -51,9 +51,9 @@ def test_the_listing_reads_real_interfaces() -> None:
 async def test_the_cache_lists_at_most_every_few_seconds(
         autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
     listing = [Interface("eth0", 2, socket.AF_INET, "10.0.0.5", 24, True, False, True)]
-    import proxy.interfaces
+    import proxy.lan.interfaces
 
-    monkeypatch.setattr(proxy.interfaces, "list_interfaces", lambda: list(listing))
+    monkeypatch.setattr(proxy.lan.interfaces, "list_interfaces", lambda: list(listing))
     cache = OwnHost()
     assert cache.allows(b"10.0.0.5:39080")
     assert cache.allows(f"{short_hostname()}.local".encode())

@@ -152,7 +152,7 @@ async def test_backend_key_is_sent_and_client_auth_is_not(
     settings.secrets.backend_keys["fake"] = "backend-secret"
     await settings.save_secrets()
     # The registry reads keys at start; rebuild it the way a restart would.
-    from proxy.pool.backends import LocalBackend
+    from proxy.registry.backends import LocalBackend
 
     old = gw.gateway.backends.backends[0]
     fresh = LocalBackend(settings.config.backends[0], "backend-secret")

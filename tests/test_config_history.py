@@ -18,8 +18,8 @@ from protocol.config_history import (
     valid_id,
 )
 from protocol.errors import ConfigError
-from proxy.config_history import ConfigHistory
-from proxy.settings import Settings
+from proxy.settings.config_history import ConfigHistory
+from proxy.settings.store import Settings
 
 NOON = 1_796_212_800.0  # 2026-12-02T12:00:00Z
 

@@ -21,10 +21,10 @@ import trio
 import trio.testing
 
 from protocol.config import Config, dump_config_yaml
-from proxy.config_watch import CHECK_EVERY, SETTLE, ConfigWatcher
 from proxy.files import FileSignature
 from proxy.notifications import Notifications
-from proxy.settings import Settings
+from proxy.settings.config_watch import CHECK_EVERY, SETTLE, ConfigWatcher
+from proxy.settings.store import Settings
 
 
 class FakeStat:

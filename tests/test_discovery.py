@@ -19,13 +19,13 @@ import pytest
 import trio
 import trio.testing
 
-from protocol.discovered import FORGET_AFTER, Discovered
-from protocol.dnssd import MDNS_GROUP, Announcement, announce_packet, query_packet, sightings
-from proxy.discovery.announcer import ANSWER_DELAY
-from proxy.discovery.link import GROUP, Source
-from proxy.discovery.service import RELIST, Discovery, Me
-from proxy.interfaces import Interface
-from proxy.own_host import OwnHost
+from protocol.lan.discovered import FORGET_AFTER, Discovered
+from protocol.lan.dnssd import MDNS_GROUP, Announcement, announce_packet, query_packet, sightings
+from proxy.lan.discovery.announcer import ANSWER_DELAY
+from proxy.lan.discovery.link import GROUP, Source
+from proxy.lan.discovery.service import RELIST, Discovery, Me
+from proxy.lan.interfaces import Interface
+from proxy.lan.own_host import OwnHost
 
 ETH0 = Interface("eth0", 2, socket.AF_INET, "10.1.0.2", 24, True, False, True)
 WLAN = Interface("wlan0", 3, socket.AF_INET, "10.2.0.2", 24, True, False, True)
@@ -46,7 +46,7 @@ class Sent:
 
 
 class FakeLink:
-    """A :class:`proxy.discovery.link.Link` that sends nowhere."""
+    """A :class:`proxy.lan.discovery.link.Link` that sends nowhere."""
 
     def __init__(self, interfaces: list[Interface]) -> None:
         self.all = interfaces

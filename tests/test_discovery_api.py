@@ -14,11 +14,11 @@ import trio
 import trio.testing
 import yaml
 
-from protocol.dnssd import announce_packet
+from protocol.lan.dnssd import announce_packet
 from proxy.api.routes import route
 from proxy.api.settings_discovery import discovered
-from proxy.discovery.link import NO_MDNS
-from proxy.discovery_switch import UNAVAILABLE
+from proxy.lan.discovery.link import NO_MDNS
+from proxy.lan.discovery_switch import UNAVAILABLE
 from tests.client import Reply, request
 from tests.conftest import RunningGateway, StartGateway, configure, node
 from tests.test_discovery import ETH0, PEER, PEER_AT, FakeLink

@@ -45,7 +45,7 @@ QUIET_FOR = 4.0  # seconds a raw listener watches for packets of a B that must b
 # query, then for ``seconds`` prints the source address of every packet it receives.
 LISTENER = """
 import json, socket, sys, time
-from protocol.dnssd import MDNS_GROUP, MDNS_PORT, query_packet
+from protocol.lan.dnssd import MDNS_GROUP, MDNS_PORT, query_packet
 addr, seconds = sys.argv[1], float(sys.argv[2])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

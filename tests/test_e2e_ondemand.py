@@ -16,7 +16,7 @@ from protocol.model_state import ModelState
 from proxy.models.lifecycle import Lifecycle, ModelSpec
 from proxy.models.scan import scan_models
 from proxy.models.servers import LlamaServers, read_estimate
-from proxy.upstream_pool import ConnectionPool
+from proxy.upstream.pool import ConnectionPool
 from tests.client import chat_body, request
 from tests.test_e2e_llama import gguf  # noqa: F401 (a fixture)
 

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import trio
 
-from proxy.upstream_pool import IDLE_PER_ADDRESS
+from proxy.upstream.pool import IDLE_PER_ADDRESS
 from tests.figures import Figures
 from tests.gateways import GatewayProcess, Launcher
 from tests.soakload import GAP, Tally, client_loop, open_fds, rss_kb

@@ -29,9 +29,9 @@ from proxy.models.ondemand import OnDemand, prepare
 from proxy.notifications import Notifications
 from proxy.observe.hub import TYPES, Hub
 from proxy.observe.state_events import LATENCY_STEP_MS, NodeFeed, latency_moved
-from proxy.pool.backends import BackendRegistry
-from proxy.pool.nodes import ONLINE, NodeIndex
-from proxy.upstream_pool import ConnectionPool
+from proxy.registry.backends import BackendRegistry
+from proxy.registry.nodes import ONLINE, NodeIndex
+from proxy.upstream.pool import ConnectionPool
 from tests.client import CHAT, chat_body, connect, request
 from tests.conftest import RunningGateway, StartGateway, admin, configure, free_port, node
 from tests.fakenode import FakeNode, start_node

@@ -28,11 +28,11 @@ from proxy.notifications import Notifications
 from proxy.observe.hub import Hub
 from proxy.observe.metrics import Metrics
 from proxy.observe.request_log import RequestLog
-from proxy.pool.backends import BackendRegistry
-from proxy.pool.nodes import NodeIndex
+from proxy.registry.backends import BackendRegistry
+from proxy.registry.nodes import NodeIndex
 from proxy.routing.router import Router
-from proxy.settings import Settings
-from proxy.upstream_pool import ConnectionPool
+from proxy.settings.store import Settings
+from proxy.upstream.pool import ConnectionPool
 from tests.conftest import open_settings
 
 CHAT = b"/v1/chat/completions"

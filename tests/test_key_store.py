@@ -1,4 +1,4 @@
-"""The access keys' owner (proxy/key_store.py): immutable records replaced on change, and
+"""The access keys' owner (proxy/access/key_store.py): immutable records replaced on change, and
 every write (a key's use included) under the settings' one writer, computed from the keys
 as they are then."""
 
@@ -14,8 +14,8 @@ import trio
 import trio.testing
 import yaml
 
-from proxy.key_store import AccessKey
-from proxy.settings import Settings
+from proxy.access.key_store import AccessKey
+from proxy.settings.store import Settings
 from proxy.timestamps import use_wall_clock
 
 NOON = 1_750_000_000.0  # 2025-06-15T15:06:40Z
@@ -144,7 +144,7 @@ async def test_a_use_not_saved_is_logged_and_shown(
     def full(path: Path, data: bytes, mode: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("proxy.settings.atomic_write", full)
+    monkeypatch.setattr("proxy.settings.store.atomic_write", full)
     await settings.keys.used(made.id)
     assert settings.keys.all[0]["last_used_at"] == "2025-06-15T15:06:40Z"
     assert settings.secrets_path.read_bytes() == before

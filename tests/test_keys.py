@@ -12,8 +12,8 @@ import pytest
 import trio
 import yaml
 
-import proxy.settings
-from proxy.settings import Settings
+import proxy.settings.store
+from proxy.settings.store import Settings
 from tests.client import request
 from tests.conftest import (
     RunningGateway,
@@ -253,7 +253,7 @@ async def test_a_failed_write_makes_and_revokes_nothing(
     def write(path: Path, data: bytes, mode: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(proxy.settings, "atomic_write", write)
+    monkeypatch.setattr(proxy.settings.store, "atomic_write", write)
     for method, path in (("POST", "/api/v1/access-keys"),
                          ("DELETE", f"/api/v1/access-keys/{made['id']}")):
         reply = await admin(gw, method, path)

@@ -26,7 +26,7 @@ import pytest
 import trio
 
 from protocol.upstream_url import parse_upstream_url
-from proxy.upstream_pool import ConnectionPool
+from proxy.upstream.pool import ConnectionPool
 from tests.client import CHAT, Client, chat_body, read_events
 from tests.fakeupstream import (
     LLAMA_SSE_HEADERS,

@@ -30,7 +30,7 @@ from pathlib import Path
 import attrs, trio
 from protocol.config import default_config, dump_config_yaml
 from proxy.server import Gateway
-from proxy.settings import Settings
+from proxy.settings.store import Settings
 from tests.client import request
 """
 
@@ -126,9 +126,9 @@ def test_the_ollama_api_is_loaded_by_the_first_ollama_request(short_tmp: Path) -
     assert after == repr(sorted(set(OLLAMA) - {"proxy.ollama"})), after
 
 
-DISCOVERY = ("proxy.discovery", "proxy.discovery.service", "proxy.discovery.link",
-             "proxy.discovery.announcer", "proxy.discovery.browser", "proxy.interfaces",
-             "protocol.dnssd", "protocol.mdns", "protocol.discovered")
+DISCOVERY = ("proxy.lan.discovery", "proxy.lan.discovery.service", "proxy.lan.discovery.link",
+             "proxy.lan.discovery.announcer", "proxy.lan.discovery.browser", "proxy.lan.interfaces",
+             "protocol.lan.dnssd", "protocol.lan.mdns", "protocol.lan.discovered")
 
 # A gateway in a process of its own, discovery off: which of DISCOVERY it holds after a few
 # requests (the discovered list, the settings); then browsing turned on live (through a

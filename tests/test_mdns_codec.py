@@ -1,4 +1,4 @@
-"""protocol/mdns.py: DNS messages to bytes and back, names, and every way a packet can lie."""
+"""protocol/lan/mdns.py: DNS messages to bytes and back, names, and every way a packet can lie."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from protocol import dnssd, mdns
-from protocol.mdns import (
+from protocol.lan import dnssd, mdns
+from protocol.lan.mdns import (
     AAAA,
     ANY,
     NSEC,

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zeroconf import DNSNsec, DNSOutgoing, DNSPointer, DNSQuestion, ServiceInfo
 
-from protocol import dnssd, mdns
-from protocol.dnssd import SERVICE, Announcement
+from protocol.lan import dnssd, mdns
+from protocol.lan.dnssd import SERVICE, Announcement
 
 OURS = Announcement("Studio Mac", "studio.local.", 8600, "f1ng3r", "0.4.1",
                     ("192.168.0.7", "fe80::7"))

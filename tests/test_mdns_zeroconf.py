@@ -1,4 +1,4 @@
-"""protocol/mdns.py and protocol/dnssd.py against python-zeroconf's own packets.
+"""protocol/lan/mdns.py and protocol/lan/dnssd.py against python-zeroconf's own packets.
 
 Only zeroconf's packet classes are used (DNSOutgoing, DNSIncoming, the record classes and
 ServiceInfo's record makers): no Zeroconf instance, no socket. zeroconf is a test dependency
@@ -22,8 +22,8 @@ from zeroconf import (
     ServiceInfo,
 )
 
-from protocol import dnssd, mdns
-from protocol.dnssd import SERVICE, SERVICES_META, Announcement, Sighting
+from protocol.lan import dnssd, mdns
+from protocol.lan.dnssd import SERVICE, SERVICES_META, Announcement, Sighting
 
 IN, UNIQUE = 1, 0x8000
 PTR, TXT, SRV, A, AAAA, ANY = 12, 16, 33, 1, 28, 255

@@ -29,8 +29,8 @@ from proxy.observe.metrics import (
     TTFB_BUCKETS,
     Metrics,
 )
-from proxy.pool.backends import BackendRegistry
-from proxy.pool.nodes import OFFLINE, ONLINE, NodeIndex
+from proxy.registry.backends import BackendRegistry
+from proxy.registry.nodes import OFFLINE, ONLINE, NodeIndex
 from proxy.routing.attempts import Outcome
 from proxy.routing.router import Router
 from tests.test_plan import FakeSettings

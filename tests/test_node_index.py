@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from proxy.pool.nodes import OFFLINE, ONLINE, NodeIndex, is_loaded
+from proxy.registry.nodes import OFFLINE, ONLINE, NodeIndex, is_loaded
 from tests.client import request
 from tests.conftest import RunningGateway, StartGateway, configure, node
 from tests.fakenode import start_node

@@ -16,8 +16,8 @@ import pytest
 import trio
 import yaml
 
-import proxy.config_file
-import proxy.settings
+import proxy.settings.config_file
+import proxy.settings.store
 from protocol.config import NodeConfig
 from protocol.upstream_url import parse_upstream_url
 from proxy.api.nodes import derived_fingerprint
@@ -295,7 +295,7 @@ async def test_a_failed_config_write_keeps_the_old_key(
     folder = gw.gateway.settings.data_dir
     secrets_before = (folder / "secrets.yaml").read_bytes()
     config_before = (folder / "config.yaml").read_bytes()
-    real = proxy.settings.atomic_write
+    real = proxy.settings.store.atomic_write
     tried: list[str] = []
 
     def write(path: Path, data: bytes, mode: int) -> None:
@@ -304,9 +304,9 @@ async def test_a_failed_config_write_keeps_the_old_key(
             raise OSError(28, "No space left on device")
         real(path, data, mode)
 
-    monkeypatch.setattr(proxy.settings, "atomic_write", write)
+    monkeypatch.setattr(proxy.settings.store, "atomic_write", write)
 
-    monkeypatch.setattr(proxy.config_file, "atomic_write", write)
+    monkeypatch.setattr(proxy.settings.config_file, "atomic_write", write)
     reply = await admin(gw, "PATCH", f"/api/v1/nodes/{fp}",
                         {"apiKey": KEY + "-NEW", "enabled": False})
     assert reply.status == 500

@@ -1,5 +1,5 @@
-"""Pairing's rules (SPEC §14), pure (protocol/pairing.py) on plain numbers, and its holder
-(proxy/pairing.py) on trio's MockClock: six random digits, 5 minutes, one use, 5 wrong
+"""Pairing's rules (SPEC §14), pure (protocol/lan/pairing.py) on plain numbers, and its holder
+(proxy/lan/pairing.py) on trio's MockClock: six random digits, 5 minutes, one use, 5 wrong
 tries and the code is void, a new code replaces the old one, cancel; the claims a minute
 per peer address and their Retry-After, the bounded table of addresses; the claim's body
 checked naming the field; nothing shows a code."""
@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from protocol.errors import ConfigError, SluiceError
-from protocol.pairing import (
+from protocol.lan.pairing import (
     CLAIMS_PER_MINUTE,
     CODE_LIFETIME,
     MAX_CLAIM_BODY,
@@ -36,9 +36,9 @@ from protocol.pairing import (
 )
 from proxy.cli import pair as cli_pair
 from proxy.cli.pair import valid_until
+from proxy.lan.pairing import Pairing
 from proxy.notifications import Notifications
 from proxy.observe.hub import Hub
-from proxy.pairing import Pairing
 
 T0 = 1000.0
 

@@ -17,7 +17,7 @@ import pytest
 import trio
 import yaml
 
-import proxy.pairing
+import proxy.lan.pairing
 from tests.client import Reply, error_of, request
 from tests.conftest import RunningGateway, StartGateway, admin
 
@@ -159,7 +159,7 @@ async def test_wrong_codes_void_the_code(start_gateway: StartGateway) -> None:
 
 async def test_an_expired_code(start_gateway: StartGateway,
                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(proxy.pairing, "CODE_LIFETIME", 0.2)
+    monkeypatch.setattr(proxy.lan.pairing, "CODE_LIFETIME", 0.2)
     gw = await start_gateway([])
     code = await new_code(gw)
     await trio.sleep(0.4)
@@ -202,7 +202,7 @@ async def test_no_code_or_key_in_any_log(start_gateway: StartGateway,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     # A fixed code, looked for as a number of its own: a random one could be part of
     # another number (a port, a pid) by chance.
-    monkeypatch.setattr(proxy.pairing, "new_code", lambda: "480213")
+    monkeypatch.setattr(proxy.lan.pairing, "new_code", lambda: "480213")
     caplog.set_level(logging.DEBUG)
     gw = await start_gateway([])
     seen: list[tuple[str, Any]] = []

@@ -16,8 +16,8 @@ from protocol.config import BackendConfig, Config, NodeConfig
 from protocol.errors import SluiceError
 from protocol.headers import FORWARDED, Header
 from protocol.request_info import RequestInfo, TimeoutClass
-from proxy.pool.backends import BackendRegistry
-from proxy.pool.nodes import ONLINE, NodeIndex
+from proxy.registry.backends import BackendRegistry
+from proxy.registry.nodes import ONLINE, NodeIndex
 from proxy.routing.router import NodeUpstream, Router
 
 NODES = (("a", 3), ("b", 2), ("c", 1))
@@ -28,7 +28,7 @@ class FakeSecrets:
 
 
 class FakeSettings:
-    """What the router reads of proxy.settings.Settings."""
+    """What the router reads of proxy.settings.store.Settings."""
 
     def __init__(self, config: Config) -> None:
         self.config = config

@@ -10,8 +10,8 @@ import pytest
 import trio
 import yaml
 
-import proxy.config_file
-import proxy.settings
+import proxy.settings.config_file
+import proxy.settings.store
 from protocol.config import (
     Config,
     HealthChecksConfig,
@@ -24,7 +24,7 @@ from protocol.config import (
 from protocol.errors import ConfigError
 from protocol.secrets import Secrets
 from proxy.datadir import GatewayState, read_state, resolve_data_dir, write_state
-from proxy.settings import Settings
+from proxy.settings.store import Settings
 
 
 def mode(path: Path) -> int:
@@ -332,7 +332,7 @@ def fail_writes_of(monkeypatch: pytest.MonkeyPatch, *names: str) -> list[str]:
     """Make the settings' writes of these files fail (disk full); returns the names of the
     files written (or tried) in order."""
     tried: list[str] = []
-    real = proxy.settings.atomic_write
+    real = proxy.settings.store.atomic_write
 
     def write(path: Path, data: bytes, mode: int) -> None:
         tried.append(path.name)
@@ -340,24 +340,24 @@ def fail_writes_of(monkeypatch: pytest.MonkeyPatch, *names: str) -> list[str]:
             raise OSError(28, "No space left on device")
         real(path, data, mode)
 
-    monkeypatch.setattr(proxy.settings, "atomic_write", write)
+    monkeypatch.setattr(proxy.settings.store, "atomic_write", write)
 
-    monkeypatch.setattr(proxy.config_file, "atomic_write", write)
+    monkeypatch.setattr(proxy.settings.config_file, "atomic_write", write)
     return tried
 
 
 async def test_concurrent_edits_never_undo_each_other(fresh: Settings,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Each change is made on the config as it is when its turn comes (one writer)."""
-    real = proxy.settings.atomic_write
+    real = proxy.settings.store.atomic_write
 
     def slow(path: Path, data: bytes, mode: int) -> None:
         time.sleep(0.05)
         real(path, data, mode)
 
-    monkeypatch.setattr(proxy.settings, "atomic_write", slow)
+    monkeypatch.setattr(proxy.settings.store, "atomic_write", slow)
 
-    monkeypatch.setattr(proxy.config_file, "atomic_write", slow)
+    monkeypatch.setattr(proxy.settings.config_file, "atomic_write", slow)
 
     async def port() -> None:
         await fresh.edit(lambda c: attrs.evolve(c, api=attrs.evolve(c.api, port=4000)))

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import pytest
 
-import proxy.pool.nodes
+import proxy.registry.nodes
 from protocol.aliases import AliasTable
 from protocol.config import Config, NodeConfig, default_config, rebuild_health_check
 from protocol.config.changes import RESTART_FIELDS
@@ -29,7 +29,7 @@ from protocol.config.fields import (
 )
 from protocol.config.writes import apply_write, structure_field
 from protocol.errors import ConfigError
-from protocol.pairing import parse_claim
+from protocol.lan.pairing import parse_claim
 from protocol.views import (
     PAUSED,
     UNCHECKED,
@@ -213,4 +213,4 @@ def test_a_write_keeps_the_rules_of_the_file() -> None:
 
 
 def test_node_status_words_are_the_pools() -> None:
-    assert (UNCHECKED, PAUSED) == (proxy.pool.nodes.UNKNOWN, proxy.pool.nodes.PAUSED)
+    assert (UNCHECKED, PAUSED) == (proxy.registry.nodes.UNKNOWN, proxy.registry.nodes.PAUSED)

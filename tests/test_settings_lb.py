@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-import proxy.config_file
-import proxy.settings
+import proxy.settings.config_file
+import proxy.settings.store
 from tests.client import Reply, request
 from tests.conftest import RunningGateway, StartGateway
 
@@ -170,9 +170,9 @@ def disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
     def write(path: Path, data: bytes, mode: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(proxy.settings, "atomic_write", write)
+    monkeypatch.setattr(proxy.settings.store, "atomic_write", write)
 
-    monkeypatch.setattr(proxy.config_file, "atomic_write", write)
+    monkeypatch.setattr(proxy.settings.config_file, "atomic_write", write)
 
 
 @pytest.mark.parametrize(("path", "body"), [

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from protocol.stream_reuse import PROBES_AT_ONCE, PROBES_TO_TRUST, Verdict
-from proxy.upstream_pool import ConnectionPool
+from proxy.upstream.pool import ConnectionPool
 from tests.client import CHAT, Client, chat_body, request
 from tests.conftest import RunningGateway, StartGateway
 from tests.cycles import SHAPES, CycleResult, run_transitions

@@ -4,7 +4,7 @@ send.
 A key is shown once, in the answer to its creation; secrets.yaml keeps only its hash and
 its limits (``models``, ``rpm``, ``expires_at``: :mod:`protocol.key_limits`). The key store
 makes each change and writes it (:meth:`KeyStore.add`, :meth:`KeyStore.update`,
-:meth:`KeyStore.revoke`: :mod:`proxy.key_store`); a failed write answers 500 and changes
+:meth:`KeyStore.revoke`: :mod:`proxy.access.key_store`); a failed write answers 500 and changes
 nothing. A field the body should not have, or a bad value, answers
 422 naming it in ``error.param``.
 """
@@ -17,8 +17,8 @@ from protocol.config.fields import unknown_field
 from protocol.errors import ConfigError, no_such_item
 from protocol.key_limits import parse_expiry, parse_models, parse_rpm
 from protocol.names import LABEL_RULE, is_label
+from proxy.access.key_store import AccessKey
 from proxy.api.call import Call, saving
-from proxy.key_store import AccessKey
 
 FIELDS = ("name", "models", "rpm", "expiresAt")  # what a POST or PATCH body may hold
 PREFIX = "/api/v1/access-keys/"

@@ -19,8 +19,8 @@ from protocol.errors import bad_request, not_saved
 if TYPE_CHECKING:
     import trio
 
+    from proxy.access.key_grants import Grant
     from proxy.context import GatewayContext
-    from proxy.key_grants import Grant
 
 
 @attrs.frozen(repr=False)
@@ -32,7 +32,7 @@ class Call:
     query: str = ""  # the target's query string, without the "?"
     headers: Sequence[tuple[bytes, bytes]] = ()  # names lowercased; values may hold keys
     transport: str = "tcp"  # the listener's: "unix", "tcp" or "local-tcp" (proxy.exchange.Peer)
-    grant: Grant | None = None  # the access key the request presented (proxy.key_grants)
+    grant: Grant | None = None  # the access key the request presented (proxy.access.key_grants)
     peer: str = ""  # the TCP API listener's peer IP; "" on the Unix socket and local-tcp
 
     def params(self) -> dict[str, str]:

@@ -9,8 +9,8 @@ from protocol.aliases import alias_entries
 from protocol.openai import merge_model_lists
 
 if TYPE_CHECKING:
+    from proxy.access.key_grants import Grant
     from proxy.context import GatewayContext
-    from proxy.key_grants import Grant
 
 
 def model_entries(ctx: GatewayContext, grant: Grant | None = None) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The node registry (SPEC §8 "Nodes"): ``/api/v1/nodes`` and ``/api/v1/node/identity``.
 A node added with a ``pairingCode`` (SPEC §14) gives its fingerprint and a key for the code
-(:mod:`proxy.pairing_client`) instead of being asked who it is.
+(:mod:`proxy.lan.pairing_client`) instead of being asked who it is.
 
 Nodes live in config.yaml (``nodes:``), their API keys in secrets.yaml (``node_keys``). The
 order is the priority: the first node has the largest, the last 1; priorities stay unique in
@@ -26,15 +26,15 @@ from protocol.config import Config, NodeConfig, by_priority
 from protocol.config.fields import NODES, check_fields
 from protocol.config.writes import structure_field
 from protocol.errors import ConfigError, no_such_item, node_exists
+from protocol.lan.pairing import CODE_DIGITS, normalize_code
 from protocol.names import LABEL_RULE, is_fingerprint, is_label
-from protocol.pairing import CODE_DIGITS, normalize_code
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from protocol.views import node_entry, registry_view
 from proxy.api.call import Call, saving
-from proxy.pairing_client import claim_key, computer_name
-from proxy.settings import NodesChange
-from proxy.upstream import UpstreamFailure
-from proxy.upstream_pool import fetch
+from proxy.lan.pairing_client import claim_key, computer_name
+from proxy.settings.store import NodesChange
+from proxy.upstream.connection import UpstreamFailure
+from proxy.upstream.pool import fetch
 
 log = logging.getLogger("sluice.nodes")
 

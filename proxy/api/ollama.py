@@ -30,8 +30,8 @@ from proxy.api.model_list import model_entries
 from proxy.timestamps import wall
 
 if TYPE_CHECKING:
+    from proxy.access.key_grants import Grant
     from proxy.context import GatewayContext
-    from proxy.key_grants import Grant
 
 
 def _facts(ctx: GatewayContext, grant: Grant | None = None) -> dict[str, ModelFacts]:

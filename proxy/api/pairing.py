@@ -15,7 +15,7 @@ from typing import Any
 
 from protocol.access import PAIRING_CLAIM_PATH, PAIRING_PATH
 from protocol.errors import bad_request
-from protocol.pairing import parse_claim
+from protocol.lan.pairing import parse_claim
 from proxy.api.call import Call, saving
 
 __all__ = ["CLAIM_PATH", "PATH", "cancel_code", "claim_code", "make_code", "show_code"]

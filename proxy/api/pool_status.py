@@ -8,7 +8,7 @@ from typing import Any
 
 from protocol.config import Config, by_priority
 from protocol.views import endpoint_entry
-from proxy.pool.nodes import NodeIndex
+from proxy.registry.nodes import NodeIndex
 
 
 def summary(index: NodeIndex, config: Config) -> dict[str, Any]:

@@ -4,10 +4,10 @@ The settings body is ``{announce, browse, announcing, browsing}``: the two switc
 config.yaml's ``discovery:`` and what they do now (read-only, ignored in a PUT):
 ``announcing`` needs ``api.allow_external_access`` (and this gateway listening on every
 address: that setting applies at the next start), ``browsing`` needs
-``load_balancing.enabled``. Both apply live (:mod:`proxy.discovery_switch`).
+``load_balancing.enabled``. Both apply live (:mod:`proxy.lan.discovery_switch`).
 
 The discovered list is ``[{fingerprint, name, baseUrl, version, added}]``, empty while
-not browsing. This module never imports :mod:`proxy.discovery`.
+not browsing. This module never imports :mod:`proxy.lan.discovery`.
 """
 
 from __future__ import annotations

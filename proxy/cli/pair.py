@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.access import PAIRING_PATH
-from protocol.pairing import shown_code
+from protocol.lan.pairing import shown_code
 from proxy.cli.admin import CliError, call
 from proxy.datadir import read_state
 

@@ -31,9 +31,9 @@ from proxy.models.process import file_safe
 from proxy.models.scan import build
 from proxy.models.servers import LlamaServers, read_estimate
 from proxy.observe.hub import Hub
-from proxy.pool.backends import BackendRegistry, LocalBackend
+from proxy.registry.backends import BackendRegistry, LocalBackend
 from proxy.timestamps import wall
-from proxy.upstream_pool import ConnectionPool
+from proxy.upstream.pool import ConnectionPool
 
 log = logging.getLogger("sluice.models")
 

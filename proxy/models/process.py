@@ -17,8 +17,8 @@ import trio
 
 from protocol.upstream_url import parse_upstream_url
 from proxy.models.logs import RotatingLog
-from proxy.upstream import UpstreamFailure
-from proxy.upstream_pool import ConnectionPool, fetch
+from proxy.upstream.connection import UpstreamFailure
+from proxy.upstream.pool import ConnectionPool, fetch
 
 STOP_TIMEOUT = 10.0  # SIGTERM grace before SIGKILL
 HEALTH_POLL = 0.1  # seconds between /health tries while a server loads its model

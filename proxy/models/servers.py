@@ -34,7 +34,7 @@ from proxy.models.process import (
     until_healthy,
 )
 from proxy.tasks import TaskHolder
-from proxy.upstream_pool import ConnectionPool
+from proxy.upstream.pool import ConnectionPool
 
 HEADER_READS = (2 << 20, 64 << 20)  # bytes of a GGUF read for its header: first, at most
 LOG_DRAIN = 1.0  # seconds a failed start's reason waits for the rest of its log

@@ -47,11 +47,11 @@ from protocol.views import (
 )
 from proxy.notifications import Notifications, restart_pending
 from proxy.observe.hub import Hub
-from proxy.pool.backends import BackendRegistry
-from proxy.pool.nodes import NodeEndpoint, NodeIndex
+from proxy.registry.backends import BackendRegistry
+from proxy.registry.nodes import NodeEndpoint, NodeIndex
 from proxy.routing.router import Router
 from proxy.routing.stats import routing_stats
-from proxy.settings import Settings
+from proxy.settings.store import Settings
 
 STATS_INTERVAL = 1.0  # seconds: at most one stats event per interval; breakers looked at
 LATENCY_STEP_MS = 2  # a node's latency must move at least this much (ms) ...

@@ -25,8 +25,8 @@ from protocol.headers import FORWARDED, Header, header_value
 from protocol.request_info import RequestInfo, total_timeout
 from protocol.upstream_url import UpstreamAddress
 from proxy.observe.hub import Hub
-from proxy.pool.backends import BackendRegistry
-from proxy.pool.nodes import NodeEndpoint, NodeIndex
+from proxy.registry.backends import BackendRegistry
+from proxy.registry.nodes import NodeEndpoint, NodeIndex
 from proxy.routing.attempts import Attempt, Counters, Outcome
 from proxy.routing.breaker import CircuitBreaker
 from proxy.routing.resolve import Forward, NodeView, NoRoute, RouteRequest, holders, resolve
@@ -34,7 +34,7 @@ from proxy.routing.strategies import RoundRobinCursor, WeightedCursor
 
 if TYPE_CHECKING:
     from protocol.config import CircuitBreakerConfig
-    from proxy.settings import Settings
+    from proxy.settings.store import Settings
 
 
 class Upstream(Protocol):

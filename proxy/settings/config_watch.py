@@ -32,9 +32,9 @@ from proxy.notifications import notify_restart
 
 if TYPE_CHECKING:
     from protocol.config import Config
-    from proxy.config_file import Reload
     from proxy.notifications import Notifications
-    from proxy.settings import Settings
+    from proxy.settings.config_file import Reload
+    from proxy.settings.store import Settings
 
 __all__ = ["CHECK_EVERY", "SETTLE", "ConfigWatcher", "Follower"]
 

@@ -2,8 +2,8 @@
 ctypes (no extra package): each address with its interface's name and index, its netmask
 as a prefix length and the flags that matter here (up, loopback, multicast).
 
-Used by the Host guard (:mod:`proxy.own_host`: "is this Host one of our own addresses?")
-and by LAN discovery (:mod:`proxy.discovery`: the interfaces mDNS runs on). Imported only
+Used by the Host guard (:mod:`proxy.lan.own_host`: "is this Host one of our own addresses?")
+and by LAN discovery (:mod:`proxy.lan.discovery`: the interfaces mDNS runs on). Imported only
 by them, when first needed: ctypes is not loaded by a gateway that never asks.
 
 ``struct ifaddrs`` is the same on Linux and macOS; the socket addresses differ in their

@@ -3,7 +3,7 @@
 :class:`Settings` loads and validates the config, makes every change to the config and to the
 node keys itself, writes it atomically (temp file in the same folder, fsync, rename, fsync of
 the folder) and then hands the new immutable :class:`Config` to its subscribers. The access
-keys have their own owner (:mod:`proxy.key_store`), which changes them under the same one
+keys have their own owner (:mod:`proxy.access.key_store`), which changes them under the same one
 writer and has secrets.yaml written here.
 
 Writes happen in a worker thread, one at a time (a slow disk never stalls the event loop),
@@ -12,11 +12,11 @@ changes never undo each other. A failed write raises ``OSError`` and changes not
 memory. Secret values never reach config.yaml, exceptions, logs or ``repr()``.
 
 config.yaml may also change by hand (SPEC §13): :meth:`Settings.reload_file` reads it (the
-watcher, :mod:`proxy.config_watch`, calls it), and every write first takes in a hand edit
+watcher, :mod:`proxy.settings.config_watch`, calls it), and every write first takes in a hand edit
 it has not seen yet, so a settings change never silently undoes one. The settings remember
 the text and the signature (device, inode, size, mtime) of the file as they last read or
 wrote it: their own writes are never read back as an edit. Every applied change keeps the
-file it replaced in ``config-history/`` (:mod:`proxy.config_history`).
+file it replaced in ``config-history/`` (:mod:`proxy.settings.config_history`).
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ from protocol.config.changes import changed_sections
 from protocol.errors import ConfigError
 from protocol.names import is_fingerprint
 from protocol.secrets import Secrets, dump_secrets_yaml
-from proxy.config_file import ConfigFile, Reload
-from proxy.config_history import HISTORY_DIR, ConfigHistory
+from proxy.access.key_store import AccessKey, KeyStore
 from proxy.datadir import CONFIG_FILE, NODE_ID_FILE, SECRETS_FILE, make_data_dir
 from proxy.files import atomic_write, read_text
-from proxy.key_store import AccessKey, KeyStore
 from proxy.publish import Subscribers
+from proxy.settings.config_file import ConfigFile, Reload
+from proxy.settings.config_history import HISTORY_DIR, ConfigHistory
 
 __all__ = ["NodesChange", "Reload", "Settings"]
 
@@ -64,7 +64,7 @@ class Settings:
     """config.yaml + secrets.yaml + node.id of one data dir. Create it with :meth:`open`.
 
     ``secrets`` holds the admin token and the node and backend keys (its ``access_keys``
-    stays empty); the access keys are ``keys``, their own store (:mod:`proxy.key_store`),
+    stays empty); the access keys are ``keys``, their own store (:mod:`proxy.access.key_store`),
     which shares the one writer and has secrets.yaml written here, whole."""
 
     def __init__(self, data_dir: Path, config_path: Path, config: Config, secrets: Secrets,

@@ -1,6 +1,6 @@
 """config.yaml as a file (SPEC §2, §13): its text and signature as the gateway last read or
 wrote it, reading a hand edit safely, writing atomically, and the history of what each
-write replaced. Blocking work, called in :class:`~proxy.settings.Settings`' worker thread
+write replaced. Blocking work, called in :class:`~proxy.settings.store.Settings`' worker thread
 under its one writer (the only caller).
 
 A hand edit is read only between two identical signatures (device, inode, size, mtime), so
@@ -21,8 +21,8 @@ import attrs
 from protocol.config import Config, parse_config_text
 from protocol.config.changes import changed_sections, restart_changes
 from protocol.errors import ConfigError
-from proxy.config_history import HISTORY_DIR, ConfigHistory
 from proxy.files import FileSignature, atomic_write, file_signature
+from proxy.settings.config_history import HISTORY_DIR, ConfigHistory
 from proxy.timestamps import wall
 
 __all__ = ["ConfigFile", "Reload"]

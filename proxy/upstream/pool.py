@@ -25,7 +25,7 @@ from protocol.http1 import ResponseHead
 from protocol.stream_reuse import Action, Sign, StreamReuse, Verdict
 from protocol.upstream_url import UpstreamAddress
 from proxy.tasks import TaskHolder
-from proxy.upstream import UpstreamConnection, UpstreamFailure, describe
+from proxy.upstream.connection import UpstreamConnection, UpstreamFailure, describe
 
 IDLE_PER_ADDRESS = 64  # idle keep-alive connections kept per upstream address
 IDEMPOTENT = frozenset({b"GET", b"HEAD"})  # may be sent again after a lost answer

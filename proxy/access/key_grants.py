@@ -1,5 +1,5 @@
 """Access keys with limits on the request path (SPEC §13): what a request that presented a
-known key may do (a :class:`Grant`, made by :func:`proxy.auth.authorize` and carried by the
+known key may do (a :class:`Grant`, made by :func:`proxy.access.auth.authorize` and carried by the
 request's :class:`~proxy.exchange.Exchange`), and the keys' runtime state, the token bucket
 of each key with an ``rpm`` (:class:`KeyGrants`, one per gateway, in the context).
 
@@ -21,7 +21,7 @@ from protocol.key_limits import KeyLimits, TokenBucket, retry_after
 from proxy import timestamps
 
 if TYPE_CHECKING:
-    from proxy.key_store import AccessKey
+    from proxy.access.key_store import AccessKey
 
 __all__ = ["Grant", "KeyGrants"]
 

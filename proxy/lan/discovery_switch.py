@@ -1,5 +1,5 @@
 """LAN discovery's switch (SPEC §14): it follows the live config and runs
-:mod:`proxy.discovery` while announcing or browsing takes effect
+:mod:`proxy.lan.discovery` while announcing or browsing takes effect
 (:func:`protocol.config.discovery_effect`), and not otherwise.
 
 With both off nothing of discovery is loaded: the package is imported the first time one
@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from protocol.config import discovery_effect
+from proxy.lan.own_host import OwnHost, short_hostname
 from proxy.observe.hub import Hub
-from proxy.own_host import OwnHost, short_hostname
 
 if TYPE_CHECKING:
     from protocol.config import Config
-    from proxy.discovery.link import Link
-    from proxy.discovery.service import Discovery
+    from proxy.lan.discovery.link import Link
+    from proxy.lan.discovery.service import Discovery
     from proxy.notifications import Notifications
-    from proxy.settings import Settings
+    from proxy.settings.store import Settings
 
 __all__ = ["UNAVAILABLE", "DiscoverySwitch"]
 
@@ -97,8 +97,8 @@ class DiscoverySwitch:
 
     async def _run_service(self, scope: trio.CancelScope) -> None:
         # Imported here, when first turned on: a gateway that never is does not load it.
-        from proxy.discovery.link import MdnsLink
-        from proxy.discovery.service import Discovery, Me
+        from proxy.lan.discovery.link import MdnsLink
+        from proxy.lan.discovery.service import Discovery, Me
 
         with scope:
             try:

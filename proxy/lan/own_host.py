@@ -3,7 +3,7 @@ access on, a ``Host`` that is one of our own IP addresses or ``<host name>.local
 like ``localhost``. The rule is :func:`protocol.rebinding.own_host`; this is its cache.
 
 The guard asks only for a Host that did not pass already (the common requests never get
-here). The interface listing (:mod:`proxy.interfaces`, imported on the first ask) is
+here). The interface listing (:mod:`proxy.lan.interfaces`, imported on the first ask) is
 read again at most every :data:`REFRESH` seconds, or when LAN discovery lists the
 interfaces anyway (:meth:`OwnHost.update`).
 """
@@ -20,7 +20,7 @@ import trio
 from protocol.rebinding import normal_address, own_host
 
 if TYPE_CHECKING:
-    from proxy.interfaces import Interface
+    from proxy.lan.interfaces import Interface
 
 __all__ = ["REFRESH", "OwnHost", "short_hostname"]
 
@@ -58,7 +58,7 @@ class OwnHost:
     def allows(self, host: bytes) -> bool:
         """``host`` (a Host header's value) names this computer."""
         if trio.current_time() >= self._fresh_until:
-            from proxy.interfaces import list_interfaces
+            from proxy.lan.interfaces import list_interfaces
 
             self.lists += 1
             try:

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import attrs
 
-from protocol.dnssd import Sighting
+from protocol.lan.dnssd import Sighting
 from protocol.names import is_fingerprint, is_label
 
 __all__ = ["FORGET_AFTER", "KNOWN_FOR", "Computer", "Discovered"]

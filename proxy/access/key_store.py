@@ -5,7 +5,7 @@ it (its hash, never the key). A change makes a new record and a new tuple of the
 replaces the old one: whoever holds a record or the tuple (the auth path, an API answer)
 keeps what it read, and nothing a reader holds is ever changed under it.
 
-:class:`KeyStore` makes every change, under the writer that :class:`proxy.settings.Settings`
+:class:`KeyStore` makes every change, under the writer that :class:`proxy.settings.store.Settings`
 shares with it (one write of secrets.yaml at a time, each computed from the keys as they
 are then, so concurrent changes never undo each other), and has the file written through
 the settings (the rest of secrets.yaml is theirs). A failed write raises ``OSError`` and

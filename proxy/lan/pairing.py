@@ -1,6 +1,6 @@
 """Pairing on the computer to add (SPEC §14): its one pairing code and the claims against
 it, on trio's clock (so tests run on MockClock). The rules are pure
-(:mod:`protocol.pairing`); this module reads the clocks, keeps the wall-clock expiry the
+(:mod:`protocol.lan.pairing`); this module reads the clocks, keeps the wall-clock expiry the
 API shows, logs (never a code, never a key) and publishes each change as a ``pairing``
 event (its payload the ``GET /api/v1/pairing`` body, plus ``name`` once claimed).
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from protocol.pairing import (
+from protocol.lan.pairing import (
     CODE_LIFETIME,
     Claim,
     ClaimRateLimit,

@@ -5,7 +5,7 @@ every mDNS interface and lists who answers (or announces, or says goodbye).
   up to :data:`MAX_INTERVAL` (1, 2, 4 ... 60 s); a new interface starts the schedule over.
   Each query carries the answers already known and fresh (:meth:`Discovered.known_answers`),
   which their owners need not send again.
-- Every packet's sightings go into the registry (:class:`protocol.discovered.Discovered`:
+- Every packet's sightings go into the registry (:class:`protocol.lan.discovered.Discovered`:
   itself never listed, a goodbye removes at once, 2 minutes unseen forgets).
 - On each change of the list, ``publish`` gets it (the service makes the ``discovered``
   event of it). Nothing here contacts any computer: it only listens and asks the group.
@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 import trio
 
-from protocol.discovered import Discovered
-from protocol.dnssd import MDNS_PORT, instance_name, query_packet, sightings
-from proxy.discovery.link import Link, Source
-from proxy.interfaces import Interface
+from protocol.lan.discovered import Discovered
+from protocol.lan.dnssd import MDNS_PORT, instance_name, query_packet, sightings
+from proxy.lan.discovery.link import Link, Source
+from proxy.lan.interfaces import Interface
 
 __all__ = ["FIRST_INTERVAL", "MAX_INTERVAL", "Browser"]
 

@@ -6,9 +6,9 @@ settings know.
 
 - Unix socket: the peer's uid (SO_PEERCRED) must be ours or root; no key ever.
 - TCP (``tcp`` API listener and the ``local-tcp`` fallback): the Host/Origin guard; with
-  external access, a Host that names this computer passes too (:mod:`proxy.own_host`).
+  external access, a Host that names this computer passes too (:mod:`proxy.lan.own_host`).
 - The admin token and the access keys come from the settings (secrets.yaml); a key the
-  request used comes back as its :class:`~proxy.key_grants.Grant` (a key past its expiry:
+  request used comes back as its :class:`~proxy.access.key_grants.Grant` (a key past its expiry:
   401 ``key_expired``), which the caller records and holds the request to (SPEC §13).
 """
 
@@ -36,8 +36,8 @@ from protocol.rebinding import (
 )
 
 if TYPE_CHECKING:
+    from proxy.access.key_grants import Grant
     from proxy.context import GatewayContext
-    from proxy.key_grants import Grant
 
 log = logging.getLogger("sluice.auth")
 

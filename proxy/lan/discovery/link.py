@@ -19,8 +19,8 @@ from typing import Protocol
 
 import trio
 
-from protocol.dnssd import MDNS_GROUP, MDNS_PORT
-from proxy.interfaces import Interface, list_interfaces
+from protocol.lan.dnssd import MDNS_GROUP, MDNS_PORT
+from proxy.lan.interfaces import Interface, list_interfaces
 
 __all__ = ["MAX_PACKET", "NO_MDNS", "Link", "MdnsLink", "Source"]
 

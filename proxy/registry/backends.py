@@ -18,9 +18,9 @@ import trio
 from protocol.config import BackendConfig, Config
 from protocol.openai import merge_model_lists
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
-from proxy.pool.probe import probe_models
 from proxy.publish import Subscribers
-from proxy.upstream_pool import ConnectionPool
+from proxy.registry.probe import probe_models
+from proxy.upstream.pool import ConnectionPool
 
 log = logging.getLogger("sluice.backends")
 

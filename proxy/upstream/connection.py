@@ -1,5 +1,5 @@
 """One connection to an upstream: a lean HTTP/1.1 client (:mod:`protocol.http1`) on trio
-sockets. The pool of idle ones and the request exchange are in :mod:`proxy.upstream_pool`.
+sockets. The pool of idle ones and the request exchange are in :mod:`proxy.upstream.pool`.
 
 Timeouts belong to the caller (cancel scopes around these calls). Every OS and protocol failure
 is translated here, once, into a :class:`UpstreamFailure` that says whether any response

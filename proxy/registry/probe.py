@@ -9,8 +9,8 @@ import trio
 
 from protocol.openai import parse_model_list
 from protocol.upstream_url import UpstreamAddress
-from proxy.upstream import UpstreamFailure
-from proxy.upstream_pool import ConnectionPool, fetch
+from proxy.upstream.connection import UpstreamFailure
+from proxy.upstream.pool import ConnectionPool, fetch
 
 
 class ModelProbe:

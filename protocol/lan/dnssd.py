@@ -3,7 +3,7 @@
 SPEC §14: a gateway announces itself as ``<computer name>._sluice._tcp.local.`` with its port
 and a TXT record of exactly ``fp=<fingerprint>`` and ``v=<version>``; others browse for the
 service type. This module makes and reads the packets and decides answers; the sockets, the
-timers and the multicast groups are ``proxy/discovery/``'s.
+timers and the multicast groups are ``proxy/lan/discovery/``'s.
 
 - :func:`announce_packet`: the unsolicited response that announces (or, ``goodbye=True``,
   withdraws) an :class:`Announcement`.
@@ -22,8 +22,8 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from protocol import mdns
-from protocol.mdns import (
+from protocol.lan import mdns
+from protocol.lan.mdns import (
     AAAA,
     ANY,
     PTR,

@@ -4,11 +4,11 @@ the interfaces followed, every packet handed to whichever of the two runs.
 - Interfaces are listed at start and every :data:`RELIST` seconds (one ``getifaddrs``):
   the group is joined on each new mDNS interface and left on each that went; the
   announcer announces on a new one, the browser asks there at once. Each listing also
-  refreshes the Host guard's addresses (:class:`proxy.own_host.OwnHost`).
+  refreshes the Host guard's addresses (:class:`proxy.lan.own_host.OwnHost`).
 - A packet is taken only from an address on the subnet of one of those interfaces (that
   is the interface it came in on): mDNS is link-local (RFC 6762 §11).
 - :meth:`Discovery.set_modes` starts and stops the announcer and the browser as the
-  settings change; the switch (:mod:`proxy.discovery_switch`) cancels the whole service
+  settings change; the switch (:mod:`proxy.lan.discovery_switch`) cancels the whole service
   when both are off. The announcer says goodbye whenever it stops.
 """
 
@@ -22,13 +22,13 @@ from typing import Any
 import attrs
 import trio
 
-from protocol.discovered import Discovered
-from protocol.dnssd import Announcement
-from proxy.discovery.announcer import GOODBYE_TIMEOUT, Announcer
-from proxy.discovery.browser import Browser
-from proxy.discovery.link import Link
-from proxy.interfaces import Interface, mdns_interfaces
-from proxy.own_host import OwnHost
+from protocol.lan.discovered import Discovered
+from protocol.lan.dnssd import Announcement
+from proxy.lan.discovery.announcer import GOODBYE_TIMEOUT, Announcer
+from proxy.lan.discovery.browser import Browser
+from proxy.lan.discovery.link import Link
+from proxy.lan.interfaces import Interface, mdns_interfaces
+from proxy.lan.own_host import OwnHost
 
 __all__ = ["RELIST", "Discovery", "Me"]
 

@@ -1,6 +1,6 @@
 """Pairing on the computer that adds (SPEC §14): trade the code another computer gave out
 for an access key of its, with one ``POST {baseUrl}/api/v1/pairing/claim``, over the
-gateway's own upstream connections (:func:`proxy.upstream_pool.exchange`, as the node
+gateway's own upstream connections (:func:`proxy.upstream.pool.exchange`, as the node
 identity lookup and the health checks), bounded by ``timeouts.connection`` to connect and
 :data:`CLAIM_TIMEOUT` in all.
 
@@ -27,11 +27,11 @@ from protocol.errors import (
     upstream_unreachable,
 )
 from protocol.headers import Header, header_value
+from protocol.lan.pairing import parse_claim_answer
 from protocol.names import MAX_LABEL, is_label
-from protocol.pairing import parse_claim_answer
 from protocol.upstream_url import UpstreamAddress
-from proxy.upstream import UpstreamFailure
-from proxy.upstream_pool import ConnectionPool, whole_exchange
+from proxy.upstream.connection import UpstreamFailure
+from proxy.upstream.pool import ConnectionPool, whole_exchange
 
 __all__ = ["CLAIM_TIMEOUT", "claim_key", "computer_name"]
 

@@ -13,7 +13,7 @@
   for any reason) it sends a goodbye (TTL 0) on every interface, shielded and bounded by
   :data:`GOODBYE_TIMEOUT`, so browsers drop us at once instead of after minutes.
 
-Which interfaces exist is the service's business (:mod:`proxy.discovery.service`): it
+Which interfaces exist is the service's business (:mod:`proxy.lan.discovery.service`): it
 calls :meth:`Announcer.added` and :meth:`Announcer.removed`.
 """
 
@@ -25,9 +25,9 @@ from collections.abc import Callable
 
 import trio
 
-from protocol.dnssd import MDNS_PORT, Announcement, announce_packet, answer
-from proxy.discovery.link import Link, Source
-from proxy.interfaces import Interface
+from protocol.lan.dnssd import MDNS_PORT, Announcement, announce_packet, answer
+from proxy.lan.discovery.link import Link, Source
+from proxy.lan.interfaces import Interface
 from proxy.tasks import TaskHolder
 
 __all__ = ["ANNOUNCE_COUNT", "ANNOUNCE_GAP", "ANSWER_DELAY", "GOODBYE_TIMEOUT", "Announcer"]

@@ -1,7 +1,7 @@
 """The node health poll (SPEC §7.2): one task checks every enabled node each
 ``timeouts.health_check.interval`` with ``GET /v1/models`` (the node's key as Bearer,
 ``timeout`` per check, all nodes at once) and reports each result to the
-:class:`~proxy.pool.nodes.NodeIndex`. A node answering 503 (a llama.cpp or sluice server still
+:class:`~proxy.registry.nodes.NodeIndex`. A node answering 503 (a llama.cpp or sluice server still
 loading) is ``warming`` and is probed again every second until it answers 200. Entries a node
 itself marks ``owned_by: "remote"`` are not indexed (no multi-hop). With load balancing off
 nothing is sent to any node and the index is empty; switching it on wakes the poll at once.
@@ -17,9 +17,9 @@ import trio
 
 from protocol.config import Config
 from protocol.upstream_url import parse_upstream_url
-from proxy.pool.nodes import OFFLINE, ONLINE, WARMING, NodeEndpoint, NodeIndex
-from proxy.pool.probe import ModelProbe, probe_models
-from proxy.upstream_pool import ConnectionPool
+from proxy.registry.nodes import OFFLINE, ONLINE, WARMING, NodeEndpoint, NodeIndex
+from proxy.registry.probe import ModelProbe, probe_models
+from proxy.upstream.pool import ConnectionPool
 
 WARMING_RETRY = 1.0  # seconds between probes of a warming node
 
@@ -60,7 +60,7 @@ class _NodeSecrets(Protocol):
 
 
 class NodeSettings(Protocol):
-    """What the poll reads from :class:`proxy.settings.Settings`."""
+    """What the poll reads from :class:`proxy.settings.store.Settings`."""
 
     @property
     def config(self) -> Config: ...

@@ -1,7 +1,7 @@
 """Network nodes (``nodes:``): the distributed model index (SPEC §7.2).
 
 :class:`NodeIndex` holds the enabled nodes in priority order and what each one's last health
-check found (:mod:`proxy.pool.node_checks` runs the checks and reports them here, through
+check found (:mod:`proxy.registry.node_checks` runs the checks and reports them here, through
 :meth:`NodeIndex.checked`). A node is *online* when its last check answered 200 and its URL
 parses: :attr:`NodeEndpoint.online` is the one definition, used by routing, the model list
 and the status answers. :attr:`NodeIndex.changes` hears of every node whose state may have

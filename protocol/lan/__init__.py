@@ -1,0 +1,1 @@
+"""Computers on the LAN: discovery, pairing, this machine's addresses (SPEC §14)."""

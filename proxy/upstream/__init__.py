@@ -1,0 +1,1 @@
+"""Connections to model servers and nodes, and their pool."""
