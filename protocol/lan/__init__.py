@@ -1,1 +1,1 @@
-"""Computers on the LAN: discovery, pairing, this machine's addresses (SPEC §14)."""
+"""The LAN's packets and decisions, pure: mDNS/DNS-SD messages, what was found, pairing (SPEC §14)."""

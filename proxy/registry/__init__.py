@@ -1,0 +1,1 @@
+"""What exists and its health: local backends, network nodes, their checks and probes."""
