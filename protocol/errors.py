@@ -1,8 +1,9 @@
 """One error family for the whole gateway.
 
 Every foreign exception (h11, OS, cattrs, yaml) is translated once, at the edge, into a
-:class:`SluiceError` that knows where it came from and which HTTP status it suggests. The
-OpenAI-shaped body is built here and nowhere else.
+:class:`SluiceError` that knows where it came from and which HTTP status it suggests. Its body in
+each client family's shape (OpenAI's, Anthropic's, the Responses API's, Ollama's: ``Family``)
+is built here and nowhere else.
 """
 
 from __future__ import annotations

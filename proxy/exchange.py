@@ -14,7 +14,8 @@ report     the request's outcome, decided once (SPEC §9.1); the access-log    E
 =========  ==================================================================  ==============
 
 The exchange writes only to its :class:`~proxy.downstream.Downstream`. An error before the
-answer started is sent as an OpenAI-shaped answer; after that the connection just ends. The
+answer started is sent as an answer in the request family's shape (OpenAI's, Anthropic's,
+the Responses API's, Ollama's); after that the relay ends the stream. The
 cancel scope of the request belongs to the connection (its reader cancels it when the client
 leaves); the exchange hands it to the relay. A new phase hook goes here, between the phases.
 """

@@ -1,12 +1,13 @@
 """The streaming pipe between one client request and one upstream answer (SPEC §6).
 
 The answer is committed to the client together with the first body chunk; before that every
-failure becomes an OpenAI-shaped error response (raised for the exchange to send), after it
-one SSE error event followed by closing the connection. The relay writes only to an
-:class:`~proxy.downstream.AnswerSink` (the client's :class:`~proxy.downstream.Downstream`, or
-for the Ollama API a :class:`~proxy.ollama_out.OllamaOut` that writes Ollama's answer to it)
-and keeps no state of its own about the client side: the request's
-:class:`protocol.response.Response` says whether anything was sent.
+failure becomes an error response in the request family's shape (raised for the exchange to
+send), after it one error event in that shape followed by closing the connection. The relay
+writes only to an :class:`~proxy.downstream.AnswerSink` (the client's
+:class:`~proxy.downstream.Downstream`, or for the Ollama API a
+:class:`~proxy.ollama_out.OllamaOut` that writes Ollama's answer to it) and keeps no state
+of its own about the client side: the request's :class:`protocol.response.Response` says
+whether anything was sent.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The request passes the usual phases first (the §5 guard refuses a foreign ``Origin`` with
 403, the access rule of GETs applies); :func:`upgrade` then checks that it is a WebSocket
-handshake (426 or 400 otherwise, OpenAI-shaped) and takes the connection over
+handshake (426 or 400 otherwise, as our other errors) and takes the connection over
 (:class:`~proxy.api.call.Takeover`). :func:`serve` runs the subscriber on trio-websocket
 (:mod:`proxy.observe.event_socket`):
 
