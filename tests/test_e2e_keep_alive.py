@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,33 +17,23 @@ import trio
 
 from tests.client import request
 from tests.conftest import StartGateway
+from tests.llama_server import llama_server
 from tests.test_e2e_llama import gguf  # noqa: F401 (fixture)
 
 pytest.importorskip("xllamacpp")
 
 PING = 2  # seconds between llama.cpp's comments
-WORDS = 90  # ~500 prompt tokens: a prefill of several pings on one thread here
+WORDS = 120  # ~650 prompt tokens: a prefill of several pings on two threads here
 
 
 @pytest.fixture
 async def llama(short_tmp: Path, gguf: Path) -> AsyncIterator[str]:  # noqa: F811
     """A llama.cpp server that the gateway does not manage, sending its comments often."""
-    path = short_tmp / "llama.sock"
-    proc = subprocess.Popen(  # noqa: ASYNC220 (started once; its line read in a thread)
-        [sys.executable, "-m", "proxy.models.launcher", "--model", str(gguf), "--alias",
-         "smol", "--listen", str(path), "--context", "2048", "--parallel", "1",
-         "--threads", "1", "--sse-ping-interval", str(PING)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        assert proc.stdout is not None
-        line = await trio.to_thread.run_sync(proc.stdout.readline)
-        assert line.startswith(b"listening"), line
-        yield f"unix:{path}"
-    finally:
-        proc.terminate()
-        assert proc.wait(10) == 0
-        if proc.stdout is not None:
-            proc.stdout.close()
+    async with llama_server(gguf, "smol", str(short_tmp / "llama.sock"), "--context", "2048",
+                            "--parallel", "1", "--threads", "2",
+                            "--sse-ping-interval", str(PING)) as (url, proc):
+        yield url
+    assert proc.returncode == 0
     with pytest.raises(ProcessLookupError):  # gone, by its pid
         os.kill(proc.pid, 0)
 
@@ -72,6 +60,8 @@ ENDS = {"/v1/chat/completions": b"data: [DONE]\n\n",
 
 async def test_a_long_prefill_completes_behind_llama_cpps_comments(
         llama: str, start_gateway: StartGateway) -> None:
+    """One dialect after the other: at once, one slot's prefill would hold the others'
+    generation longer than the 1 s chunk_interval (a real gap, not a keep-alive)."""
     gw = await start_gateway([("llama", llama)], first_byte=90, chunk_interval=1,
                              stream_total=180)
     for path, end in ENDS.items():

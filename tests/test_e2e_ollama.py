@@ -8,8 +8,6 @@ input in Ollama's error shape."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import trio
 from proxy.demo import DEMO_MODEL
 from tests.client import request
 from tests.conftest import RunningGateway, inject_backend
+from tests.llama_server import llama_server
 from tests.test_e2e_llama import gguf, llama_gateway, managed  # noqa: F401 (fixtures)
 from tests.test_e2e_ondemand import alive
 
@@ -35,22 +34,10 @@ PROMPT = "Name three colours."
 @pytest.fixture
 async def embedder(short_tmp: Path, gguf: Path) -> AsyncIterator[str]:  # noqa: F811
     """A llama.cpp server for /v1/embeddings (llama.cpp serves no completions then)."""
-    path = short_tmp / "embed.sock"
-    proc = subprocess.Popen(  # noqa: ASYNC220 (started once; its line read in a thread)
-        [sys.executable, "-m", "proxy.models.launcher", "--model", str(gguf), "--alias",
-         EMBED_MODEL, "--listen", str(path), "--context", "512", "--parallel", "1",
-         "--threads", "1", "--embeddings"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        assert proc.stdout is not None
-        line = await trio.to_thread.run_sync(proc.stdout.readline)
-        assert line.startswith(b"listening"), line
-        yield f"unix:{path}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    async with llama_server(gguf, EMBED_MODEL, str(short_tmp / "embed.sock"), "--context",
+                            "512", "--parallel", "1", "--threads", "1",
+                            "--embeddings") as (url, _):
+        yield url
 
 
 def client(address: str) -> ollama.Client:

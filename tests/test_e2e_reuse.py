@@ -16,8 +16,6 @@ so 150 without a failure leave it no chance.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -40,6 +38,7 @@ from tests.conftest import (
 )
 from tests.cycles import SHAPES, CycleResult, run_transitions
 from tests.figures import Figures
+from tests.llama_server import llama_server as launch_llama
 from tests.test_e2e_llama import gguf, wait_running  # noqa: F401 (a fixture)
 
 pytest.importorskip("xllamacpp")
@@ -91,22 +90,9 @@ async def llama_server(request: pytest.FixtureRequest, short_tmp: Path,
     """A llama.cpp server of our own (not managed by a gateway): its URL."""
     listen = (f"127.0.0.1:{free_port()}" if request.param == "tcp"
               else str(short_tmp / "llama.sock"))
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "proxy.models.launcher", "--model", str(gguf), "--alias",
-         DEMO_MODEL, "--listen", listen, "--context", "1024", "--parallel", "3",
-         "--threads", "2"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        assert proc.stdout is not None
-        with trio.fail_after(60):
-            line = (await proc.stdout.receive_some(4096)).decode().strip()
-        assert line.startswith("listening ")
-        yield line.removeprefix("listening ")
-    finally:
-        proc.terminate()
-        with trio.move_on_after(10):
-            await proc.wait()
-        if proc.returncode is None:
-            proc.kill()
+    async with launch_llama(gguf, DEMO_MODEL, listen, "--context", "1024", "--parallel", "3",
+                            "--threads", "2") as (url, _):
+        yield url
 
 
 async def test_a_backends_entry(llama_server: str, start_gateway: StartGateway,
