@@ -29,6 +29,7 @@ from protocol.errors import (
 from proxy.api import (
     access_keys,
     console,
+    events,
     metrics_api,
     models_local,
     nodes,
@@ -44,7 +45,6 @@ from proxy.api import (
 )
 from proxy.api.call import AnyHandler, AsyncHandler, Call, Endpoint, Handler
 from proxy.api.model_list import model_entries
-from proxy.observe import events
 from proxy.routing.stats import routing_stats as stats_of
 
 __all__ = ["NEEDS_MODELS", "PREFIXES", "ROUTES", "AnyHandler", "AsyncHandler", "Call",
@@ -118,7 +118,7 @@ def routing_stats(call: Call) -> tuple[int, Any]:
 
 
 def live_events(call: Call) -> tuple[int, Any]:
-    """SPEC §9.3: the events WebSocket (proxy.observe.events); its hello frame holds the
+    """SPEC §9.3: the events WebSocket (proxy.api.events); its hello frame holds the
     bodies of GET endpoints of this table."""
     return events.upgrade(call, route)
 

@@ -1,7 +1,7 @@
 """One events subscriber's WebSocket (SPEC §9.3), on trio-websocket: the handshake (our
 101), the frames from its queue, the client's messages (read and ignored) and the pings.
 
-Imported by the first subscriber (:func:`proxy.observe.events.serve`), not at start.
+Imported by the first subscriber (:func:`proxy.api.events.serve`), not at start.
 """
 
 from __future__ import annotations

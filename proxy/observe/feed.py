@@ -8,7 +8,7 @@ Each :class:`Subscriber` has a bounded queue (:data:`QUEUE_FRAMES`): the hub's c
 appends to it (it never blocks or waits), dropping the oldest frame when it is full; the
 subscriber then owes a ``resync`` frame (``data`` empty: every frame has one), sent before
 anything else it still has. Draining a queue to a socket is the subscriber's own task
-(:mod:`proxy.observe.events`), so a client that does not read slows nobody but itself.
+(:mod:`proxy.api.events`), so a client that does not read slows nobody but itself.
 
 Frames are encoded when published, so a publisher may hand over a dict it changes later.
 """
