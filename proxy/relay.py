@@ -268,8 +268,6 @@ class Relay:
             data = await receive()
         if observer is not None:
             observer.see(data)
-            if observer.events:
-                self._first_event()
         # The gap limit is the upstream's: while a slow client makes us wait, only the
         # total applies.
         stream = self.info.stream
@@ -283,6 +281,8 @@ class Relay:
                                                   served_by=self.plan.upstream.served_by)
             await out.send_head(head.status_code, headers, head.reason, data, end=end,
                                 on_block=on_block)
+        if observer is not None and observer.events:
+            self._first_event()
         if end:
             return
         if observer is not None and not observer.events:
@@ -306,6 +306,8 @@ class Relay:
             observer.see(data)
             if conn.body_done():
                 await out.end(data, deadline.to_total)
+                if observer.events:
+                    self._first_event()
                 return False
             if data:
                 held = deadline.held()
@@ -316,8 +318,9 @@ class Relay:
                 return True
 
     def _first_event(self) -> None:
-        """The first data event was read: the time to first token, and the upstream's
-        answer time for the routing stats (a keep-alive comment is not an answer)."""
+        """The first data event was sent to the client: the time to first token (never
+        before the first byte), and the upstream's answer time for the routing stats (a
+        keep-alive comment is not an answer)."""
         now = trio.current_time()
         self.first_event_at = now
         if self.status < 300:  # else answered at its head

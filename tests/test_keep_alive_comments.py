@@ -304,3 +304,16 @@ async def test_a_local_backend_never_fails_over(
     reply = await request(gw.unix, "POST", CHAT, chat_body(stream=True))
     assert reply.body.startswith(KEEP_ALIVE + b'data: {"error":')
     assert (await last_request(gw))["failover"] is None
+
+
+async def test_the_first_token_is_never_before_the_first_byte(
+        unix_upstream: FakeUpstream, start_gateway: StartGateway) -> None:
+    """In real time: ttft is taken once the first data event was sent, so a stream whose
+    first bytes are its first event has ttftMs >= ttfbMs, never a hair below."""
+    unix_upstream.on("POST", CHAT, sse_stream(sse_events(3)))
+    gw = await start_gateway([("fake", unix_upstream.url)])
+    for _ in range(5):
+        reply = await request(gw.unix, "POST", CHAT, chat_body(stream=True))
+        assert reply.complete
+        entry = await last_request(gw)
+        assert entry["ttftMs"] >= entry["ttfbMs"] > 0, entry
