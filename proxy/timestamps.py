@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["now_iso", "use_wall_clock", "wall"]
+__all__ = ["iso_second", "now_iso", "use_wall_clock", "wall"]
 
 _clock: list[Callable[[], float]] = [time.time]
 
@@ -28,6 +28,11 @@ def use_wall_clock(clock: Callable[[], float]) -> Callable[[], float]:
     return previous
 
 
+def iso_second(epoch: float) -> str:
+    """``epoch`` in the timestamp format of every file and answer: UTC, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
 def now_iso() -> str:
     """Now, in the timestamp format of every file and answer: UTC, to the second (``...Z``)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall()))
+    return iso_second(wall())

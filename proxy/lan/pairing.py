@@ -11,7 +11,6 @@ forgets the code, which is what a one-time code that lives 5 minutes should do.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,10 +36,6 @@ __all__ = ["Pairing"]
 log = logging.getLogger("sluice.pairing")
 
 NOTIFICATION = "pairing_claimed"
-
-
-def _iso(wall: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
 
 
 class Pairing:
@@ -82,7 +77,7 @@ class Pairing:
         of ``POST /api/v1/pairing``: ``{code, expiresAt, replaced}`` (the one place the
         code is shown)."""
         issued = self._state.issue(new_code(), trio.current_time(), CODE_LIFETIME)
-        self._expires_at = _iso(self.wall() + CODE_LIFETIME)
+        self._expires_at = timestamps.iso_second(self.wall() + CODE_LIFETIME)
         log.info("a pairing code was made, valid until %s%s", self._expires_at,
                  " (it replaces the earlier one)" if issued.replaced else "")
         self._publish()

@@ -25,12 +25,14 @@ import trio
 from protocol.config import NodeConfig, by_priority
 from protocol.model_state import ModelState
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
+from protocol.views import UNCHECKED
 from proxy.publish import Subscribers
 from proxy.routing.strategies import LatencyAverage
 
 log = logging.getLogger("sluice.nodes")
 
-ONLINE, OFFLINE, WARMING, UNKNOWN, PAUSED = "online", "offline", "warming", "unknown", "paused"
+ONLINE, OFFLINE, WARMING = "online", "offline", "warming"
+UNKNOWN = UNCHECKED  # before the first check; PAUSED: while load balancing is off (the views' words)
 _LOADED = ModelState.LOADED.value
 
 
