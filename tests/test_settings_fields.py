@@ -213,4 +213,5 @@ def test_a_write_keeps_the_rules_of_the_file() -> None:
 
 
 def test_node_status_words_are_the_pools() -> None:
-    assert (UNCHECKED, PAUSED) == (proxy.registry.nodes.UNKNOWN, proxy.registry.nodes.PAUSED)
+    assert proxy.registry.nodes.UNKNOWN == UNCHECKED == "unknown"
+    assert PAUSED == "paused"

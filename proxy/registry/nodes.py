@@ -32,7 +32,7 @@ from proxy.routing.strategies import LatencyAverage
 log = logging.getLogger("sluice.nodes")
 
 ONLINE, OFFLINE, WARMING = "online", "offline", "warming"
-UNKNOWN = UNCHECKED  # before the first check; PAUSED: while load balancing is off (the views' words)
+UNKNOWN = UNCHECKED  # not checked yet (the word the views answer with)
 _LOADED = ModelState.LOADED.value
 
 
