@@ -215,15 +215,30 @@ class ChildWatch(threading.Thread):
             if self.pid is None:
                 self.pid = _child(self.gateway_pid)
                 self.start_time = None if self.pid is None else started_at(self.pid)
-            if self.pid is not None:
-                cmdline = _cmdline(self.pid)
-                if not cmdline or "--listen" in cmdline:  # exec'd (or gone already)
-                    self.cmdline = cmdline
-                    return
+            if self.pid is not None and self._take_cmdline():
+                return
+
+    def _take_cmdline(self) -> bool:
+        """True once the child's command line is known (it runs the launcher) or it is gone.
+        An empty read is neither: /proc/PID/cmdline reads empty while the fork execs."""
+        cmdline = _cmdline(self.pid)
+        if cmdline is None:
+            return True
+        if "--listen" in cmdline:
+            self.cmdline = cmdline
+            return True
+        return False
 
     def stop(self) -> None:
+        """Stops polling; a server that was not seen exec'd yet (a busy machine can starve
+        this thread for the whole cold start) is looked at once more, still running."""
         self.done.set()
         self.join()
+        if self.pid is None:
+            self.pid = _child(self.gateway_pid)
+            self.start_time = None if self.pid is None else started_at(self.pid)
+        if self.pid is not None and self.cmdline is None:
+            self._take_cmdline()
 
 
 def _child(pid: int) -> int | None:
