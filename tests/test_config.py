@@ -68,7 +68,11 @@ def test_defaults_match_spec() -> None:
     assert cfg.local == LocalConfig(socket_dir=None, fallback_port=0)
     assert (cfg.backends, cfg.models, cfg.nodes) == ((), (), ())
     assert (cfg.load_balancing.enabled, cfg.load_balancing.strategy,
-            cfg.load_balancing.failover_enabled) == (False, "priority", True)
+            cfg.load_balancing.failover_enabled) == (False, "cache-aware", True)
+    # SPEC §15: cache-aware is the default of new files; spill-over off; the index's keys
+    lb = cfg.load_balancing
+    assert (lb.spill_over, lb.affinity.block_chars, lb.affinity.max_blocks,
+            lb.affinity.load_bound) == (False, 512, 200_000, 1)
     assert cfg.health_checks == HealthChecksConfig(interval=5.0, timeout=4.0)
     assert (cfg.circuit_breaker.failure_threshold, cfg.circuit_breaker.reset_timeout) == (3, 60)
     t = cfg.timeouts
@@ -192,11 +196,41 @@ def test_derived_health_check_block_is_validated_too(field: str) -> None:
 
 
 def test_unknown_strategy_refused() -> None:
-    for name in ("priority", "round-robin", "least-loaded", "fastest"):
+    for name in ("priority", "round-robin", "least-loaded", "fastest", "weighted",
+                 "cache-aware"):
         assert parse_config_text(yaml_for("load_balancing.strategy", name))
     err = refused(yaml_for("load_balancing.strategy", "random"))
     assert err.path == "load_balancing.strategy"
     assert "round-robin" in str(err)
+
+
+AFFINITY_LIMITS = [
+    ("load_balancing.affinity.block_chars", [64, 512, 65536], [63, 65537, 0, -1], "64 and 65536"),
+    ("load_balancing.affinity.max_blocks", [0, 1, 10_000_000], [-1, 10_000_001],
+     "0 and 10000000"),
+    ("load_balancing.affinity.load_bound", [0, 1, 50], [-1], "at least 0"),
+]
+
+
+@pytest.mark.parametrize(("path", "ok", "bad", "limit"), AFFINITY_LIMITS)
+def test_affinity_limits(path: str, ok: list[int], bad: list[int], limit: str) -> None:
+    """SPEC §3.1: the cache-aware index's keys, refused with their dotted path and limit."""
+    for value in ok:
+        cfg = parse_config_text(yaml_for(path, value))
+        assert getattr(cfg.load_balancing.affinity, path.rsplit(".", 1)[1]) == value
+    for value in bad:
+        err = refused(yaml_for(path, value))
+        assert (err.path, err.param) == (path, path)
+        assert limit in str(err)
+
+
+def test_cache_aware_and_spill_over_read() -> None:
+    text = yaml.safe_dump({"load_balancing": {"strategy": "cache-aware", "spill_over": True}})
+    lb = parse_config_text(text).load_balancing
+    assert (lb.strategy, lb.spill_over) == ("cache-aware", True)
+    # an existing file keeps the strategy it names
+    assert parse_config_text(yaml_for("load_balancing.strategy", "priority")) \
+        .load_balancing.strategy == "priority"
 
 
 @pytest.mark.parametrize("priority", [1, 255])

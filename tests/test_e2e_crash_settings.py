@@ -49,7 +49,7 @@ def op(i: int) -> tuple[str, str, dict[str, Any]]:
 
 def state_after(n: int) -> tuple[str, float, tuple[str, ...]]:
     """(strategy, streaming total, access key names) after the first ``n`` writes."""
-    strategy, total, names = "priority", 600.0, []
+    strategy, total, names = "cache-aware", 600.0, []  # the default of a new file
     for i in range(n):
         _, path, body = op(i)
         if path.endswith("load-balancing"):

@@ -35,19 +35,25 @@ def on_disk(gw: RunningGateway) -> dict[str, Any]:
     return doc
 
 
+AFFINITY = {"block_chars": 512, "max_blocks": 200000, "load_bound": 1}
+
+
 async def test_load_balancing(start_gateway: StartGateway) -> None:
     gw = await start_gateway([])
     got = await request(gw.unix, "GET", LB)
     assert got.status == 200
-    assert got.json() == {"enabled": False, "strategy": "priority", "failoverEnabled": True,
-                          "preferLoaded": True, "healthCheckInterval": "5s"}
+    assert got.json() == {"enabled": False, "strategy": "cache-aware", "failoverEnabled": True,
+                          "preferLoaded": True, "spillOver": False, "affinity": AFFINITY,
+                          "healthCheckInterval": "5s"}
     assert (await request(gw.unix, "PUT", LB, b'{"enabled": true}')).status == 401
     on = await put(gw, LB, {"enabled": True, "strategy": "fastest"})
     assert on.status == 200
     assert on.json() == {"enabled": True, "strategy": "fastest", "failoverEnabled": True,
-                         "preferLoaded": True, "healthCheckInterval": "5s"}
+                         "preferLoaded": True, "spillOver": False, "affinity": AFFINITY,
+                         "healthCheckInterval": "5s"}
     assert on_disk(gw)["load_balancing"] == {"enabled": True, "strategy": "fastest",
-                                             "failover_enabled": True, "prefer_loaded": True}
+                                             "failover_enabled": True, "prefer_loaded": True,
+                                             "spill_over": False, "affinity": AFFINITY}
     off = await put(gw, LB, {"preferLoaded": False})
     assert off.json()["preferLoaded"] is False
     assert on_disk(gw)["load_balancing"]["prefer_loaded"] is False
@@ -80,6 +86,31 @@ async def test_load_balancing(start_gateway: StartGateway) -> None:
         assert reply.json()["error"]["param"] == param, body
     assert config_file(gw).read_bytes() == before
     assert gw.gateway.ctx.config.load_balancing.strategy == "fastest"
+
+
+async def test_cache_aware_settings(start_gateway: StartGateway) -> None:
+    """SPEC §15's keys through the settings API: spillOver and the affinity tree (YAML keys,
+    as the timeouts tree), a partial affinity write keeps the rest; limits are 422s that
+    name the dotted path and change nothing."""
+    gw = await start_gateway([])
+    changed = await put(gw, LB, {"spillOver": True, "affinity": {"block_chars": 1024}})
+    assert changed.status == 200, changed.body
+    assert changed.json()["spillOver"] is True
+    assert changed.json()["affinity"] == {**AFFINITY, "block_chars": 1024}
+    lb = gw.gateway.ctx.config.load_balancing
+    assert (lb.spill_over, lb.affinity.block_chars, lb.affinity.max_blocks) == (True, 1024,
+                                                                               200000)
+    assert on_disk(gw)["load_balancing"]["affinity"]["block_chars"] == 1024
+    before = config_file(gw).read_bytes()
+    for body, param in (({"affinity": {"block_chars": 32}}, "load_balancing.affinity.block_chars"),
+                        ({"affinity": {"max_blocks": -1}}, "load_balancing.affinity.max_blocks"),
+                        ({"affinity": {"load_bound": -1}}, "load_balancing.affinity.load_bound"),
+                        ({"affinity": {"blocks": 3}}, "load_balancing.affinity.blocks"),
+                        ({"spillOver": "yes"}, "load_balancing.spill_over")):
+        reply = await put(gw, LB, body)
+        assert reply.status == 422, body
+        assert reply.json()["error"]["param"] == param, (body, reply.json())
+    assert config_file(gw).read_bytes() == before
 
 
 async def test_timeouts_get_and_partial_put(start_gateway: StartGateway) -> None:

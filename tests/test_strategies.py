@@ -27,7 +27,7 @@ def names(candidates: list[Candidate]) -> str:
 
 def test_strategy_names_are_the_configs() -> None:
     assert tuple(s.value for s in Strategy) == STRATEGIES == (
-        "priority", "round-robin", "least-loaded", "fastest", "weighted")
+        "priority", "round-robin", "least-loaded", "fastest", "weighted", "cache-aware")
 
 
 def test_unknown_strategy() -> None:

@@ -138,6 +138,8 @@ LOAD_BALANCING: Final = Section("loadBalancing", (
     field("strategy", "load_balancing.strategy"),
     field("failoverEnabled", "load_balancing.failover_enabled"),
     field("preferLoaded", "load_balancing.prefer_loaded"),
+    field("spillOver", "load_balancing.spill_over"),
+    field("affinity", "load_balancing.affinity"),
     field("healthCheckInterval", "health_checks.interval"),
 ))
 

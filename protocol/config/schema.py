@@ -21,6 +21,7 @@ __all__ = [
     "MIN_WEIGHT",
     "SOCKET_DIR_MAX_BYTES",
     "STRATEGIES",
+    "AffinityConfig",
     "ApiConfig",
     "BackendConfig",
     "CircuitBreakerConfig",
@@ -78,6 +79,7 @@ class Strategy(enum.StrEnum):
     LEAST_LOADED = "least-loaded"
     FASTEST = "fastest"
     WEIGHTED = "weighted"  # smooth weighted round-robin by nodes[].weight (SPEC §13)
+    CACHE_AWARE = "cache-aware"  # where the conversation's prefix is warm, then load (§15)
 
 
 STRATEGIES: Final = tuple(s.value for s in Strategy)
@@ -137,11 +139,22 @@ class ModelConfig:
 
 
 @attrs.frozen
+class AffinityConfig:
+    """How cache-aware routing indexes prompts (SPEC §15)."""
+
+    block_chars: int = 512  # prefix block size, in characters of the canonical prompt text
+    max_blocks: int = 200_000  # index cap, all candidates together; least recently used out
+    load_bound: int = 1  # a cached candidate may have this many more waiting than the least
+
+
+@attrs.frozen
 class LoadBalancingConfig:
     enabled: bool = False
-    strategy: str = "priority"
+    strategy: str = "cache-aware"  # new files; an existing file keeps the one it names
     failover_enabled: bool = True
     prefer_loaded: bool = True  # nodes that have the model loaded first (SPEC §11)
+    spill_over: bool = False  # a local server with every slot busy: a node's free slot (§15)
+    affinity: AffinityConfig = attrs.field(factory=AffinityConfig)
 
 
 @attrs.frozen

@@ -89,6 +89,11 @@ _KEY_NOTES: Final = {
     ("discovery", "browse"): "takes effect only with load_balancing.enabled",
     ("load_balancing", "strategy"): " | ".join(STRATEGIES),
     ("load_balancing", "prefer_loaded"): "nodes that have the model loaded first",
+    ("load_balancing", "spill_over"): "true: local slots all busy -> a node with a free one",
+    ("affinity", "block_chars"): "prefix block size, in characters of the prompt text",
+    ("affinity", "max_blocks"): "index cap (all candidates together), least recently used out",
+    ("affinity", "load_bound"): "waiting requests a warm candidate may have beyond the "
+                                "least busy",
     ("model_loading", "keep_alive"): "idle time before a model stops; 0s: after each answer",
     ("model_loading", "max_loaded"): "at most this many loaded at once; 0 = no count limit",
     ("model_loading", "memory_budget"): "auto = 75% of physical RAM, or a size (12GiB)",
@@ -101,10 +106,17 @@ _KEY_NOTES: Final = {
 
 
 def _annotate(section: str, lines: list[str]) -> list[str]:
+    """Each key's note: a section's own keys by (section, key), the keys of a mapping one
+    level down by (its key, key)."""
     out = []
+    parent = ""
     for line in lines:
-        key = line[2:].split(":", 1)[0] if line.startswith("  ") and line[2:3] != " " else ""
-        note = _KEY_NOTES.get((section, key))
+        note = None
+        if line.startswith("  ") and line[2:3] != " ":
+            parent = line[2:].split(":", 1)[0]
+            note = _KEY_NOTES.get((section, parent))
+        elif line.startswith("    ") and line[4:5] not in (" ", "-"):
+            note = _KEY_NOTES.get((parent, line[4:].split(":", 1)[0]))
         out.append(f"{line}   # {note}" if note else line)
     return out
 

@@ -104,6 +104,10 @@ def _check_lists(cfg: Config) -> None:
         raise ConfigError("load_balancing.strategy",
                           f"unknown strategy {cfg.load_balancing.strategy!r}; "
                           f"expected one of {', '.join(STRATEGIES)}")
+    affinity = cfg.load_balancing.affinity
+    _check_range("load_balancing.affinity.block_chars", affinity.block_chars, 64, 65536)
+    _check_range("load_balancing.affinity.max_blocks", affinity.max_blocks, 0, 10_000_000)
+    _check_range("load_balancing.affinity.load_bound", affinity.load_bound, 0)
     fingerprints: set[str] = set()
     priorities: dict[int, int] = {}
     for i, node in enumerate(cfg.nodes):

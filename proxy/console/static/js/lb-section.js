@@ -11,6 +11,7 @@ import { orderedList } from "./components/ordered-list.js";
 import { toggle } from "./components/switch.js";
 
 export const STRATEGIES = [
+  { value: "cache-aware", label: "Cache-aware: where the conversation is warm, then least busy" },
   { value: "priority", label: "Priority: the top computer first" },
   { value: "round-robin", label: "Round robin: each in turn" },
   { value: "least-loaded", label: "Least loaded: fewest requests in flight" },
