@@ -28,13 +28,15 @@ HOP_BY_HOP: frozenset[bytes] = frozenset(
 SERVED_BY = b"x-sluice-served-by"
 REQUEST_ID = b"x-sluice-request-id"  # ours on every answer (an upstream gateway's is replaced)
 FORWARDED = b"x-sluice-forwarded"  # set on a request one gateway forwards to another
+AFFINITY = b"x-sluice-affinity"  # why cache-aware routing chose the upstream (SPEC §15)
+SESSION = b"x-sluice-session"  # a client's conversation key (SPEC §15)
 
 # Request headers the gateway sets itself, or credentials for the gateway (Anthropic's
 # clients send their key as x-api-key), so the client's copies are dropped.
 _REPLACED_UPSTREAM = frozenset(
     {b"host", b"authorization", b"x-api-key", b"content-length", b"expect", FORWARDED})
 # Response headers the gateway sets itself.
-_REPLACED_DOWNSTREAM = frozenset({b"content-length", SERVED_BY, REQUEST_ID})
+_REPLACED_DOWNSTREAM = frozenset({b"content-length", SERVED_BY, REQUEST_ID, AFFINITY})
 
 
 def connection_tokens(headers: Iterable[Header]) -> frozenset[bytes]:
@@ -78,9 +80,11 @@ def upstream_request_headers(
     return out
 
 
-def downstream_response_headers(headers: Sequence[Header], *, served_by: bytes) -> list[Header]:
+def downstream_response_headers(headers: Sequence[Header], *, served_by: bytes,
+                                affinity: bytes | None = None) -> list[Header]:
     """The headers relayed to the client. The body's framing (Content-Length or chunked) is
-    the gateway's own, so the upstream's Content-Length is dropped too."""
+    the gateway's own, so the upstream's Content-Length is dropped too; an upstream
+    gateway's served-by and affinity are replaced by ours."""
     listed = connection_tokens(headers)
     out: list[Header] = []
     for name, value in headers:
@@ -88,6 +92,8 @@ def downstream_response_headers(headers: Sequence[Header], *, served_by: bytes) 
             continue
         out.append((name, value))
     out.append((SERVED_BY, served_by))
+    if affinity is not None:
+        out.append((AFFINITY, affinity))
     return out
 
 

@@ -42,12 +42,19 @@ class TimeoutClass(enum.Enum):
 
 
 class RequestInfo:
-    __slots__ = ("model", "stream", "timeout_class")
+    """``doc`` is the parsed body (read, never changed: cache-aware routing reads its prompt,
+    SPEC §15) and ``path`` the path it was sent to; both absent for a request made up by
+    the gateway."""
 
-    def __init__(self, model: str, stream: bool, timeout_class: TimeoutClass) -> None:
+    __slots__ = ("doc", "model", "path", "stream", "timeout_class")
+
+    def __init__(self, model: str, stream: bool, timeout_class: TimeoutClass,
+                 doc: dict[str, Any] | None = None, path: str = "") -> None:
         self.model = model
         self.stream = stream
         self.timeout_class = timeout_class
+        self.doc = doc
+        self.path = path
 
     def __repr__(self) -> str:
         return (f"RequestInfo(model={self.model!r}, stream={self.stream}, "
@@ -96,7 +103,7 @@ def parse_request_body(path: str, body: bytes) -> RequestInfo:
     if not isinstance(stream, bool):
         raise bad_request("\"stream\" must be true or false", code="invalid_stream",
                           param="stream")
-    return RequestInfo(model, stream, timeout_class_for(path))
+    return RequestInfo(model, stream, timeout_class_for(path), doc, path)
 
 
 def total_timeout(timeouts: TimeoutsConfig, info: RequestInfo) -> tuple[float, str]:

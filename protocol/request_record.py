@@ -21,7 +21,8 @@ import attrs
 
 from protocol.json_text import compact_json, scan_json
 
-__all__ = ["OUTCOMES", "RequestRecord", "iso_utc", "usage_from_event", "usage_in_body"]
+__all__ = ["OUTCOMES", "RequestRecord", "cached_tokens", "iso_utc", "usage_from_event",
+           "usage_in_body"]
 
 OUTCOMES = ("success", "failure", "aborted", "refused")
 USAGE_WINDOW = 4096  # bytes after the "usage" key read to find its object
@@ -51,9 +52,9 @@ def iso_utc(epoch: float) -> str:
     return _Seconds.text + _MILLIS[micros // 1000]
 
 
-def _usage_at(data: bytes, key: int) -> dict[str, Any] | None:
-    """The JSON object that follows the ``"usage"`` key found at ``key``, if it is one."""
-    after = key + len(_USAGE_KEY)
+def _usage_at(data: bytes, key: int, name: bytes = _USAGE_KEY) -> dict[str, Any] | None:
+    """The JSON object that follows the key ``name`` found at ``key``, if it is one."""
+    after = key + len(name)
     start = data.find(b"{", after, after + 16)
     if start < 0 or data[after:start].strip() != b":":
         return None  # "usage": null (every chunk but the last, with include_usage)
@@ -71,18 +72,45 @@ def _usage_at(data: bytes, key: int) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def usage_in_body(body: bytes) -> dict[str, Any] | None:
-    """The top-level ``usage`` of a whole JSON answer. A key spelled ``"usage"`` can only be
-    a key (inside a JSON string its quotes would be escaped); the last one is taken, as
-    answers put it after the choices."""
-    key = body.rfind(_USAGE_KEY)
+def usage_in_body(body: bytes, name: bytes = _USAGE_KEY) -> dict[str, Any] | None:
+    """The top-level ``usage`` (or another object named ``name``) of a whole JSON answer. A
+    key spelled ``"usage"`` can only be a key (inside a JSON string its quotes would be
+    escaped); the last one is taken, as answers put it after the choices."""
+    key = body.rfind(name)
     for _ in range(USAGE_TRIES):
         if key < 0:
             break
-        usage = _usage_at(body, key)
+        usage = _usage_at(body, key, name)
         if usage is not None:
             return usage
-        key = body.rfind(_USAGE_KEY, 0, key)
+        key = body.rfind(name, 0, key)
+    return None
+
+
+_TIMINGS_KEY = b'"timings"'
+_DETAILS = ("prompt_tokens_details", "input_tokens_details")  # Chat Completions, Responses
+
+
+def cached_tokens(usage: dict[str, Any] | None, timings_in: bytes | None) -> int | None:
+    """The prompt tokens the server reused from its cache (SPEC §15): ``usage``'s
+    ``prompt_tokens_details.cached_tokens`` (``input_tokens_details`` in the Responses API)
+    or Anthropic's ``cache_read_input_tokens``, else llama.cpp's ``timings.cache_n`` found in
+    ``timings_in`` (the answer, or a stream's line that has it); None when nobody says."""
+    if usage:
+        for name in _DETAILS:
+            details = usage.get(name)
+            if isinstance(details, dict):
+                cached = details.get("cached_tokens")
+                if isinstance(cached, int) and cached >= 0:
+                    return cached
+        cached = usage.get("cache_read_input_tokens")
+        if isinstance(cached, int) and cached >= 0:
+            return cached
+    if timings_in:
+        timings = usage_in_body(timings_in, _TIMINGS_KEY)
+        cached = None if timings is None else timings.get("cache_n")
+        if isinstance(cached, int) and cached >= 0:
+            return cached
     return None
 
 
@@ -161,6 +189,9 @@ class RequestRecord:
     load: float | None = None  # seconds it waited for its managed model to load (SPEC §11)
     served_model: str | None = None  # the model the upstream was asked for (an alias's target)
     ttft: float | None = None  # an SSE answer's first data event to the client (SPEC §3.2)
+    timings_in: bytes | None = None  # where llama.cpp's timings are (see find_usage)
+    cached: int | None = None  # prompt tokens the server reused (``cachedTokens``, SPEC §15)
+    affinity: str | None = None  # hit | miss | session | spill: why it went there (SPEC §15)
 
     def __repr__(self) -> str:
         return (f"RequestRecord({self.id} {self.method} {self.path} {self.status} "
@@ -170,12 +201,15 @@ class RequestRecord:
         """``usage``, found (once) in ``usage_in``: the whole answer or the SSE line that
         carries it. Done by the first reader, in the hub's batch, not on the hot path; the
         bytes are let go then."""
-        if self.usage_in is not None:
-            if self.usage_first is None:
+        if self.usage_in is not None or self.timings_in is not None:
+            if self.usage_in is None:
+                self.usage = None
+            elif self.usage_first is None:
                 self.usage = usage_in_body(self.usage_in)
             else:
                 self.usage = stream_usage(self.usage_first, self.usage_in)
-            self.usage_in = self.usage_first = None
+            self.cached = cached_tokens(self.usage, self.timings_in)
+            self.usage_in = self.usage_first = self.timings_in = None
         return self.usage
 
     def to_json(self) -> dict[str, Any]:
@@ -201,6 +235,8 @@ class RequestRecord:
             "usage": self.usage,
             "error": self.error,
             "loadMs": None if self.load is None else round(self.load * 1000, 3),
+            "cachedTokens": self.cached,
+            "affinity": self.affinity,
         }
 
     def json_text(self) -> str:
@@ -223,7 +259,9 @@ class RequestRecord:
                 f'"events":{"null" if events is None else format(events, "d")},'
                 f'"usage":{"null" if usage is None else compact_json(usage)},'
                 f'"error":{_string_or_null(self.error)},'
-                f'"loadMs":{"null" if load is None else _millis(load)}}}')
+                f'"loadMs":{"null" if load is None else _millis(load)},'
+                f'"cachedTokens":{"null" if self.cached is None else format(self.cached, "d")},'
+                f'"affinity":{_string_or_null(self.affinity)}}}')
 
 
 def _string_or_null(value: str | None) -> str:

@@ -52,6 +52,7 @@ _NAMED = frozenset({Family.ANTHROPIC, Family.RESPONSES})  # their events are nam
 
 _DATA_LINE = b"\ndata:"
 _USAGE_KEY = b'"usage"'
+_TIMINGS_KEY = b'"timings"'  # llama.cpp's own figures (its cache_n: prompt tokens reused)
 _DONE_EVENT = b"data: [DONE]"
 _DONE_TAIL = 18  # "data: [DONE]", its blank line and a chunk's CRLF fit in this
 USAGE_LINE_CAP = 64 * 1024  # a usage event line longer than this is not kept
@@ -71,7 +72,7 @@ class SseObserver:
     :data:`USAGE_LINE_CAP`) so a line split across reads is still seen whole."""
 
     __slots__ = ("_before", "_clean", "_last", "_partial", "_tail", "events",
-                 "first_usage_line", "usage_line")
+                 "first_usage_line", "timings_line", "usage_line")
 
     def __init__(self) -> None:
         self.events = 0
@@ -79,6 +80,9 @@ class SseObserver:
         # The first such line: Anthropic's message_start, whose usage has the input tokens
         # (message_delta's, the last, has the output tokens).
         self.first_usage_line: bytes | None = None
+        # The last line that mentions "timings": llama.cpp's last chunk, whose cache_n says
+        # how many prompt tokens it reused (a stream without include_usage has no usage).
+        self.timings_line: bytes | None = None
         self._last = self._before = b""  # the stream's end: the last reads' last bytes
         self._clean = True  # the bytes so far end a line (or there are none)
         self._tail = b""  # the last 5 bytes so far, while they do not end a line
@@ -111,7 +115,7 @@ class SseObserver:
                 events += 1
         self.events += events
         clean = data.endswith(b"\n")
-        if clean and self._clean and _USAGE_KEY not in data:
+        if clean and self._clean and _USAGE_KEY not in data and _TIMINGS_KEY not in data:
             return  # the usual read: whole lines, none of them about usage
         if not clean:
             self._tail = (tail + data)[-5:]
@@ -128,10 +132,14 @@ class SseObserver:
                 if partial is not None:
                     self._grow(partial, data)
                 return
-            if partial is not None and _USAGE_KEY in partial + data[:newline]:
-                self.usage_line = bytes(partial + data[:newline])
-                if self.first_usage_line is None:
-                    self.first_usage_line = self.usage_line
+            if partial is not None:
+                line = partial + data[:newline]
+                if _USAGE_KEY in line:
+                    self.usage_line = bytes(line)
+                    if self.first_usage_line is None:
+                        self.first_usage_line = self.usage_line
+                if _TIMINGS_KEY in line:
+                    self.timings_line = bytes(line)
             self._partial = bytearray()
             start = newline + 1
         last = data.rfind(b"\n")
@@ -141,6 +149,9 @@ class SseObserver:
                 self.usage_line = _line_at(data, key, start)
                 if self.first_usage_line is None:
                     self.first_usage_line = _line_at(data, data.find(_USAGE_KEY, start), start)
+            key = data.rfind(_TIMINGS_KEY, start, last)
+            if key >= 0:
+                self.timings_line = _line_at(data, key, start)
             start = last + 1
         if start < len(data):
             self._grow(self._partial, data[start:])  # type: ignore[arg-type]

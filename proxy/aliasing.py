@@ -78,4 +78,4 @@ async def apply(ctx: GatewayContext, info: RequestInfo, headers: list[Header], b
     if spliced is None:
         raise bad_request(f"model {asked!r} is an alias, and a request for one must be "
                           "UTF-8 JSON", code="invalid_json", param="model")
-    return RequestInfo(target, info.stream, info.timeout_class), spliced
+    return RequestInfo(target, info.stream, info.timeout_class, info.doc, info.path), spliced

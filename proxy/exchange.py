@@ -294,6 +294,8 @@ class Exchange:
             outcome = Outcome.FAILURE
         self.outcome = _IN_THE_LOG[outcome]
         attempt.finish(outcome, trio.current_time())
+        if outcome is Outcome.SUCCESS and relay.plan.conversation is not None:
+            self.ctx.router.served(relay.plan, relay.cached_tokens)  # SPEC §15
 
     def decide(self, left: bool) -> str:
         """The request's outcome in the request log's words (SPEC §9.1), once it is over;

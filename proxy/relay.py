@@ -36,6 +36,7 @@ from protocol.headers import (
 from protocol.http1 import ResponseHead
 from protocol.request_info import RequestInfo, total_timeout
 from protocol.response import State
+from protocol.request_record import cached_tokens, stream_usage, usage_in_body
 from protocol.sse import TAIL, SseObserver, ends_event
 from proxy.deadline import FIRST_BYTE_LIMIT, Deadline, GapWatch, RequestScope
 from proxy.errors import ClientGone
@@ -83,6 +84,18 @@ class Relay:
 
     def __repr__(self) -> str:
         return f"Relay({self.plan!r}, {self.info!r}, {self.out.response!r})"
+
+    def cached_tokens(self) -> int | None:
+        """The prompt tokens the upstream says it reused (SPEC §15), from the answer's usage
+        or llama.cpp's timings; None when it does not say. Parsed on demand."""
+        observer = self.observer
+        if observer is not None:
+            usage = (None if observer.usage_line is None
+                     else stream_usage(observer.first_usage_line, observer.usage_line))
+            return cached_tokens(usage, observer.timings_line)
+        if self.usage_in is not None:
+            return cached_tokens(usage_in_body(self.usage_in), self.usage_in)
+        return None
 
     @property
     def done(self) -> bool:
@@ -238,7 +251,9 @@ class Relay:
 
     async def _relay_whole(self, conn: UpstreamConnection, head: ResponseHead) -> None:
         body = await conn.receive_body(MAX_WHOLE_BODY)
-        headers = downstream_response_headers(head.headers, served_by=self.plan.upstream.served_by)
+        plan = self.plan
+        headers = downstream_response_headers(head.headers, served_by=plan.upstream.served_by,
+                                              affinity=plan.affinity_header)
         self.status = head.status_code
         await self.out.send_whole(head.status_code, headers, body, reason=head.reason)
         if head.status_code < 300:
@@ -277,8 +292,10 @@ class Relay:
         if resumed:
             await (out.end(data, on_block) if end else out.send_body(data, on_block))
         else:
+            plan = self.plan
             headers = downstream_response_headers(head.headers,
-                                                  served_by=self.plan.upstream.served_by)
+                                                  served_by=plan.upstream.served_by,
+                                                  affinity=plan.affinity_header)
             await out.send_head(head.status_code, headers, head.reason, data, end=end,
                                 on_block=on_block)
         if observer is not None and observer.events:

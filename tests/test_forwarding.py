@@ -47,8 +47,10 @@ MODEL = "remote-m"
 async def pool(nursery: trio.Nursery, start_gateway: StartGateway, short_tmp: Any,
                *handlers: Handler, **options: Any) -> tuple[RunningGateway, list[FakeNode]]:
     """A gateway without local backends and one node per handler, top priority first
-    (node-a, node-b, ...), load balancing on; waits until every node is indexed."""
-    lb = options.pop("lb", {})
+    (node-a, node-b, ...), load balancing on; waits until every node is indexed. The
+    strategy is ``priority`` unless ``lb`` says otherwise (these tests are about the order
+    of the nodes; tests/test_cache_aware.py is about the cache-aware default)."""
+    lb = {"strategy": "priority", **options.pop("lb", {})}
     breaker = options.pop("breaker", None)
     gw = await start_gateway([], **options)
     ups = []

@@ -67,6 +67,25 @@ def test_the_observer_at_random_read_boundaries() -> None:
         assert observer.ended
 
 
+TIMINGS_EVENT = (b'data: {"choices":[{"finish_reason":"length","index":0,"delta":{}}],'
+                 b'"object":"chat.completion.chunk","timings":{"cache_n":222,"prompt_n":1}}\n\n')
+
+
+def test_the_observer_keeps_llamas_timings_line_however_the_reads_fall() -> None:
+    """SPEC §15: a stream without include_usage says what it reused only in llama.cpp's
+    timings (its finish chunk); the observer keeps that line, split or not."""
+    from protocol.request_record import cached_tokens
+
+    stream = b"".join([*sse_events(3)[:-1], TIMINGS_EVENT, b"data: [DONE]\n\n"])
+    for size in (1, 3, 7, 64, len(stream)):
+        observer = SseObserver()
+        for i in range(0, len(stream), size):
+            observer.see(stream[i:i + size])
+        assert observer.usage_line is None, size
+        assert observer.timings_line == TIMINGS_EVENT.rstrip(b"\n"), size
+        assert cached_tokens(None, observer.timings_line) == 222, size
+
+
 def test_the_observer_sees_through_chunk_framing() -> None:
     # A chunked body forwarded verbatim: each chunk's size line ends in LF.
     observer = SseObserver()

@@ -69,11 +69,14 @@ class _Series:
     escaped once. Histograms keep one count per bucket (the last for +Inf), made cumulative
     at scrape time."""
 
-    __slots__ = ("codes", "completion", "duration", "duration_sum", "events", "labels",
-                 "pair", "prompt", "ttfb", "ttfb_sum", "ttft", "ttft_sum")
+    __slots__ = ("cached", "codes", "completion", "duration", "duration_sum", "events",
+                 "labels", "model", "pair", "prompt", "served_by", "ttfb", "ttfb_sum", "ttft",
+                 "ttft_sum")
 
     def __init__(self, model: str, served_by: str, stream: bool) -> None:
         self.pair = label_set(("model", model), ("served_by", served_by))
+        self.model = model
+        self.served_by = served_by
         self.labels = f'{self.pair},stream="{"true" if stream else "false"}"'
         self.codes: dict[int, int] = {}
         self.duration = [0] * len(_DURATION_LES)
@@ -85,6 +88,7 @@ class _Series:
         self.events = 0
         self.prompt = 0
         self.completion = 0
+        self.cached = 0  # prompt tokens the upstream reused (SPEC §15)
 
     def __repr__(self) -> str:
         return f"_Series({self.labels}: {sum(self.codes.values())} requests)"
@@ -102,6 +106,7 @@ class Metrics(RequestReader):
         self._series: dict[tuple[str, str, bool], _Series] = {}
         self._models: set[str] = set()
         self._attempts: dict[tuple[str, str], int] = {}
+        self._affinity: dict[str, int] = {}  # cache-aware routing's results (SPEC §15)
         self.failovers = 0
         self._process: ProcessFigures | None = None  # made by the first scrape
         self.ondemand: OnDemand | None = None  # the managed models, when the gateway has any
@@ -147,6 +152,10 @@ class Metrics(RequestReader):
             if tokens is not None:
                 series.prompt += tokens[0]
                 series.completion += tokens[1]
+        if record.cached:
+            series.cached += record.cached
+        if record.affinity is not None:
+            self._affinity[record.affinity] = self._affinity.get(record.affinity, 0) + 1
         attempts = self._attempts
         for attempt in record.attempts:
             attempts[attempt] = attempts.get(attempt, 0) + 1
@@ -215,6 +224,20 @@ class Metrics(RequestReader):
         for pair, (_, prompt, completion) in sums.items():
             out.sample("sluice_tokens_total", f'{pair},type="prompt"', prompt)
             out.sample("sluice_tokens_total", f'{pair},type="completion"', completion)
+        cached: dict[tuple[str, str], int] = {}
+        for _, one in series:
+            if one.served_by != NONE:
+                pair = (one.model, one.served_by)
+                cached[pair] = cached.get(pair, 0) + one.cached
+        out.family("sluice_prompt_tokens_cached_total", "counter",
+                   "Prompt tokens the upstream reused from its cache, as its answers said.")
+        for (model, upstream), count in sorted(cached.items()):
+            out.sample("sluice_prompt_tokens_cached_total",
+                       label_set(("model", model), ("upstream", upstream)), count)
+        out.family("sluice_routing_affinity_total", "counter",
+                   "Cache-aware routing choices, by why the upstream was chosen.")
+        for result, count in sorted(self._affinity.items()):
+            out.sample("sluice_routing_affinity_total", label_set(("result", result)), count)
         out.family("sluice_upstream_attempts_total", "counter",
                    "Tries of a request on an upstream, by outcome.")
         for (upstream, outcome), count in sorted(self._attempts.items()):

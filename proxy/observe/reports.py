@@ -111,7 +111,10 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
     ttft = None
     usage_in: bytes | None = None
     usage_first: bytes | None = None
+    timings_in: bytes | None = None
+    affinity: str | None = None
     if relay is not None and served_by is not None:
+        affinity = relay.plan.affinity
         attempts = ((served_by, outcome),)
         failed = relay.plan.failed
         if failed is not None:  # the first node tried failed (SPEC §7.4)
@@ -125,8 +128,9 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
             usage_in = observer.usage_line
             if observer.first_usage_line != usage_in:
                 usage_first = observer.first_usage_line
+            timings_in = observer.timings_line
         else:
-            usage_in = relay.usage_in
+            usage_in = timings_in = relay.usage_in
     info = exchange.info
     return RequestRecord(
         id=request_id, started_at=exchange.wall, method=method, path=path, model=model,
@@ -137,5 +141,5 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
         attempts=attempts, routed=relay is not None, usage_in=usage_in,
         usage_first=usage_first,
         load=exchange.load_wait, served_model=None if relay is None else relay.info.model,
-        ttft=ttft)
+        ttft=ttft, timings_in=timings_in, affinity=affinity)
 

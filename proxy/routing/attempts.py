@@ -31,8 +31,8 @@ class Outcome(enum.Enum):
 class Counters:
     """Attempts on one upstream (a node or a local backend; :meth:`added` sums several)."""
 
-    __slots__ = ("aborted", "active", "failure", "latency_count", "latency_sum", "success",
-                 "total")
+    __slots__ = ("aborted", "active", "cached_tokens", "failure", "latency_count",
+                 "latency_sum", "prompt_tokens", "success", "total")
 
     def __init__(self) -> None:
         self.total = 0  # = success + failure + aborted + active
@@ -42,6 +42,10 @@ class Counters:
         self.active = 0  # in flight now
         self.latency_sum = 0.0  # ms to the response head, over answered attempts
         self.latency_count = 0
+        # Prompt tokens of the answers that said how many they reused, and those reused
+        # (SPEC §15 cacheHitRate), added in the hub's batch (Router.count_tokens).
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
 
     def __repr__(self) -> str:
         return (f"Counters(total={self.total}, ok={self.success}, failed={self.failure}, "
@@ -61,7 +65,9 @@ class Counters:
                else None)
         return {"totalRequests": self.total, "successCount": self.success,
                 "failureCount": self.failure, "abortedCount": self.aborted,
-                "avgLatencyMs": avg, "activeRequests": self.active}
+                "avgLatencyMs": avg, "activeRequests": self.active,
+                "cacheHitRate": (round(self.cached_tokens / self.prompt_tokens, 4)
+                                 if self.prompt_tokens else None)}
 
 
 class Attempt:

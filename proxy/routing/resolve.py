@@ -24,17 +24,19 @@ others, then report the outcome on the chosen :class:`Target`. On a connect erro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
 from protocol.config import Strategy
 from protocol.errors import SluiceError, all_circuits_open, model_not_available
+from protocol.slots import Slots, waiting
 from proxy.routing.breaker import CircuitBreaker, Permit
 from proxy.routing.strategies import (
     Candidate,
     RoundRobinCursor,
     WeightedCursor,
+    affinity_result,
     order_candidates,
 )
 
@@ -58,10 +60,19 @@ class NodeView:
     loaded: frozenset[str] = attrs.field(
         default=attrs.Factory(lambda view: view.models, takes_self=True))
     weight: int = 1  # nodes[].weight (SPEC §13)
+    # Per model, the node's slots as its last health check reported them (SPEC §15).
+    slots: Mapping[str, Slots] = attrs.field(factory=dict, eq=False)
 
-    def candidate(self, model: str) -> Candidate:
-        return Candidate(self.fingerprint, self.priority, self.in_flight, self.latency_ms,
-                         model in self.loaded, self.weight)
+    def candidate(self, model: str, request: RouteRequest | None = None) -> Candidate:
+        fp = self.fingerprint
+        if request is None:
+            return Candidate(fp, self.priority, self.in_flight, self.latency_ms,
+                             model in self.loaded, self.weight,
+                             waiting(self.in_flight, self.slots.get(model)))
+        return Candidate(fp, self.priority, self.in_flight, self.latency_ms,
+                         model in self.loaded, self.weight,
+                         waiting(self.in_flight, self.slots.get(model)),
+                         request.matches.get(fp, 0), fp == request.session)
 
 
 @attrs.frozen
@@ -76,6 +87,11 @@ class RouteRequest:
     prefer_loaded: bool = True  # load_balancing.prefer_loaded: loaded holders first
     forwarded: bool = False  # came with x-sluice-forwarded: never forward again
     tried: frozenset[str] = frozenset()  # fingerprints this request already failed on
+    # cache-aware (SPEC §15): leading blocks of the prompt's chain each node holds, the node
+    # that last served the request's session, and load_balancing.affinity.load_bound
+    matches: Mapping[str, int] = attrs.field(factory=dict, eq=False)
+    session: str | None = None
+    load_bound: int = 1
 
 
 @attrs.frozen
@@ -102,6 +118,7 @@ class Forward:
 
     targets: tuple[Target, ...]
     may_fail_over: bool  # failover enabled and this is not already the second attempt
+    affinity: str | None = None  # cache-aware: why the first target (SPEC §15)
 
     @property
     def fingerprints(self) -> tuple[str, ...]:
@@ -157,12 +174,15 @@ def resolve(
         permit = node.breaker.allow(now, request.probe_ttl)
         if permit is not None:
             granted[node.fingerprint] = Target(node.fingerprint, node.breaker, permit)
-            candidates.append(node.candidate(request.model))
+            candidates.append(node.candidate(request.model, request))
     if not candidates:
         return NoRoute(request.model, ALL_CIRCUITS_OPEN)
     ordered = order_candidates(strategy, candidates, cursor,
-                               prefer_loaded=request.prefer_loaded, weighted=weighted)
+                               prefer_loaded=request.prefer_loaded, weighted=weighted,
+                               load_bound=request.load_bound)
     return Forward(
         targets=tuple(granted[c.fingerprint] for c in ordered),
         may_fail_over=request.failover and not request.tried,
+        affinity=affinity_result(ordered[0], candidates)
+        if strategy is Strategy.CACHE_AWARE else None,
     )

@@ -16,69 +16,64 @@ as a ``circuit`` event (SPEC §9.3, :meth:`Router.watch_circuits`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
 
+import attrs
 import trio
 
+from protocol.affinity_choice import SPILL
+from protocol.config import Strategy
 from protocol.headers import FORWARDED, Header, header_value
 from protocol.request_info import RequestInfo, total_timeout
-from protocol.upstream_url import UpstreamAddress
+from protocol.slots import has_free_slot, waiting
 from proxy.observe.hub import Hub
-from proxy.registry.backends import BackendRegistry
-from proxy.registry.nodes import NodeEndpoint, NodeIndex
+from proxy.registry.backends import BackendRegistry, LocalBackend
+from proxy.registry.nodes import NodeIndex
+from proxy.routing.affinity import Affinity, Conversation
 from proxy.routing.attempts import Attempt, Counters, Outcome
 from proxy.routing.breaker import CircuitBreaker
+from proxy.routing.cache_stats import count_tokens
 from proxy.routing.resolve import Forward, NodeView, NoRoute, RouteRequest, holders, resolve
-from proxy.routing.strategies import RoundRobinCursor, WeightedCursor
+from proxy.routing.strategies import (
+    Candidate,
+    RoundRobinCursor,
+    WeightedCursor,
+    affinity_result,
+    order_candidates,
+)
+from proxy.routing.upstreams import NodeUpstream, Upstream
+
+CACHE_AWARE = Strategy.CACHE_AWARE.value
 
 if TYPE_CHECKING:
     from protocol.config import CircuitBreakerConfig
     from proxy.settings.store import Settings
 
 
-class Upstream(Protocol):
-    """Where an attempt goes: a local backend or a node."""
-
-    @property
-    def address(self) -> UpstreamAddress | None: ...
-    @property
-    def api_key(self) -> str | None: ...
-    @property
-    def served_by(self) -> bytes: ...
-    @property
-    def forwarded_by(self) -> bytes | None: ...
-
-
-class NodeUpstream:
-    """A network node as an upstream: its key, and our fingerprint as the loop guard."""
-
-    __slots__ = ("address", "api_key", "fingerprint", "forwarded_by", "served_by")
-
-    def __init__(self, endpoint: NodeEndpoint, api_key: str | None, forwarded_by: bytes) -> None:
-        self.fingerprint = endpoint.fingerprint
-        self.address = endpoint.address
-        self.api_key = api_key
-        self.forwarded_by: bytes | None = forwarded_by
-        self.served_by = b"node:" + endpoint.fingerprint.encode()
-
-    def __repr__(self) -> str:  # never the key
-        return f"NodeUpstream({self.fingerprint!r})"
-
-
 class Plan:
     """Where one request goes. ``upstream`` and ``attempt`` are the current try."""
 
-    __slots__ = ("_request", "_router", "attempt", "failed", "may_fail_over", "upstream")
+    __slots__ = ("_request", "_router", "affinity", "attempt", "conversation", "failed",
+                 "may_fail_over", "upstream")
 
     def __init__(self, upstream: Upstream, attempt: Attempt, *, router: Router | None = None,
-                 request: RouteRequest | None = None, may_fail_over: bool = False) -> None:
+                 request: RouteRequest | None = None, may_fail_over: bool = False,
+                 affinity: str | None = None, conversation: Conversation | None = None) -> None:
         self.upstream = upstream
         self.attempt = attempt
         self.may_fail_over = may_fail_over
         self.failed: NodeUpstream | None = None  # the node failed over from
         self._router = router
         self._request = request
+        self.affinity = affinity  # hit | miss | session | spill (SPEC §15), or None
+        self.conversation = conversation  # cache-aware: what the index is told once answered
+
+    @property
+    def affinity_header(self) -> bytes | None:
+        """``x-sluice-affinity``'s value, when there is one."""
+        return None if self.affinity is None else self.affinity.encode()
 
     def __repr__(self) -> str:
         return f"Plan({self.upstream!r}, {self.attempt!r}, may_fail_over={self.may_fail_over})"
@@ -93,10 +88,8 @@ class Plan:
         self.may_fail_over = False
         target = self.attempt.target
         assert target is not None
-        retry = RouteRequest(
-            model=request.model, load_balancing=True, probe_ttl=request.probe_ttl,
-            strategy=request.strategy, failover=False, prefer_loaded=request.prefer_loaded,
-            tried=request.tried | {target.fingerprint})
+        retry = attrs.evolve(request, failover=False,
+                             tried=request.tried | {target.fingerprint})
         route = resolve(retry, router.views(), router.cursor, now, weighted=router.weighted)
         router.watch_circuits(now)
         if not isinstance(route, Forward):
@@ -124,6 +117,15 @@ class Router:
         self.breakers: dict[str, CircuitBreaker] = {}
         self.counters: dict[str, Counters] = {}
         self._published: dict[str, int] = {}  # fingerprint -> breaker generation last published
+        self.affinity = Affinity(settings.config.load_balancing.affinity)
+        self._affinity_config = settings.config.load_balancing.affinity
+        # The registries read our in-flight counts when a server reports its slots.
+        backends.in_flight = self._backend_in_flight
+        nodes.in_flight = self._node_in_flight
+        backends.changes.subscribe(self.affinity.backends_changed)
+        nodes.changes.subscribe(self.affinity.node_changed)
+        if hub is not None:
+            hub.subscribe(partial(count_tokens, self), ("request",))
 
     def __repr__(self) -> str:
         return (f"Router(local={self.local!r}, nodes={len(self.counters)}, "
@@ -137,37 +139,123 @@ class Router:
         request right after start is not refused only because nobody has been asked yet.
         (A managed model on demand is loaded before this: ``Exchange.answer``.)"""
         backend = self.backends.holder_of(info.model)
-        if backend is None:
-            config = self.settings.config
-            lb = config.load_balancing
-            request = RouteRequest(
-                model=info.model, load_balancing=lb.enabled,
-                probe_ttl=total_timeout(config.timeouts, info)[0], strategy=lb.strategy,
-                failover=lb.failover_enabled, prefer_loaded=lb.prefer_loaded,
-                forwarded=header_value(headers, FORWARDED) is not None)
-            views = self.views()
-            fresh: list[NodeView] | None = views
-            if not holders(request, views):
-                backend = await self.backends.wait_for_holder(info.model)
-                fresh = None  # taken before a wait: looked at again
-            if backend is None:
-                return await self._forward(request, fresh)
-        return Plan(backend, Attempt(self._backend_counters(backend.name),
-                                     trio.current_time()))
+        config = self.settings.config
+        lb = config.load_balancing
+        if backend is not None:
+            if lb.strategy != CACHE_AWARE and not lb.spill_over:
+                return self._local(backend)  # all a local hit costs
+            return self._local_choice(info, headers, backend)
+        request = self._route_request(info, headers)
+        views = self.views()
+        fresh: list[NodeView] | None = views
+        if not holders(request, views):
+            backend = await self.backends.wait_for_holder(info.model)
+            fresh = None  # taken before a wait: looked at again
+        if backend is not None:
+            return self._local(backend)
+        return await self._forward(request, fresh, info, headers)
 
-    async def _forward(self, request: RouteRequest, views: list[NodeView] | None) -> Plan:
+    def _route_request(self, info: RequestInfo, headers: Sequence[Header]) -> RouteRequest:
+        config = self.settings.config
+        lb = config.load_balancing
+        return RouteRequest(
+            model=info.model, load_balancing=lb.enabled,
+            probe_ttl=total_timeout(config.timeouts, info)[0], strategy=lb.strategy,
+            failover=lb.failover_enabled, prefer_loaded=lb.prefer_loaded,
+            forwarded=header_value(headers, FORWARDED) is not None,
+            load_bound=lb.affinity.load_bound)
+
+    def _local(self, backend: LocalBackend, affinity: str | None = None,
+               conversation: Conversation | None = None) -> Plan:
+        return Plan(backend, Attempt(self._backend_counters(backend.name), trio.current_time()),
+                    affinity=affinity, conversation=conversation)
+
+    def _local_choice(self, info: RequestInfo, headers: Sequence[Header],
+                      first: LocalBackend) -> Plan:
+        """A model local backends hold, under cache-aware or with spill-over on: spilled to
+        a node with a free slot when every local server is full (SPEC §15), else the
+        cache-aware pick among several local servers, else the one."""
+        lb = self.settings.config.load_balancing
+        local = self.backends.holders_of(info.model) or [first]
+        if lb.spill_over and self._local_full(local):
+            plan = self._spill(info, headers)
+            if plan is not None:
+                return plan
+        if len(local) < 2 or lb.strategy != CACHE_AWARE:
+            return self._local(first)
+        conversation = self._conversation(info, headers)
+        names = [b.served_by.decode() for b in local]
+        session = (None if conversation is None
+                   else self.affinity.look(conversation, names))
+        matches = {} if conversation is None else conversation.matches
+        contenders = []
+        for i, (backend, name) in enumerate(zip(local, names, strict=True)):
+            busy = self._backend_in_flight(backend.name)
+            contenders.append(Candidate(name, len(local) - i, busy,
+                                        waiting=waiting(busy, backend.slots),
+                                        match=matches.get(name, 0), session=name == session))
+        ordered = order_candidates(CACHE_AWARE, contenders, self.cursor,
+                                   load_bound=lb.affinity.load_bound)
+        chosen = local[names.index(ordered[0].fingerprint)]
+        return self._local(chosen, affinity_result(ordered[0], contenders), conversation)
+
+    def _local_full(self, local: Sequence[LocalBackend]) -> bool:
+        """Every local server holding the model says it has no free slot."""
+        return all(has_free_slot(self._backend_in_flight(b.name), b.slots) is False
+                   for b in local)
+
+    def _spill(self, info: RequestInfo, headers: Sequence[Header]) -> Plan | None:
+        """SPEC §15 spill-over: a node holding the model with a free slot, if any (chosen as
+        the strategy would among those); None to stay local."""
+        request = self._route_request(info, headers)
+        views = [v for v in holders(request, self.views())
+                 if has_free_slot(v.in_flight, v.slots.get(info.model))]
+        if not views:
+            return None
+        now = trio.current_time()
+        route = resolve(request, views, self.cursor, now, weighted=self.weighted)
+        self.watch_circuits(now)
+        if isinstance(route, NoRoute):
+            return None
+        upstream, attempt = self.start(route, now)
+        return Plan(upstream, attempt, router=self, request=request,
+                    may_fail_over=route.may_fail_over, affinity=SPILL)
+
+    def _conversation(self, info: RequestInfo, headers: Sequence[Header]
+                      ) -> Conversation | None:
+        config = self.settings.config.load_balancing.affinity
+        if config is not self._affinity_config:
+            self._affinity_config = config
+            self.affinity.follow(config)
+        return self.affinity.conversation(info, headers)
+
+    async def _forward(self, request: RouteRequest, views: list[NodeView] | None,
+                       info: RequestInfo, headers: Sequence[Header]) -> Plan:
         if request.load_balancing and not request.forwarded and await self.nodes.first_round(
                 self.settings.config.timeouts.health_check.timeout):
             views = None  # right after start (or LB switched on): after the first checks
+        if views is None:
+            views = self.views()
+        conversation = None
+        if request.strategy == CACHE_AWARE:
+            eligible = holders(request, views)
+            if len(eligible) > 1:
+                conversation = self._conversation(info, headers)
+            if conversation is not None:
+                names = {f"node:{v.fingerprint}": v.fingerprint for v in eligible}
+                session = self.affinity.look(conversation, names)
+                request = attrs.evolve(
+                    request, matches={names[n]: m for n, m in conversation.matches.items()},
+                    session=None if session is None else names[session])
         now = trio.current_time()
-        route = resolve(request, self.views() if views is None else views, self.cursor, now,
-                        weighted=self.weighted)
+        route = resolve(request, views, self.cursor, now, weighted=self.weighted)
         self.watch_circuits(now)
         if isinstance(route, NoRoute):
             raise route.error()
         upstream, attempt = self.start(route, now)
         return Plan(upstream, attempt, router=self, request=request,
-                    may_fail_over=route.may_fail_over)
+                    may_fail_over=route.may_fail_over, affinity=route.affinity,
+                    conversation=conversation)
 
     def start(self, route: Forward, now: float) -> tuple[NodeUpstream, Attempt]:
         """Take the route's first target: the upstream and its attempt (now in flight)."""
@@ -199,15 +287,33 @@ class Router:
                 loaded=endpoint.loaded_ids,
                 breaker=self._breaker(fp, cb), enabled=True, online=endpoint.online,
                 in_flight=counters.active if counters is not None else 0,
-                latency_ms=endpoint.speed.value, weight=cfg.weight))
+                latency_ms=endpoint.speed.value, weight=cfg.weight, slots=endpoint.slots))
         return views
 
     def forget_removed(self, known: set[str]) -> None:
-        """Drop the breakers, counters and weighted values of nodes no longer configured."""
+        """Drop the breakers, counters, weighted values and index entries of nodes no longer
+        configured."""
+        for fp in [fp for fp in self.counters if fp not in known]:
+            self.affinity.forget(f"node:{fp}")
         for table in (self.breakers, self.counters, self._published):
             for fp in [fp for fp in table if fp not in known]:
                 del table[fp]
         self.weighted.forget(known)
+
+    # -- what the servers hold and report (SPEC §15) ----------------------------------------
+
+    def served(self, plan: Plan, cached: Callable[[], int | None]) -> None:
+        """A plan's upstream answered (SPEC §15): the index learns it."""
+        if plan.conversation is not None:
+            self.affinity.served(plan.conversation, plan.upstream.served_by.decode(), cached)
+
+    def _backend_in_flight(self, name: str) -> int:
+        counters = self.backend_counters.get(name)
+        return 0 if counters is None else counters.active
+
+    def _node_in_flight(self, fingerprint: str) -> int:
+        counters = self.counters.get(fingerprint)
+        return 0 if counters is None else counters.active
 
     def watch_circuits(self, now: float) -> None:
         """:meth:`look_at_circuits`, after every routing decision and every outcome a

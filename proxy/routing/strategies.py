@@ -11,6 +11,9 @@ registry gives N..1, top first), then ``fingerprint`` so the result is determini
   adding or removing nodes never skips or repeats the others.
 - ``least-loaded``: fewest requests in flight now (``in_flight``, counted live by the caller).
 - ``fastest``: lowest ``latency_ms`` (a :class:`LatencyAverage`); unmeasured nodes last.
+- ``cache-aware`` (SPEC §15): the candidate holding the longest match of the request's
+  prefix chain, unless it is busier than the least busy one by more than the load bound;
+  else the least busy (:func:`protocol.affinity_choice.choose`).
 - ``weighted``: smooth weighted round-robin (nginx's) by ``weight``, kept in a
   :class:`WeightedCursor` the caller owns: the one picked goes first, then the others by
   weight (largest first), then priority. Exact per cycle: weights 3:1:1 give 3, 1 and 1 of
@@ -29,6 +32,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from protocol.affinity_choice import HIT, MISS, SESSION, Contender, choose
 from protocol.config import Strategy
 
 
@@ -42,6 +46,9 @@ class Candidate:
     latency_ms: float | None = None  # LatencyAverage.value; None = never measured
     loaded: bool = True  # it has the requested model loaded (or does not say: SPEC §11)
     weight: int = 1  # nodes[].weight: its share under the weighted strategy (SPEC §13)
+    waiting: int = 0  # requests in flight beyond its free slots (SPEC §15 "Load")
+    match: int = 0  # leading blocks of the request's prefix chain it holds (SPEC §15)
+    session: bool = False  # it last served the request's session key
 
 
 def priority_key(candidate: Candidate) -> tuple[int, str]:
@@ -150,7 +157,7 @@ class LatencyAverage:
 
 def order_candidates(
     strategy: Strategy | str, candidates: Sequence[Candidate], cursor: RoundRobinCursor,
-    *, prefer_loaded: bool = True, weighted: WeightedCursor | None = None,
+    *, prefer_loaded: bool = True, weighted: WeightedCursor | None = None, load_bound: int = 1,
 ) -> list[Candidate]:
     """The candidates in the order to try them; loaded ones first with ``prefer_loaded``
     (see the module docstring). Only round-robin touches ``cursor`` and only weighted
@@ -165,14 +172,17 @@ def order_candidates(
         loaded = [c for c in candidates if c.loaded]
         if 0 < len(loaded) < len(candidates):
             rest = [c for c in candidates if not c.loaded]
-            return (_strategy_order(strategy, loaded, cursor, weighted)
-                    + _strategy_order(strategy, rest, cursor, weighted, advance=False))
-    return _strategy_order(strategy, candidates, cursor, weighted)
+            return (_strategy_order(strategy, loaded, cursor, weighted, load_bound)
+                    + _strategy_order(strategy, rest, cursor, weighted, load_bound,
+                                      advance=False))
+    return _strategy_order(strategy, candidates, cursor, weighted, load_bound)
 
 
 def _strategy_order(strategy: Strategy, candidates: Sequence[Candidate],
-                    cursor: RoundRobinCursor, weighted: WeightedCursor,
+                    cursor: RoundRobinCursor, weighted: WeightedCursor, load_bound: int,
                     advance: bool = True) -> list[Candidate]:
+    if strategy is Strategy.CACHE_AWARE:
+        return _by_affinity(candidates, load_bound)
     if strategy is Strategy.WEIGHTED:
         by_weight = sorted(candidates, key=weight_key)
         first = weighted.pick(candidates) if advance else None
@@ -187,6 +197,28 @@ def _strategy_order(strategy: Strategy, candidates: Sequence[Candidate],
     if strategy is Strategy.LEAST_LOADED:
         return sorted(by_priority, key=lambda c: c.in_flight)  # stable: ties keep priority
     return sorted(by_priority, key=_latency_key)
+
+
+def _by_affinity(candidates: Sequence[Candidate], load_bound: int) -> list[Candidate]:
+    """``cache-aware``: :func:`protocol.affinity_choice.choose` over the candidates."""
+    contenders = [Contender(c.fingerprint, c.priority, c.in_flight, c.waiting, c.match,
+                            c.session) for c in candidates]
+    order, _ = choose(contenders, load_bound)
+    by_name = {c.fingerprint: c for c in candidates}
+    return [by_name[c.name] for c in order]
+
+
+def affinity_result(chosen: Candidate, candidates: Sequence[Candidate]) -> str | None:
+    """The request log's ``affinity`` for a cache-aware pick (SPEC §15): null with one
+    candidate; ``session`` when the session key chose it; ``hit`` when it holds the
+    longest match there is (at least one block); else ``miss`` (no match, or the matched
+    candidate passed over for load)."""
+    if len(candidates) < 2:
+        return None
+    if chosen.session:
+        return SESSION
+    best = max(c.match for c in candidates)
+    return HIT if best >= 1 and chosen.match == best else MISS
 
 
 def _latency_key(candidate: Candidate) -> tuple[bool, float]:

@@ -7,6 +7,8 @@ import { circuitBadge, lbSection, statusBadge } from "../lb-section.js";
 import { poolState } from "../pool-state.js";
 
 const ms = (value) => (value === null || value === undefined ? "–" : `${Math.round(value)} ms`);
+// The share of prompt tokens an upstream's cache served (SPEC §15 cacheHitRate).
+const percent = (rate) => (rate === null || rate === undefined ? "–" : `${Math.round(rate * 100)}%`);
 
 function table(caption, headers, rows, empty) {
   if (!rows.length) return el("p", { class: "muted", text: empty });
@@ -84,17 +86,18 @@ export function mount(root, app) {
     if (st) {
       const rows = st.nodes.map((n) => [label(n.fingerprint), String(n.totalRequests), String(n.successCount),
         String(n.failureCount), String(n.abortedCount), ms(n.avgLatencyMs), String(n.activeRequests),
-        circuitBadge(n.circuitState), String(n.consecutiveFailures)]);
+        percent(n.cacheHitRate), circuitBadge(n.circuitState), String(n.consecutiveFailures)]);
       if (st.local) {
         rows.push(["This computer (local)", String(st.local.totalRequests), String(st.local.successCount),
-          String(st.local.failureCount), "–", ms(st.local.avgLatencyMs), String(st.local.activeRequests), "–", "–"]);
+          String(st.local.failureCount), "–", ms(st.local.avgLatencyMs), String(st.local.activeRequests),
+          percent(st.local.cacheHitRate), "–", "–"]);
       }
       const totals = el("p", { class: "muted", text:
         `${st.totalRequests} requests · ${st.totalSuccesses} succeeded · ${st.totalFailures} failed` +
         (st.failovers !== undefined ? ` · ${st.failovers} failovers` : "") +
         (st.circuitBreaker ? ` · a circuit opens after ${st.circuitBreaker.failureThreshold} failures in a row and retries after ${st.circuitBreaker.resetTimeoutSecs} s` : "") });
       keep(stats, totals, table("Routing stats", ["Computer", "Requests", "Succeeded", "Failed", "Aborted",
-        "Average", "In flight", "Circuit", "Failures in a row"], rows, "Nothing routed yet."));
+        "Average", "In flight", "Prompt cache hits", "Circuit", "Failures in a row"], rows, "Nothing routed yet."));
     }
   };
   const unsubscribe = state.onChange(draw);

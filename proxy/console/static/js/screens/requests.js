@@ -51,6 +51,11 @@ function servedCell(entry) {
   if (entry.failover) {
     parts.push(' ', el('span', { class: 'badge warn', text: `failover from ${entry.failover}` }));
   }
+  if (entry.affinity) {  // cache-aware routing's reason (SPEC §15), and what the cache served
+    const cached = entry.cachedTokens === null || entry.cachedTokens === undefined
+      ? '' : `, ${entry.cachedTokens} prompt tokens cached`;
+    parts.push(' ', el('span', { class: 'badge', text: `${entry.affinity}${cached}` }));
+  }
   return parts;
 }
 
