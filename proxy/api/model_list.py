@@ -7,19 +7,23 @@ from typing import TYPE_CHECKING, Any
 
 from protocol.aliases import alias_entries
 from protocol.openai import merge_model_lists
+from protocol.slots import busy_now, slots_entry
 
 if TYPE_CHECKING:
     from proxy.access.key_grants import Grant
     from proxy.context import GatewayContext
+    from proxy.registry.backends import BackendRegistry
 
 
 def model_entries(ctx: GatewayContext, grant: Grant | None = None) -> list[dict[str, Any]]:
     """SPEC §7.5: local models, then (load balancing on) the nodes' as ``remote``; then the
     exact aliases whose target is listed (SPEC §12). For a request that presented an access
-    key with ``models`` (``grant``), only the ones it may use (SPEC §13)."""
+    key with ``models`` (``grant``), only the ones it may use (SPEC §13). A local model
+    whose servers report slots says so in its ``sluice`` facts (SPEC §15)."""
     local = ctx.backends.model_entries()
     if ctx.ondemand is not None:
         local = ctx.ondemand.listed(local)
+    local = with_slots(ctx.backends, local)
     config = ctx.config
     if config.load_balancing.enabled:
         local = merge_model_lists([("", local)], ctx.nodes.remote_models())
@@ -28,6 +32,30 @@ def model_entries(ctx: GatewayContext, grant: Grant | None = None) -> list[dict[
         return listed
     allows = grant.limits.allows
     return [e for e in listed if allows(e["id"]) or allows(_alias_of(e))]
+
+
+def with_slots(backends: BackendRegistry, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The local ``entries`` with ``"sluice": {..., "slots": {"busy": B, "total": T}}`` on
+    each model that a live backend holding it reports slots for: T and B summed over those
+    backends, B counting our own requests in flight now (what a node tells its peers, SPEC
+    §15). An entry is copied, never changed; one without slots is left as it is."""
+    in_flight = backends.in_flight
+    out = entries
+    for i, entry in enumerate(entries):
+        busy = total = 0
+        for backend in backends.holders_of(entry["id"]):
+            slots = backend.slots
+            if slots is not None:
+                busy += busy_now(in_flight(backend.name), slots)
+                total += slots.total
+        if not total:
+            continue
+        if out is entries:
+            out = list(entries)
+        extra = entry.get("sluice")
+        out[i] = {**entry, "sluice": {**(extra if isinstance(extra, dict) else {}),
+                                      "slots": slots_entry(busy, total)}}
+    return out
 
 
 def _alias_of(entry: dict[str, Any]) -> str:

@@ -5,7 +5,12 @@ The registry is the one owner of a backend's state: the health poll and the mode
 demand (:mod:`proxy.models.ondemand`) report what they found through its methods
 (:meth:`~BackendRegistry.checked`, :meth:`~BackendRegistry.server_up`,
 :meth:`~BackendRegistry.server_down`), which change the backend and re-index the models in
-one step."""
+one step.
+
+Each check of an ``llm`` backend that answered its model list also asks it for its slots
+(SPEC §15 "Load"; :mod:`proxy.registry.slots_probe`): :attr:`LocalBackend.slots`, None while
+unknown. :attr:`BackendRegistry.in_flight` is routing's count of our own requests in flight
+to a backend, read when a ``/slots`` answer arrives."""
 
 from __future__ import annotations
 
@@ -17,12 +22,18 @@ import trio
 
 from protocol.config import BackendConfig, Config
 from protocol.openai import merge_model_lists
+from protocol.slots import Slots
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.publish import Subscribers
 from proxy.registry.probe import probe_models
+from proxy.registry.slots_probe import poll_slots
 from proxy.upstream.pool import ConnectionPool
 
 log = logging.getLogger("sluice.backends")
+
+# After a server refused /slots and /props, they are asked again after this many checks (or
+# at once when its address changes or it comes back from offline).
+SLOTS_RETRY_CHECKS = 10
 
 
 class LocalBackend:
@@ -44,6 +55,10 @@ class LocalBackend:
         self.online = False
         self.last_error: str | None = None
         self.latency_ms: float | None = None
+        # Its slots at the last check (None: unknown, or it does not report them), and how
+        # many checks pass before /slots is asked again at this address after it was refused.
+        self.slots: Slots | None = None
+        self.slots_skip = 0
 
     @property
     def api_key(self) -> str | None:
@@ -77,6 +92,9 @@ class BackendRegistry:
     def __init__(self, configs: Sequence[BackendConfig], keys: Mapping[str, str]) -> None:
         self.backends = [LocalBackend(cfg, keys.get(cfg.name)) for cfg in configs]
         self._by_model: dict[str, LocalBackend] = {}
+        self._holders: dict[str, list[LocalBackend]] = {}
+        # Our own requests in flight to a backend, by name: routing replaces it with its count.
+        self.in_flight: Callable[[str], int] = lambda name: 0
         self.changes: Subscribers[BackendRegistry] = Subscribers()  # after each re-index
         self.ready = trio.Event()  # every backend has been checked once
         self.added = trio.Event()  # set when follow() adds a backend: check it now
@@ -87,6 +105,11 @@ class BackendRegistry:
 
     def holder_of(self, model: str) -> LocalBackend | None:
         return self._by_model.get(model)
+
+    def holders_of(self, model: str) -> list[LocalBackend]:
+        """Every live backend that lists ``model``, in config order (the first is
+        :meth:`holder_of`'s)."""
+        return list(self._holders.get(model, ()))
 
     async def wait_for_holder(self, model: str) -> LocalBackend | None:
         """Like holder_of, but right after start waits for the backends' first checks (each
@@ -141,6 +164,8 @@ class BackendRegistry:
         backend.last_error = error
         backend.models = models
         backend.latency_ms = latency_ms
+        if error is not None:  # asked again from scratch once it is back
+            backend.slots, backend.slots_skip = None, 0
         if error is not None and was_online:
             log.warning("backend %s went offline: %s", backend.name, error)
         elif error is None and not was_online:
@@ -155,6 +180,7 @@ class BackendRegistry:
         backend.online = True
         backend.last_error = None
         backend.models = models
+        backend.slots, backend.slots_skip = None, 0  # a new server: known at its next check
         self.reindex()
 
     def server_down(self, backend: LocalBackend, error: str | None) -> None:
@@ -163,15 +189,40 @@ class BackendRegistry:
         backend.online = False
         backend.last_error = error
         backend.models = []
+        backend.slots, backend.slots_skip = None, 0
         self.reindex()
+
+    def slots_due(self, backend: LocalBackend) -> bool:
+        """Whether this check asks ``backend`` for its slots: not while it counts down the
+        checks after a refusal (one check counted per call)."""
+        if backend.slots_skip > 0:
+            backend.slots_skip -= 1
+            return False
+        return True
+
+    def found_slots(self, backend: LocalBackend, address: UpstreamAddress, slots: Slots | None,
+                    *, refused: bool = False) -> None:
+        """What a check's slots poll found at ``address``; ``refused``: the server does not
+        serve ``/slots`` there, so it is not asked again for :data:`SLOTS_RETRY_CHECKS`
+        checks (meanwhile ``slots`` stays). Dropped when the backend moved or went offline
+        while it was asked."""
+        if backend.address != address or not backend.online:
+            return
+        backend.slots = slots
+        backend.slots_skip = SLOTS_RETRY_CHECKS if refused else 0
 
     def reindex(self) -> None:
         index: dict[str, LocalBackend] = {}
+        holders: dict[str, list[LocalBackend]] = {}
         for backend in self.backends:  # config order: the first holder wins
             if backend.live:
                 for entry in backend.models:
                     index.setdefault(entry["id"], backend)
+                    listed = holders.setdefault(entry["id"], [])
+                    if not listed or listed[-1] is not backend:
+                        listed.append(backend)
         self._by_model = index
+        self._holders = holders
         changed, self._changed = self._changed, trio.Event()
         changed.set()
         self.changes.publish(self)
@@ -187,14 +238,19 @@ def pin(models: list[dict[str, Any]], pinned: str | None) -> list[dict[str, Any]
 
 async def check_backend(registry: BackendRegistry, backend: LocalBackend,
                         connections: ConnectionPool, timeout: float) -> None:
-    """Fetch the backend's ``/v1/models`` within ``timeout``; the registry records it."""
+    """Fetch the backend's ``/v1/models`` within ``timeout``; the registry records it. An
+    ``llm`` backend that answered is then asked for its slots in what is left of
+    ``timeout``."""
     address = backend.address
     if address is None:
         return
+    deadline = trio.current_time() + timeout
     probe = await probe_models(connections, address, api_key=backend.api_key, timeout=timeout)
     error = probe.error
     models = pin(probe.models, backend.pinned_model) if error is None else []
     registry.checked(backend, models, error, probe.latency_ms)
+    if error is None and backend.kind == "llm" and registry.slots_due(backend):
+        await poll_slots(registry, backend, connections, address, deadline)
 
 
 async def run_health_checks(

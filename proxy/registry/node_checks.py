@@ -3,7 +3,9 @@
 ``timeout`` per check, all nodes at once) and reports each result to the
 :class:`~proxy.registry.nodes.NodeIndex`. A node answering 503 (a llama.cpp or sluice server still
 loading) is ``warming`` and is probed again every second until it answers 200. Entries a node
-itself marks ``owned_by: "remote"`` are not indexed (no multi-hop). With load balancing off
+itself marks ``owned_by: "remote"`` are not indexed (no multi-hop). The slots a node reports
+per model (``"sluice": {"slots": ...}``, SPEC §15) come with the same answer and are read by
+:meth:`~proxy.registry.nodes.NodeIndex.checked`. With load balancing off
 nothing is sent to any node and the index is empty; switching it on wakes the poll at once.
 Health checks never touch circuit breakers.
 """

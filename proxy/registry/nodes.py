@@ -12,18 +12,25 @@ A sluice node marks each managed model of its ``/v1/models`` with ``"sluice": {"
 (SPEC §11); the entries are kept as the node sent them, and :attr:`NodeEndpoint.loaded_ids`,
 made once per check, names the models it has loaded (:func:`is_loaded`), so routing's
 loaded-first order costs a set lookup per candidate.
+
+A sluice node also reports each model's slots, summed over its own servers (SPEC §15
+"Load"): ``"sluice": {"state": S, "slots": {"busy": B, "total": T}}``.
+:attr:`NodeEndpoint.slots` holds them per model id as :class:`~protocol.slots.Slots`, whose
+``others`` leaves out our own requests in flight to that node (:attr:`NodeIndex.in_flight`,
+routing's count, read as the check's answer arrives); a model without ``slots`` is absent.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
 
 from protocol.config import NodeConfig, by_priority
 from protocol.model_state import ModelState
+from protocol.slots import Slots, node_slots
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from protocol.views import UNCHECKED
 from proxy.publish import Subscribers
@@ -61,6 +68,7 @@ class NodeEndpoint:
         self.models: list[dict[str, Any]] = []
         self.model_ids: frozenset[str] = frozenset()
         self.loaded_ids: frozenset[str] = frozenset()  # those of model_ids it has loaded
+        self.slots: dict[str, Slots] = {}  # model id -> its slots, for those that report them
         self.latency_ms: float | None = None  # the last health check's round trip
         # For ``fastest``: health-check round trips and request times to first byte.
         self.speed = LatencyAverage()
@@ -90,6 +98,8 @@ class NodeIndex:
         # A node's state changed: a check found another status, models, error or latency;
         # its config changed (added, edited, reordered); a pause.
         self.changes: Subscribers[NodeEndpoint] = Subscribers()
+        # Our own requests in flight to a node, by fingerprint: routing replaces it.
+        self.in_flight: Callable[[str], int] = lambda fingerprint: 0
 
     def __repr__(self) -> str:
         return f"NodeIndex({self.endpoints!r})"
@@ -131,7 +141,7 @@ class NodeIndex:
         for endpoint in self.endpoints:
             endpoint.status, endpoint.models, endpoint.latency_ms = UNKNOWN, [], None
             endpoint.model_ids, endpoint.speed = frozenset(), LatencyAverage()
-            endpoint.loaded_ids = frozenset()
+            endpoint.loaded_ids, endpoint.slots = frozenset(), {}
             self.changes.publish(endpoint)
         if self._first_round.is_set():
             self._first_round = trio.Event()
@@ -189,6 +199,21 @@ class NodeIndex:
                 out.setdefault(model, []).append(endpoint.fingerprint)
         return out
 
+    def _slots(self, endpoint: NodeEndpoint, models: list[dict[str, Any]]) -> dict[str, Slots]:
+        """The slots each model reports, with our own requests in flight to the node now
+        left out of its busy ones (the first entry of an id counts)."""
+        out: dict[str, Slots] = {}
+        mine: int | None = None
+        for entry in models:
+            counted = node_slots(entry)
+            if counted is None or entry["id"] in out:
+                continue
+            if mine is None:
+                mine = self.in_flight(endpoint.fingerprint)
+            busy, total = counted
+            out[entry["id"]] = Slots(total, max(0, busy - mine))
+        return out
+
     def checked(self, endpoint: NodeEndpoint, status: str, models: list[dict[str, Any]],
                 error: str | None, latency_ms: float | None) -> None:
         """A health check's result for ``endpoint``."""
@@ -198,6 +223,7 @@ class NodeIndex:
         endpoint.model_ids = frozenset(m["id"] for m in models)
         loaded = frozenset(m["id"] for m in models if is_loaded(m))
         endpoint.loaded_ids = endpoint.model_ids if loaded == endpoint.model_ids else loaded
+        endpoint.slots = self._slots(endpoint, models) if status == ONLINE else {}
         endpoint.latency_ms = latency_ms if status == ONLINE else None
         if endpoint.latency_ms is not None:
             endpoint.speed.add(endpoint.latency_ms)
