@@ -35,8 +35,8 @@ from protocol.headers import (
 )
 from protocol.http1 import ResponseHead
 from protocol.request_info import RequestInfo, total_timeout
-from protocol.response import State
 from protocol.request_record import cached_tokens, stream_usage, usage_in_body
+from protocol.response import State
 from protocol.sse import TAIL, SseObserver, ends_event
 from proxy.deadline import FIRST_BYTE_LIMIT, Deadline, GapWatch, RequestScope
 from proxy.errors import ClientGone

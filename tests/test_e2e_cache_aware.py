@@ -87,7 +87,8 @@ async def test_turns_stay_on_the_llama_server_that_holds_them(
         later = [e for e in log if e["affinity"] == "hit"]
         assert len(later) == 6, log
         for entry in later:  # every dialect and a stream without usage say what was reused
-            assert entry["cachedTokens"] is not None and entry["cachedTokens"] > 100, entry
+            assert entry["cachedTokens"] is not None, entry
+            assert entry["cachedTokens"] > 100, entry
     for proc in (p1, p2):  # both servers gone, by pid
         with pytest.raises(ProcessLookupError):
             os.kill(proc.pid, 0)

@@ -46,6 +46,8 @@ FAMILIES = {  # SPEC §9.2: every name and its type
     "sluice_tokens": "counter",
     "sluice_upstream_attempts": "counter",
     "sluice_failovers": "counter",
+    "sluice_prompt_tokens_cached": "counter",  # SPEC §15
+    "sluice_routing_affinity": "counter",
     "sluice_upstream_active_requests": "gauge",
     "sluice_node_up": "gauge",
     "sluice_node_latency_seconds": "gauge",

@@ -71,7 +71,7 @@ async def test_remote_models_follow_the_switch(autojump_clock: trio.testing.Mock
     assert (one["id"], one["owned_by"]) == ("remote-b", "remote")
     assert (await request(gw.unix, "GET", "/v1/models/hop-c")).status == 404
     assert (await get_json(gw, STATUS))["distributed"] == {
-        "enabled": True, "strategy": "priority", "totalNodes": 1, "onlineNodes": 1,
+        "enabled": True, "strategy": "cache-aware", "totalNodes": 1, "onlineNodes": 1,
         "remoteModels": 2}
     await trio.sleep(INTERVAL)
     assert polls(up) == 2  # once per interval
@@ -140,7 +140,7 @@ async def test_pool_status_disabled_and_removed_nodes(autojump_clock: trio.testi
     for endpoint in pool["endpoints"]:
         assert isinstance(endpoint.pop("latencyMs"), int)
     assert pool == {
-        "enabled": True, "strategy": "priority", "totalNodes": 2, "onlineNodes": 2,
+        "enabled": True, "strategy": "cache-aware", "totalNodes": 2, "onlineNodes": 2,
         "models": [{"id": "m1", "availableOn": ["node-a"], "loadedOn": ["node-a"]},
                    {"id": "m2", "availableOn": ["node-a", "node-b"],
                     "loadedOn": ["node-a", "node-b"]},
@@ -153,7 +153,7 @@ async def test_pool_status_disabled_and_removed_nodes(autojump_clock: trio.testi
              "loadedModelCount": 2, "priority": 1, "weight": 1,
              "lastError": None}]}
     assert (await get_json(gw, STATUS))["distributed"] == {
-        "enabled": True, "strategy": "priority", "totalNodes": 2, "onlineNodes": 2,
+        "enabled": True, "strategy": "cache-aware", "totalNodes": 2, "onlineNodes": 2,
         "remoteModels": 3}
     assert [m for m, _ in await models(gw)] == ["m1", "m2", "m3"]
     configure(gw, (nodes[0], nodes[2]))  # node-c removed, node-b still there

@@ -144,7 +144,8 @@ def test_the_ring_keeps_the_newest_and_filters() -> None:
                           "transport",
                           "servedBy", "status", "outcome", "failover", "ttfbMs", "ttftMs",
                           "durationMs",
-                          "bytesOut", "events", "usage", "error", "loadMs"}
+                          "bytesOut", "events", "usage", "error", "loadMs", "cachedTokens",
+                          "affinity"}
 
 
 # ------------------------------------------------------------------ a real gateway

@@ -256,7 +256,7 @@ async def test_status_shows_the_node_row(nursery: trio.Nursery,
 
     text = await sluice_status(gw)
     lines = text.splitlines()
-    assert "load balancing: on, strategy priority, 1 of 1 nodes online, 1 remote model" in lines
+    assert "load balancing: on, strategy cache-aware, 1 of 1 nodes online, 1 remote model" in lines
     header = next(line for line in lines if line.startswith("PRIO NODE"))
     assert header.split() == ["PRIO", "NODE", "STATUS", "LATENCY", "MODELS", "CIRCUIT",
                               "IN-FLIGHT", "REQ", "OK", "FAIL", "AVG-TTFB"]

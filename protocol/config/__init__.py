@@ -23,6 +23,7 @@ from protocol.config.schema import (
     MIN_WEIGHT,
     SOCKET_DIR_MAX_BYTES,
     STRATEGIES,
+    AffinityConfig,
     ApiConfig,
     BackendConfig,
     CircuitBreakerConfig,
@@ -51,7 +52,7 @@ from protocol.config.validate import validate_config
 
 __all__ = [
     "BACKEND_KINDS", "MAX_WEIGHT", "MIN_WEIGHT", "SOCKET_DIR_MAX_BYTES", "STRATEGIES",
-    "ApiConfig", "BackendConfig",
+    "AffinityConfig", "ApiConfig", "BackendConfig",
     "CircuitBreakerConfig", "Config", "DiscoveryConfig", "HealthCheckTimeouts",
     "HealthChecksConfig",
     "LoadBalancingConfig", "LocalConfig", "ModelConfig", "NodeConfig", "ObservabilityConfig",

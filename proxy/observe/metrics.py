@@ -227,8 +227,8 @@ class Metrics(RequestReader):
         cached: dict[tuple[str, str], int] = {}
         for _, one in series:
             if one.served_by != NONE:
-                pair = (one.model, one.served_by)
-                cached[pair] = cached.get(pair, 0) + one.cached
+                where = (one.model, one.served_by)
+                cached[where] = cached.get(where, 0) + one.cached
         out.family("sluice_prompt_tokens_cached_total", "counter",
                    "Prompt tokens the upstream reused from its cache, as its answers said.")
         for (model, upstream), count in sorted(cached.items()):
