@@ -165,6 +165,7 @@ class FakeNode(FakeUpstream):
         self.status = 200  # what GET /v1/models answers; not 200: an error ("loading model")
         self.extra = list(extra)  # listed after the models (e.g. the node's own remotes)
         self.states: dict[str, str] = {}  # model -> its "sluice": {"state": S} (SPEC §11)
+        self.slots: dict[str, tuple[int, int]] = {}  # model -> (busy, total) it reports (§15)
         self._scope = trio.CancelScope()
         self._stopped = trio.Event()
         self.on("GET", "/v1/models", self._node_models)
@@ -207,8 +208,14 @@ class FakeNode(FakeUpstream):
             {"id": m, "object": "model", "created": CREATED, "owned_by": "llamacpp"}
             for m in self.models]
         for entry in data:
+            extra: dict[str, Any] = {}
             if entry["id"] in self.states:
-                entry["sluice"] = {"state": self.states[entry["id"]]}
+                extra["state"] = self.states[entry["id"]]
+            if entry["id"] in self.slots:
+                busy, total = self.slots[entry["id"]]
+                extra["slots"] = {"busy": busy, "total": total}
+            if extra:
+                entry["sluice"] = extra
         await w.json(200, {"object": "list", "data": [*data, *self.extra]})
 
     async def _identity(self, req: ReceivedRequest, w: ResponseWriter) -> None:

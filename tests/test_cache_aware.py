@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import trio
 import trio.testing
 
 from tests.client import CHAT, request
-from tests.conftest import RunningGateway, StartGateway, admin_headers
-from tests.fakenode import FakeNode, Hold
-from tests.fakeupstream import LLAMA_JSON_HEADERS, ReceivedRequest, ResponseWriter
+from protocol.slots import Slots
+from tests.conftest import RunningGateway, StartGateway, admin_headers, configure, node
+from tests.fakenode import FakeNode, Hold, start_node
+from tests.fakeupstream import LLAMA_JSON_HEADERS, FakeUpstream, ReceivedRequest, ResponseWriter
 from tests.test_forwarding import MODEL, pool
 
 SYSTEM = "You are a careful assistant who answers briefly. " * 40  # ~2,000 characters
@@ -236,3 +238,57 @@ async def test_one_candidate_has_no_affinity_and_other_strategies_none(
     gw2, _ = await pool(nursery, start_gateway, short_tmp / "rr", PromptCache("node-a"),
                         PromptCache("node-b"), lb={"strategy": "round-robin"})
     assert (await ask(gw2, conversation(1, 1))).header("x-sluice-affinity") is None
+
+
+def spill(gw: RunningGateway, on: bool) -> None:
+    """load_balancing.spill_over, in the live config."""
+    cfg = gw.gateway.settings.config
+    gw.gateway.settings.config = attrs.evolve(cfg, load_balancing=attrs.evolve(
+        cfg.load_balancing, spill_over=on))
+
+
+async def test_spill_over_to_a_node_with_a_free_slot(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery,
+        start_gateway: StartGateway, short_tmp: Any) -> None:
+    """The local llama.cpp has one slot, busy: with spill_over on, the next request goes to
+    the node that reports a free slot (``spill``); off, it stays local (local first)."""
+    hold = Hold(PromptCache("local"))
+    local = FakeUpstream(models=[MODEL], unix_path=str(short_tmp / "local.sock"))
+    local.on("POST", CHAT, hold)
+
+    async def slots(req: ReceivedRequest, w: ResponseWriter) -> None:
+        await w.json(200, [{"id": 0, "n_ctx": 1024, "is_processing": hold.arrived > 0}])
+
+    local.on("GET", "/slots", slots)
+    await nursery.start(local.serve)
+    gw = await start_gateway([("mine", local.url)])
+    node_a = await start_node(nursery, str(short_tmp / "a.sock"), [MODEL],
+                              answer=PromptCache("node-a"))
+    node_a.slots[MODEL] = (1, 2)
+    spill(gw, True)
+    configure(gw, (node("node-a", node_a.url, 1),), enabled=True)
+    await trio.sleep(0.1)
+    assert gw.gateway.backends.backends[0].slots == Slots(total=1, others=0)
+    assert gw.gateway.nodes.endpoints[0].slots[MODEL] == Slots(total=2, others=1)
+    async with trio.open_nursery() as inner:
+        inner.start_soon(ask, gw, conversation(1, 1))
+        await hold.wait_arrived(1)
+        spilled = await ask(gw, conversation(2, 1))
+        assert spilled.header("x-sluice-served-by") == "node:node-a"
+        assert affinity_of(spilled) == "spill"
+        spill(gw, False)
+        inner.start_soon(ask, gw, conversation(3, 1))
+        await hold.wait_arrived(2)  # local first: it waits for the local server
+        hold.release()
+    node_a.slots[MODEL] = (2, 2)  # the node is full too: stays local even with spill-over
+    spill(gw, True)
+    await trio.sleep(6)  # the next node check
+    assert gw.gateway.nodes.endpoints[0].slots[MODEL] == Slots(total=2, others=2)
+    hold2 = Hold(PromptCache("local"))
+    local.on("POST", CHAT, hold2)
+    async with trio.open_nursery() as inner:
+        inner.start_soon(ask, gw, conversation(4, 1))
+        await hold2.wait_arrived(1)
+        inner.start_soon(ask, gw, conversation(5, 1))
+        await hold2.wait_arrived(2)
+        hold2.release()
