@@ -14,8 +14,8 @@ import attrs
 import trio
 import trio.testing
 
-from tests.client import CHAT, request
 from protocol.slots import Slots
+from tests.client import CHAT, request
 from tests.conftest import RunningGateway, StartGateway, admin_headers, configure, node
 from tests.fakenode import FakeNode, Hold, start_node
 from tests.fakeupstream import LLAMA_JSON_HEADERS, FakeUpstream, ReceivedRequest, ResponseWriter
