@@ -125,9 +125,9 @@ async def test_a_conversation_stays_where_it_is_warm(
         assert affinity_of(second) == "miss"
         hold.release()
     for turn in range(2, 5):
-        for n, node in ((1, "node:node-a"), (2, "node:node-b")):
+        for n, home in ((1, "node:node-a"), (2, "node:node-b")):
             reply = await ask(gw, conversation(n, turn))
-            assert reply.header("x-sluice-served-by") == node, (n, turn)
+            assert reply.header("x-sluice-served-by") == home, (n, turn)
             assert affinity_of(reply) == "hit", (n, turn)
     assert len(a.seen) == len(b.seen) == 4
     assert all(r > 0 for r in a.reused[1:] + b.reused[1:])  # every later turn reused
