@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from protocol.errors import Family, SluiceError, upstream_bad_response
-from protocol.headers import SERVED_BY, Header
+from protocol.headers import AFFINITY, SERVED_BY, Header
 from protocol.ollama import (
     JSON_TYPE,
     NDJSON_TYPE,
@@ -113,7 +113,8 @@ class OllamaOut:
         return data
 
     def _headers(self, given: list[Header], content_type: bytes) -> list[Header]:
-        return [(b"content-type", content_type), *((k, v) for k, v in given if k == SERVED_BY)]
+        return [(b"content-type", content_type),
+                *((k, v) for k, v in given if k in (SERVED_BY, AFFINITY))]
 
     def _translator(self) -> StreamTranslator:
         translator = self.translator
