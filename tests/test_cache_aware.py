@@ -8,6 +8,7 @@ a shared system prompt, a private document per conversation, then turns."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -107,6 +108,25 @@ async def cache_pool(nursery: trio.Nursery, start_gateway: StartGateway, short_t
                       lb={"strategy": "cache-aware", **lb})
 
 
+async def busy_pool(nursery: trio.Nursery, start_gateway: StartGateway, short_tmp: Any
+                    ) -> tuple[RunningGateway, Hold, PromptCache]:
+    """Two nodes with a prompt cache each; node-a's requests are parked by the Hold."""
+    b = PromptCache("node-b")
+    hold = Hold(PromptCache("node-a"))
+    gw, _ = await cache_pool(nursery, start_gateway, short_tmp, hold, b)
+    return gw, hold, b
+
+
+async def while_a_is_busy(gw: RunningGateway, hold: Hold,
+                          then: Callable[[], Awaitable[None]]) -> None:
+    """Run ``then`` while one request is parked on node-a, then let it finish."""
+    async with trio.open_nursery() as inner:
+        inner.start_soon(ask, gw, [{"role": "user", "content": "park"}])
+        await hold.wait_arrived(1)
+        await then()
+        hold.release()
+
+
 async def test_a_conversation_stays_where_it_is_warm(
         autojump_clock: trio.testing.MockClock, nursery: trio.Nursery,
         start_gateway: StartGateway, short_tmp: Any) -> None:
@@ -176,18 +196,16 @@ async def test_a_session_key_pins_a_conversation_before_its_prefix_is_long(
         start_gateway: StartGateway, short_tmp: Any) -> None:
     """Short, changing prompts share no block; the session key (header, else OpenAI's
     ``user``) keeps them on the node that served the session last."""
-    a, b = PromptCache("node-a"), PromptCache("node-b")
-    hold = Hold(a)
-    gw, _ = await cache_pool(nursery, start_gateway, short_tmp, hold, b)
-    async with trio.open_nursery() as inner:
-        inner.start_soon(ask, gw, [{"role": "user", "content": "park"}])
-        await hold.wait_arrived(1)
+    gw, hold, _ = await busy_pool(nursery, start_gateway, short_tmp)
+
+    async def meanwhile() -> None:
         first = await ask(gw, [{"role": "user", "content": "hello"}],
                           [("x-sluice-session", "chat-42")])
         assert first.header("x-sluice-served-by") == "node:node-b"
         by_user = await ask(gw, [{"role": "user", "content": "hi"}], user="alice")
         assert by_user.header("x-sluice-served-by") == "node:node-b"
-        hold.release()
+
+    await while_a_is_busy(gw, hold, meanwhile)
     for i in range(3):
         again = await ask(gw, [{"role": "user", "content": f"question {i}"}],
                           [("x-sluice-session", "chat-42")])
@@ -206,15 +224,13 @@ async def test_a_predicted_hit_that_reused_nothing_is_forgotten(
         start_gateway: StartGateway, short_tmp: Any) -> None:
     """node-b held the conversation (8 blocks), then lost its cache: its answer reuses 0
     tokens, so the index drops what it believed, and the next turn is no longer a hit."""
-    a, b = PromptCache("node-a"), PromptCache("node-b")
-    hold = Hold(a)
-    gw, _ = await cache_pool(nursery, start_gateway, short_tmp, hold, b)
-    async with trio.open_nursery() as inner:
-        inner.start_soon(ask, gw, [{"role": "user", "content": "park"}])
-        await hold.wait_arrived(1)
-        assert (await ask(gw, conversation(3, 1))).header("x-sluice-served-by") \
-            == "node:node-b"
-        hold.release()
+    gw, hold, b = await busy_pool(nursery, start_gateway, short_tmp)
+
+    async def meanwhile() -> None:
+        first = await ask(gw, conversation(3, 1))
+        assert first.header("x-sluice-served-by") == "node:node-b"
+
+    await while_a_is_busy(gw, hold, meanwhile)
     b.forgetful = True
     reply = await ask(gw, conversation(3, 2))
     assert (reply.header("x-sluice-served-by"), affinity_of(reply)) == ("node:node-b", "hit")
