@@ -458,7 +458,7 @@ def test_config_to_dict_order_and_text() -> None:
     assert list(data) == SPEC_ORDER
     assert list(data["api"]) == ["enabled", "port", "allow_external_access", "require_auth",
                                  "max_body_size", "allowed_hosts", "allowed_origins",
-                                 "max_connections"]
+                                 "max_connections", "node_port"]
     assert data["api"]["max_body_size"] == "32MiB"
     assert data["api"]["allowed_hosts"] == []
     assert data["health_checks"] == {"interval": "5s", "timeout": "4s"}

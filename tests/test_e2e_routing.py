@@ -221,10 +221,13 @@ async def two_nodes(nursery: trio.Nursery, launch: Launcher,
                     **config: Any) -> tuple[GatewayProcess, FakeNode, FakeNode]:
     """A gateway with node-x (top) and node-y both holding model ``m``. The health-check
     interval is long: the index keeps what its first round found while a test breaks a
-    node (a stopped node stays a candidate, as in the moment before the next check)."""
+    node (a stopped node stays a candidate, as in the moment before the next check). The
+    table's rows are about the priority order, so the strategy is ``priority``: under the
+    default ``cache-aware`` a repeated conversation would stay on the node that answered it
+    (SPEC §15), and whether the next request saw that depends on timing."""
     x = await FakeNode("node-x", ["m"]).start(nursery)
     y = await FakeNode("node-y", ["m"]).start(nursery)
-    config = {"interval": 60.0, "hc_timeout": 5.0, **config}
+    config = {"interval": 60.0, "hc_timeout": 5.0, "strategy": "priority", **config}
     gw = await launch.start("g", nodes=[Node(x.fingerprint, x.url, 2),
                                         Node(y.fingerprint, y.url, 1)], **config)
     await gw.wait_nodes({x.fingerprint: ["m"], y.fingerprint: ["m"]})
@@ -253,8 +256,8 @@ async def test_failover_is_tried_only_once(nursery: trio.Nursery, launch: Launch
     x = await FakeNode("node-x", ["m"], answer=reset_now()).start(nursery)
     y = await FakeNode("node-y", ["m"], answer=reset_now()).start(nursery)
     z = await FakeNode("node-z", ["m"]).start(nursery)
-    gw = await launch.start("g", nodes=[Node(n.fingerprint, n.url, p)
-                                        for n, p in ((x, 3), (y, 2), (z, 1))])
+    gw = await launch.start("g", strategy="priority", nodes=[
+        Node(n.fingerprint, n.url, p) for n, p in ((x, 3), (y, 2), (z, 1))])
     await gw.wait_nodes({n.fingerprint: ["m"] for n in (x, y, z)})
     reply = await gw.chat("m")
     assert reply.status == 502, reply

@@ -21,6 +21,7 @@ RESTART_FIELDS: tuple[tuple[str, str], ...] = (
     ("api", "enabled"),
     ("api", "port"),
     ("api", "allow_external_access"),
+    ("api", "node_port"),
     ("local", "socket_dir"),
     ("ollama_api", "port"),
 )

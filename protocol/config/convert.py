@@ -222,6 +222,10 @@ def structure_at(path: str, value: object, tp: Any) -> Any:
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
-    """Plain YAML-ready data in SPEC order; durations like ``"30s"``, sizes like ``"32MiB"``."""
+    """Plain YAML-ready data in SPEC order; durations like ``"30s"``, sizes like ``"32MiB"``.
+    A node without a pin has no ``pin`` key (SPEC §16: absent = a plain link)."""
     data: dict[str, Any] = _CONVERTER.unstructure(cfg)
+    for node in data.get("nodes", ()):
+        if node.get("pin", "") is None:
+            del node["pin"]
     return data

@@ -131,6 +131,7 @@ API: Final = Section("api", (
     field("allowExternalAccess", "api.allow_external_access"),
     field("requireAuth", "api.require_auth"),
     field("socketDir", "local.socket_dir", blank_is_null=True),
+    field("nodePort", "api.node_port"),
 ), read_only=("restartRequired",))
 
 LOAD_BALANCING: Final = Section("loadBalancing", (

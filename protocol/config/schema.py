@@ -99,6 +99,7 @@ class ApiConfig:
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     max_connections: int = 1024
+    node_port: int = 39443  # TLS 1.3 listener for other gateways (SPEC §16); 0 = none
 
 
 @attrs.frozen
@@ -165,6 +166,7 @@ class NodeConfig:
     priority: int
     enabled: bool = True
     weight: int = 1  # MIN_WEIGHT..MAX_WEIGHT: its share under the weighted strategy
+    pin: str | None = None  # its certificate's "sha256:<hex>", set by pairing (SPEC §16)
 
 
 @attrs.frozen

@@ -66,7 +66,8 @@ _SECTION_NOTES: Final = {
              "#     base_url: http://192.168.1.50:39080\n"
              "#     priority: 5                    # 1..255, unique; largest = first\n"
              "#     enabled: true                  # included in routing\n"
-             "#     weight: 1                      # 1..100, its share under weighted",
+             "#     weight: 1                      # 1..100, its share under weighted\n"
+             "#     pin: sha256:9f86d0...          # its certificate, set by pairing",
     "discovery": "mDNS/DNS-SD on the LAN; both off until the user turns them on",
     "aliases": "names clients send -> models that exist; a model that exists is never\n"
                "# aliased; else an exact name, else the first matching pattern in this order\n"
@@ -85,6 +86,7 @@ _KEY_NOTES: Final = {
     ("local", "socket_dir"): "custom socket folder, at most 62 bytes, applied at restart",
     ("local", "fallback_port"): "loopback TCP port used only when no socket folder works",
     ("ollama_api", "port"): "0 = off; e.g. 11434: a loopback listener for Ollama apps",
+    ("api", "node_port"): "TLS 1.3 for paired gateways, with external access; 0 = none",
     ("discovery", "announce"): "takes effect only with api.allow_external_access",
     ("discovery", "browse"): "takes effect only with load_balancing.enabled",
     ("load_balancing", "strategy"): " | ".join(STRATEGIES),

@@ -16,6 +16,7 @@ from protocol.config.schema import (
 )
 from protocol.durations import format_duration, parse_duration
 from protocol.errors import ConfigError
+from protocol.lan.pinning import is_pin
 from protocol.upstream_url import parse_upstream_url
 
 __all__ = ["validate_config"]
@@ -62,6 +63,9 @@ def _check_url(path: str, url: str, *, unix: bool) -> None:
 
 def _check_api(api: ApiConfig) -> None:
     _check_range("api.port", api.port, 0, 65535)  # 0: any free port
+    _check_range("api.node_port", api.node_port, 0, 65535)  # 0: no node listener
+    if api.node_port and api.node_port == api.port:
+        raise ConfigError("api.node_port", f"must differ from api.port ({api.port})")
     _check_range("api.max_body_size", api.max_body_size, 1)
     for field, values in (("allowed_hosts", api.allowed_hosts),
                           ("allowed_origins", api.allowed_origins)):
@@ -115,6 +119,9 @@ def _check_lists(cfg: Config) -> None:
         _check_url(f"nodes[{i}].base_url", node.base_url, unix=False)
         _check_range(f"nodes[{i}].priority", node.priority, 1, 255)
         _check_range(f"nodes[{i}].weight", node.weight, MIN_WEIGHT, MAX_WEIGHT)
+        if node.pin is not None and not is_pin(node.pin):
+            raise ConfigError(f"nodes[{i}].pin", "expected sha256: and 64 lowercase hex "
+                              f"digits (its certificate's SHA-256), got {node.pin[:80]!r}")
         if node.priority in priorities:
             raise ConfigError(f"nodes[{i}].priority", f"priority {node.priority} is already used "
                               f"by nodes[{priorities[node.priority]}]; priorities (1..255) "
