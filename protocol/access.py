@@ -23,7 +23,7 @@ from protocol.lan.pairing import check_claim_body
 
 __all__ = [
     "ADMIN_CHANGES", "ADMIN_ONLY", "ANYONE", "KEY_HOLDERS", "KEY_PREFIX", "PAIRING_CLAIM_PATH",
-    "PAIRING_PATH", "WRITES", "Access", "Rule", "admin_token_invalid",
+    "PAIRING_EXCHANGE_PATH", "PAIRING_PATH", "WRITES", "Access", "Rule", "admin_token_invalid",
     "admin_token_missing", "api_key_header", "authorize", "bearer_token", "check_api_key",
     "check_secret_maps", "hash_key", "key_expired", "key_invalid", "key_matches",
     "key_missing", "model_not_allowed", "new_access_key", "rate_limited", "token_equals",
@@ -36,6 +36,7 @@ MAX_KEY_LENGTH = 4096
 _WWW_AUTHENTICATE = ((b"www-authenticate", b"Bearer"),)
 PAIRING_PATH = "/api/v1/pairing"  # SPEC §14: the code; admin only, even to read
 PAIRING_CLAIM_PATH = "/api/v1/pairing/claim"  # SPEC §14: how another computer gets a key
+PAIRING_EXCHANGE_PATH = "/api/v1/pairing/exchange"  # SPEC §16: the same, by SPAKE2 over TLS
 
 
 # ----------------------------------------------------------------------- tokens and keys

@@ -72,10 +72,13 @@ def aliases_view(cfg: Config) -> dict[str, Any]:
 
 
 def node_entry(node: NodeConfig, keys: Mapping[str, str]) -> dict[str, Any]:
-    """One entry of the registry: the node's fields, and whether it has a key (never the
-    key)."""
+    """One entry of the registry: the node's fields, whether it has a key (never the
+    key), and its link (SPEC §16): ``pinned`` (TLS to its node port, its certificate's
+    ``pin``) or ``plain`` (HTTP to its ``baseUrl``)."""
     out = {f.json: getattr(node, f.key) for f in NODES.fields}
     out["hasApiKey"] = node.fingerprint in keys
+    out["pin"] = node.pin
+    out["link"] = "pinned" if node.pin else "plain"
     return out
 
 

@@ -30,6 +30,7 @@ import trio
 
 from protocol.config import Config
 from proxy.access.key_grants import KeyGrants
+from proxy.lan.identity import Identity
 from proxy.lan.own_host import OwnHost
 from proxy.lan.pairing import Pairing
 from proxy.notifications import Notifications
@@ -59,6 +60,7 @@ class Listening:
     local_tcp_port: int | None = None
     tcp_port: int | None = None
     external: bool = False  # the API listener binds every address (allow_external_access)
+    node_port: int | None = None  # the TLS listener for paired gateways (SPEC §16)
 
 
 class Clients:
@@ -147,6 +149,7 @@ class GatewayContext:
         default=attrs.Factory(lambda ctx: Pairing(ctx.hub, ctx.notifications), takes_self=True))
     own_host: OwnHost = attrs.field(factory=OwnHost)  # the Host guard's addresses (SPEC §14)
     discovery: DiscoverySwitch | None = None  # LAN discovery (SPEC §14)
+    identity: Identity | None = None  # this gateway's certificate (SPEC §16)
 
     def __repr__(self) -> str:
         return f"GatewayContext({self.listening!r}, {self.clients!r}, {self.connections!r})"

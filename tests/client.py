@@ -14,6 +14,8 @@ import trio
 from tests.rawhttp import assert_openai_error, connect, until_close
 
 CHAT = "/v1/chat/completions"
+# GET /health of a gateway without a node listener (SPEC §16: no identity in process).
+HEALTH = {"status": "ok", "identity": None, "nodePort": None}
 
 
 class Reply:

@@ -135,10 +135,11 @@ def _old_rule(method: bytes, path: str) -> Access:
     for every path and method."""
     if method == b"OPTIONS":
         return Access.OPEN
-    if method == b"POST" and path == "/api/v1/pairing/claim":
-        return Access.CLAIM
+    if method == b"POST" and path in ("/api/v1/pairing/claim", "/api/v1/pairing/exchange"):
+        return Access.CLAIM  # (SPEC §16 added the exchange, a claim of its own kind)
     if path == "/admin" or path.startswith("/admin/") or (path.startswith("/api/v1/") and (
-            method in WRITES or path == "/api/v1/pairing")):
+            method in WRITES or path == "/api/v1/pairing"
+            or path.startswith("/api/v1/pairing/peers"))):  # SPEC §16: the admin's
         return Access.ADMIN
     return Access.OPEN if path == "/health" else Access.KEY
 
@@ -184,7 +185,7 @@ def test_every_route_has_a_level_and_every_admin_write_is_admin() -> None:
                     assert level is Access.ADMIN, (method, path)
             elif path.startswith("/admin"):
                 assert level is Access.ADMIN, (method, path)
-    assert claims == [(b"POST", "/api/v1/pairing/claim")]
+    assert claims == [(b"POST", "/api/v1/pairing/claim"), (b"POST", "/api/v1/pairing/exchange")]
     open_paths = {path for path, e in tables if e.access.level(b"GET") is Access.OPEN}
     assert open_paths == {"/health"}
 

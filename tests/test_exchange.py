@@ -144,7 +144,7 @@ def chat(model: str = "m", stream: bool = False) -> bytes:
 async def test_an_endpoint_of_ours(tmp_path: Path) -> None:
     out = await run(context(tmp_path), FakeSource(b"GET", b"/health", []))
     assert out.status() == 200
-    assert out.sent.endswith(b'{"status": "ok"}')
+    assert out.sent.endswith(b'{"status": "ok", "identity": null, "nodePort": null}')
     assert out.response.state is State.DONE
     assert out.response.reusable  # keep-alive: the connection may carry another request
 

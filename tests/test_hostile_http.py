@@ -284,7 +284,7 @@ async def test_head_answers_carry_no_body(
     statuses = [r.status for r in outcome.responses]
     assert len(statuses) == 5, outcome.responses
     assert statuses[-1] == 200, outcome.responses
-    assert outcome.responses[-1].body == b'{"status":"ok"}'
+    assert outcome.responses[-1].body == b'{"status":"ok","identity":null,"nodePort":null}'
     assert all(r.body == b"" for r in outcome.responses[:4])
     assert outcome.closed
     assert outcome.rest == b""

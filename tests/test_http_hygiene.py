@@ -17,7 +17,7 @@ import trio.testing
 
 from proxy.connection import BODY_GAP_TIMEOUT, HEAD_TIMEOUT, IDLE_TIMEOUT
 from proxy.server import Gateway
-from tests.client import Client, chat_body, connect, request
+from tests.client import HEALTH, Client, chat_body, connect, request
 from tests.conftest import StartGateway, gateway_config, open_settings
 from tests.fakeupstream import (
     FakeUpstream,
@@ -209,7 +209,7 @@ async def test_http10_without_host_over_tcp(upstream: FakeUpstream,
     gw = await start_gateway([("fake", upstream.url)])
     resp, rest = await exchange(gw.tcp, b"GET /health HTTP/1.0\r\n\r\n")
     assert resp.status == 200, resp
-    assert json.loads(resp.body) == {"status": "ok"}
+    assert json.loads(resp.body) == HEALTH
     assert rest == b""  # HTTP/1.0 without keep-alive: closed after the answer
 
 
@@ -222,7 +222,7 @@ async def test_odd_host_is_accepted_on_unix_socket(upstream: FakeUpstream,
             await raw.send(b"GET /health HTTP/1.1\r\nHost: :39080\r\n\r\n")
             resp = await raw.response()
             assert resp.status == 200, resp
-            assert json.loads(resp.body) == {"status": "ok"}
+            assert json.loads(resp.body) == HEALTH
             # Still a keep-alive connection: a second request on it is served too.
             await raw.send(b"GET /health HTTP/1.1\r\nHost: evil.example:39080\r\n\r\n")
             assert (await raw.response()).status == 200

@@ -323,6 +323,27 @@ def test_an_instance_name_with_a_dot_is_one_label() -> None:
     assert seen.instance == "v1.2 box"
 
 
+def test_the_identity_and_node_port_travel_in_the_txt_record() -> None:
+    """SPEC §16: ``id=<pin>`` and ``tls=<node port>`` beside ``fp`` and ``v``; a TXT
+    without them, or with a ``tls`` that is no port, reads as none."""
+    pin = "sha256:" + "ab" * 32
+    ours = dnssd.Announcement("box", "box.local.", 39080, "node-box", "1", ("10.0.0.1",),
+                              identity=pin, node_port=39443)
+    [seen] = dnssd.sightings(dnssd.announce_packet(ours))
+    assert (seen.fingerprint, seen.identity, seen.node_port, seen.port) == (
+        "node-box", pin, 39443, 39080)
+    [plain] = dnssd.sightings(dnssd.announce_packet(
+        dnssd.Announcement("box", "box.local.", 1, "f", "v")))
+    assert (plain.identity, plain.node_port) == ("", 0)
+    for tls in (b"tls=0", b"tls=70000", b"tls=x", b"tls="):
+        packet = _response(
+            Record(dnssd.SERVICE, PTR, 4500, Ptr("a._sluice._tcp.local.")),
+            Record("a._sluice._tcp.local.", SRV, 120, Srv(0, 0, 9, "a.local.")),
+            Record("a._sluice._tcp.local.", TXT, 4500, Txt((b"fp=x", tls))))
+        [odd] = dnssd.sightings(packet)
+        assert odd.node_port == 0, tls
+
+
 def _response(*records: Record, flags: int = 0x8400) -> bytes:
     return mdns.encode(Message(flags=flags, answers=records))
 

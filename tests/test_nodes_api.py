@@ -74,7 +74,8 @@ async def test_add_uses_the_nodes_identity_and_sends_its_key(
                        {"baseUrl": url + "/", "apiKey": node_key, "name": "studio"})
     assert made.status == 201, made.body
     assert made.json() == {"fingerprint": node_fp, "name": "studio", "baseUrl": url,
-                           "priority": 255, "enabled": True, "weight": 1, "hasApiKey": True}
+                           "priority": 255, "enabled": True, "weight": 1, "hasApiKey": True,
+                           "pin": None, "link": "plain"}
     nodes, keys, text = files(gw)
     assert nodes == [{"fingerprint": node_fp, "name": "studio", "base_url": url,
                       "priority": 255, "enabled": True, "weight": 1}]

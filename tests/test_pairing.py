@@ -111,6 +111,37 @@ def test_a_right_code_after_wrong_ones() -> None:
     assert state.claim("123456", T0, "x") is Outcome.ACCEPTED
 
 
+def test_an_exchange_settles_against_the_code_it_began_with() -> None:
+    """SPEC §16: the PAKE's outcome counts as a claim would; an exchange begun against a
+    code that was replaced, cancelled or expired meanwhile claims nothing."""
+    state = PairingState()
+    state.issue("123456", T0)
+    code = state.view(T0)
+    assert code is not None
+    for left in range(MAX_TRIES - 1, 0, -1):
+        assert state.settle(code, False, T0 + 1, "x") is Outcome.WRONG
+        assert code.tries_left == left
+    assert state.settle(code, True, T0 + 2, "laptop") is Outcome.ACCEPTED
+    assert (code.state, code.claimed_by) == (CodeState.CLAIMED, "laptop")
+    assert state.settle(code, True, T0 + 2, "again") is Outcome.NO_CODE  # one use
+    state.issue("111111", T0 + 3)
+    old = state.view(T0 + 3)
+    state.issue("222222", T0 + 4)
+    assert old is not None
+    assert state.settle(old, True, T0 + 5, "x") is Outcome.NO_CODE  # replaced
+    assert state.view(T0 + 5).state is CodeState.ACTIVE  # type: ignore[union-attr]
+    new = state.view(T0 + 5)
+    assert new is not None
+    assert state.settle(new, True, T0 + 4 + CODE_LIFETIME, "x") is Outcome.NO_CODE  # expired
+    state.issue("333333", T0 + 9000)
+    last = state.view(T0 + 9000)
+    assert last is not None
+    for _ in range(MAX_TRIES - 1):
+        state.settle(last, False, T0 + 9001, "x")
+    assert state.settle(last, False, T0 + 9001, "x") is Outcome.VOIDED
+    assert state.settle(last, True, T0 + 9001, "x") is Outcome.NO_CODE
+
+
 def test_a_new_code_replaces_the_old_one() -> None:
     state = PairingState()
     state.issue("111111", T0)

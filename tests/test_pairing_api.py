@@ -95,12 +95,17 @@ async def test_a_claim_needs_no_token_and_gives_an_access_key(
     gw = await start_gateway([], require_auth=True)
     events: list[dict[str, Any]] = []
     gw.gateway.ctx.hub.subscribe(lambda kind, at, data: events.append(data), ("pairing",))
-    # A remote peer may claim, and nothing else: other writes still need the admin token.
+    # A claim needs no token, and nothing else is opened: other writes need the admin token.
     for path in (PAIRING, CLAIM + "/", "/api/v1/access-keys"):
         refused = await from_ip(gw, "127.0.0.2", "POST", path, {})
         assert (refused.status, error_of(refused)["code"]) == (401, "admin_token_required")
     code = await new_code(gw)
-    reply = await from_ip(gw, "127.0.0.2", "POST", CLAIM, claim_doc(code))
+    # SPEC §16: over the network a code is proved by the exchange on the node port; the
+    # claim that answers with a key in clear is served to this machine only.
+    remote = await from_ip(gw, "127.0.0.2", "POST", CLAIM, claim_doc(code))
+    assert (remote.status, error_of(remote)["code"]) == (403, "claim_local_only")
+    assert (await state(gw))["triesLeft"] == 5  # refused before the code was looked at
+    reply = await from_ip(gw, "127.0.0.1", "POST", CLAIM, claim_doc(code))
     assert reply.status == 200, reply.body
     answer = reply.json()
     assert set(answer) == {"fingerprint", "accessKey"}

@@ -47,7 +47,7 @@ async def test_adding_a_node_with_a_code(start_gateway: StartGateway) -> None:
     assert made.status == 201, made.body
     assert made.json() == {"fingerprint": b_fp, "name": "127.0.0.1",
                            "baseUrl": f"http://{b.tcp}", "priority": 255, "enabled": True,
-                           "weight": 1, "hasApiKey": True}
+                           "weight": 1, "hasApiKey": True, "pin": None, "link": "plain"}
     key = node_keys(a)[b_fp]
     assert key not in made.body.decode()
     assert key not in (a.gateway.settings.data_dir / "config.yaml").read_text()

@@ -25,11 +25,14 @@ from protocol.lan.pake import (
     HostSession,
     Joiner,
     PairingProtocolError,
+    Welcome,
     parse_exchange,
+    parse_welcome,
 )
 from protocol.lan.pinning import fingerprint_of
 
-FP_A = fingerprint_of(b"joiner's certificate")
+CERT_A = b"joiner's certificate"  # stands in for a DER: only its hash matters here
+FP_A = fingerprint_of(CERT_A)
 FP_B = fingerprint_of(b"host's certificate")
 FP_M = fingerprint_of(b"the man in the middle's certificate")
 CODE = "402913"
@@ -248,7 +251,7 @@ def test_no_repr_or_error_shows_the_code_or_a_key() -> None:
     exchange = parse_exchange({"step": 2, "message": mine, "fingerprint": FP_A})
     shown.append(repr(exchange))
     for doc in ({"step": 2, "message": code, "fingerprint": FP_A},
-                {"step": 1, "message": mine, "fingerprint": code},
+                {"step": 1, "message": mine, "fingerprint": code, "certificate": b64(CERT_A)},
                 {"step": 2, "message": message, "fingerprint": FP_A}):
         with pytest.raises(SluiceError) as error:
             parse_exchange(doc)
@@ -276,8 +279,8 @@ def test_importing_the_module_does_not_import_spake2() -> None:
 def test_parse_exchange_reads_both_steps() -> None:
     message = Joiner(CODE, FP_A, FP_B).start()
     exchange = parse_exchange({"step": 1, "message": message, "fingerprint": FP_A.upper(),
-                               "name": "  laptop "})
-    assert exchange == Exchange(1, message, FP_A, "laptop")
+                               "name": "  laptop ", "certificate": b64(CERT_A)})
+    assert exchange == Exchange(1, message, FP_A, "laptop", CERT_A)
     assert exchange.key_name == "laptop"
     confirmation = b64(bytes(CONFIRMATION_SIZE))
     exchange = parse_exchange({"step": 2, "message": confirmation, "fingerprint": FP_A})
@@ -286,7 +289,7 @@ def test_parse_exchange_reads_both_steps() -> None:
 
 
 GOOD: dict[str, Any] = {"step": 1, "message": b64(bytes(SPAKE2_MESSAGE_SIZE)),
-                        "fingerprint": FP_A, "name": "laptop"}
+                        "fingerprint": FP_A, "name": "laptop", "certificate": b64(CERT_A)}
 
 
 @pytest.mark.parametrize(("change", "param"), [
@@ -299,6 +302,10 @@ GOOD: dict[str, Any] = {"step": 1, "message": b64(bytes(SPAKE2_MESSAGE_SIZE)),
     ({"fingerprint": FP_A[:-1]}, "fingerprint"),
     ({"name": 7}, "name"), ({"name": "a\nb"}, "name"), ({"name": "x" * 101}, "name"),
     ({"code": CODE}, "code"), ({"accessKey": "k"}, "accessKey"),
+    ({"certificate": None}, "certificate"), ({"certificate": "not base64!"}, "certificate"),
+    ({"certificate": ""}, "certificate"), ({"certificate": b64(b"another one")}, "certificate"),
+    ({"certificate": b64(bytes(4096))}, "certificate"),
+    ({"step": 2, "message": b64(bytes(CONFIRMATION_SIZE))}, "certificate"),  # step 1 only
 ])
 def test_parse_exchange_refuses_naming_the_field(change: dict[str, Any], param: str) -> None:
     doc = {**GOOD, **change}
@@ -310,9 +317,22 @@ def test_parse_exchange_refuses_naming_the_field(change: dict[str, Any], param: 
 
 
 def test_parse_exchange_missing_fields() -> None:
-    for field in ("step", "message", "fingerprint"):
+    for field in ("step", "message", "fingerprint", "certificate"):
         doc = {k: v for k, v in GOOD.items() if k != field}
         with pytest.raises(SluiceError) as caught:
             parse_exchange(doc)
         assert caught.value.param == field
     assert parse_exchange({k: v for k, v in GOOD.items() if k != "name"}).name == ""
+
+
+def test_parse_welcome_reads_the_hosts_answer_to_step_2() -> None:
+    doc = {"message": b64(bytes(CONFIRMATION_SIZE)), "fingerprint": "node-desk",
+           "name": "desk", "accessKey": "sk-sluice-abc"}
+    assert parse_welcome(doc) == Welcome(doc["message"], "node-desk", "desk", "sk-sluice-abc")
+    assert "sk-sluice-abc" not in repr(parse_welcome(doc))
+    assert parse_welcome({**doc, "name": None}) == Welcome(doc["message"], "node-desk", "",
+                                                           "sk-sluice-abc")
+    for bad in ({"message": 1}, {"fingerprint": "a b"}, {"accessKey": ""}, {"accessKey": None},
+                {"name": "a\nb"}):
+        assert parse_welcome({**doc, **bad}) is None
+    assert parse_welcome([doc]) is None

@@ -6,7 +6,7 @@ import json
 
 import trio
 
-from tests.client import Client, chat_body, request
+from tests.client import HEALTH, Client, chat_body, request
 from tests.conftest import StartGateway
 from tests.fakeupstream import (
     FakeUpstream,
@@ -95,7 +95,7 @@ async def test_keep_alive_and_pipelining(upstream: FakeUpstream,
         await client.send_request("GET", "/v1/models")  # h11 needs our side to advance
         second = await client.read_reply()
         assert first.body == b"".join(sse_events(2))
-        assert second.json() == {"status": "ok"}
+        assert second.json() == HEALTH
     finally:
         await client.aclose()
 
@@ -118,7 +118,7 @@ async def test_pipelined_requests_with_bodies_in_one_write(
     finally:
         await raw.aclose()
     assert [r.status for r in replies] == [200, 200, 200, 200]
-    assert json.loads(replies[3].body) == {"status": "ok"}
+    assert json.loads(replies[3].body) == HEALTH
     got = [json.loads(r.body)["messages"][0]["content"]
            for r in upstream.requests_to("/v1/chat/completions")]
     assert got == ["x" * n for n in sizes]

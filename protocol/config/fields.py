@@ -167,6 +167,6 @@ NODES: Final = Section("nodes", (
     field("priority", "nodes[].priority"),
     field("enabled", "nodes[].enabled"),
     field("weight", "nodes[].weight"),
-), read_only=("hasApiKey",), by_json=True)
+), read_only=("hasApiKey", "pin", "link"), by_json=True)
 
 SETTINGS_SECTIONS: Final = (API, LOAD_BALANCING, TIMEOUTS, DISCOVERY, ALIASES, NODES)

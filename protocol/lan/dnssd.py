@@ -1,7 +1,8 @@
 """The ``_sluice._tcp`` DNS-SD service (RFC 6763) over Multicast DNS (RFC 6762), as packets.
 
 SPEC §14: a gateway announces itself as ``<computer name>._sluice._tcp.local.`` with its port
-and a TXT record of exactly ``fp=<fingerprint>`` and ``v=<version>``; others browse for the
+and a TXT record of ``fp=<fingerprint>`` and ``v=<version>`` (and SPEC §16's ``id=<pin>``
+and ``tls=<node port>`` when the gateway has them); others browse for the
 service type. This module makes and reads the packets and decides answers; the sockets, the
 timers and the multicast groups are ``proxy/lan/discovery/``'s.
 
@@ -76,6 +77,8 @@ class Announcement:
     fingerprint: str
     version: str
     addresses: tuple[str, ...] = ()
+    identity: str = ""  # SPEC §16: the certificate's pin (TXT ``id=``), "" = none
+    node_port: int = 0  # SPEC §16: the TLS node listener's port (TXT ``tls=``), 0 = none
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ class Sighting:
     port: int
     addresses: tuple[str, ...]
     ttl: int
+    identity: str = ""  # TXT ``id=`` (SPEC §16): "" when not announced
+    node_port: int = 0  # TXT ``tls=``: 0 when not announced (or not a port)
 
 
 def instance_name(instance: str) -> str:
@@ -115,7 +120,12 @@ def _records(a: Announcement, ttl_of: int | None = None) -> dict[str, list[Recor
             host_records.append(Record(a.host, TYPE_A, ttl(HOST_TTL), A(str(ip)), True))
         else:
             host_records.append(Record(a.host, TYPE_AAAA, ttl(HOST_TTL), AAAA(str(ip)), True))
-    txt = Txt((b"fp=" + a.fingerprint.encode(), b"v=" + a.version.encode()))
+    entries = [b"fp=" + a.fingerprint.encode(), b"v=" + a.version.encode()]
+    if a.identity:
+        entries.append(b"id=" + a.identity.encode())
+    if a.node_port:
+        entries.append(b"tls=%d" % a.node_port)
+    txt = Txt(tuple(entries))
     return {
         "ptr": [Record(SERVICE, PTR, ttl(OTHER_TTL), Ptr(full))],
         "meta": [Record(SERVICES_META, PTR, ttl(OTHER_TTL), Ptr(SERVICE))],
@@ -339,6 +349,9 @@ def _sightings(packet: bytes) -> list[Sighting]:
             continue
         host = srv.target if srv else ""
         seen = addresses.get(mdns.fold(host), []) if host else []
+        tls = values.get("tls", "")
         found.append(Sighting(label[key], fingerprint, values.get("v", ""), host,
-                              srv.port if srv else 0, tuple(dict.fromkeys(seen)), ttl))
+                              srv.port if srv else 0, tuple(dict.fromkeys(seen)), ttl,
+                              values.get("id", "")[:80],
+                              int(tls) if tls.isdigit() and 0 < int(tls) < 65536 else 0))
     return found

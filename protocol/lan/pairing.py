@@ -174,15 +174,33 @@ class PairingState:
         code = self._settle(now)
         if code is None or code.state is not CodeState.ACTIVE:
             return Outcome.NO_CODE
-        if hmac.compare_digest(presented.encode(), code.value.encode()):
-            code.state = CodeState.CLAIMED
-            code.claimed_by = name
-            return Outcome.ACCEPTED
-        code.tries_left -= 1
-        if code.tries_left <= 0:
-            code.state = CodeState.VOID
-            return Outcome.VOIDED
-        return Outcome.WRONG
+        return _decide(code, hmac.compare_digest(presented.encode(), code.value.encode()),
+                       name)
+
+
+    def settle(self, code: PairingCode, proved: bool, now: float, name: str) -> Outcome:
+        """The end of a pairing exchange (SPEC §16) begun against ``code``: ``proved`` when
+        the joiner's key confirmation showed it knows the code. Counts as a claim of the
+        right or a wrong code would; NO_CODE when ``code`` is no longer the active code
+        (expired, cancelled or replaced while the exchange ran)."""
+        current = self._settle(now)
+        if current is not code or code.state is not CodeState.ACTIVE:
+            return Outcome.NO_CODE
+        return _decide(code, proved, name)
+
+
+def _decide(code: PairingCode, right: bool, name: str) -> Outcome:
+    """One try against the active ``code``: claimed by ``name`` when ``right``, else one
+    try less (void at the last)."""
+    if right:
+        code.state = CodeState.CLAIMED
+        code.claimed_by = name
+        return Outcome.ACCEPTED
+    code.tries_left -= 1
+    if code.tries_left <= 0:
+        code.state = CodeState.VOID
+        return Outcome.VOIDED
+    return Outcome.WRONG
 
 
 class ClaimRateLimit:

@@ -37,8 +37,8 @@ import attrs
 
 from protocol.errors import SluiceError, bad_request
 from protocol.lan.pairing import normalize_code
-from protocol.lan.pinning import normalize_pin
-from protocol.names import LABEL_RULE, is_label
+from protocol.lan.pinning import fingerprint_of, normalize_pin
+from protocol.names import LABEL_RULE, is_fingerprint, is_label
 
 __all__ = [
     "CONFIRMATION_SIZE",
@@ -48,13 +48,16 @@ __all__ = [
     "HostSession",
     "Joiner",
     "PairingProtocolError",
+    "Welcome",
     "parse_exchange",
+    "parse_welcome",
 ]
 
 SPAKE2_MESSAGE_SIZE: Final = 33  # a side byte and an Ed25519 point
 CONFIRMATION_SIZE: Final = 32  # HMAC-SHA256
 MAX_MESSAGE_TEXT: Final = 64  # base64 characters: both messages are 44
-EXCHANGE_FIELDS: Final = ("step", "message", "fingerprint", "name")
+EXCHANGE_FIELDS: Final = ("step", "message", "fingerprint", "name", "certificate")
+MAX_CERTIFICATE: Final = 2048  # bytes of the joiner's certificate DER (Ed25519: ~300)
 JOINER_LABEL: Final = b"sluice-pair-A"
 HOST_LABEL: Final = b"sluice-pair-B"
 
@@ -249,6 +252,7 @@ class Exchange:
     message: str = attrs.field(repr=False)
     fingerprint: str
     name: str
+    certificate: bytes = attrs.field(default=b"", repr=False)  # step 1: the joiner's DER
 
     @property
     def key_name(self) -> str:
@@ -261,8 +265,10 @@ def _bad(field: str, message: str) -> SluiceError:
 
 
 def parse_exchange(doc: Mapping[str, Any]) -> Exchange:
-    """``{step, message, fingerprint, name?}``; 400 with ``param`` naming the field (never
-    echoing a message)."""
+    """``{step, message, fingerprint, name?, certificate}``; 400 with ``param`` naming the
+    field (never echoing a message). Step 1 carries the joiner's certificate (base64 DER),
+    which must hash to ``fingerprint``: the host trusts it at its handshakes once paired,
+    and it never saw it otherwise (the joiner pairs without presenting it)."""
     for field in doc:
         if field not in EXCHANGE_FIELDS:
             raise _bad(str(field)[:64], f"unknown field; expected one of "
@@ -287,4 +293,50 @@ def parse_exchange(doc: Mapping[str, Any]) -> Exchange:
         name = ""
     if not is_label(name):
         raise _bad("name", LABEL_RULE)
-    return Exchange(step, message, fingerprint, name.strip())
+    certificate = b""
+    if step == 1:
+        certificate = _certificate(doc.get("certificate"))
+        if fingerprint_of(certificate) != fingerprint:
+            raise _bad("certificate", "its SHA-256 is not the fingerprint sent with it")
+    elif "certificate" in doc:
+        raise _bad("certificate", "sent in step 1 only")
+    return Exchange(step, message, fingerprint, name.strip(), certificate)
+
+
+def _certificate(text: object) -> bytes:
+    """Step 1's ``certificate``: base64 of a DER of at most MAX_CERTIFICATE bytes."""
+    problem = _bad("certificate", "expected the joining node's certificate: base64 of its "
+                                  f"DER, at most {MAX_CERTIFICATE} bytes")
+    if not isinstance(text, str) or not text.isascii() or len(text) > MAX_CERTIFICATE * 4 // 3 + 4:
+        raise problem
+    try:
+        der = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise problem from None
+    if not der or len(der) > MAX_CERTIFICATE:
+        raise problem
+    return der
+
+
+@attrs.frozen
+class Welcome:
+    """The host's answer to step 2 as the joiner reads it: the host's confirmation, then,
+    to be trusted only once that confirmation checks, its node id, name and the access key
+    it made for the joiner."""
+
+    message: str = attrs.field(repr=False)
+    node_id: str
+    name: str
+    access_key: str = attrs.field(repr=False)
+
+
+def parse_welcome(doc: object) -> Welcome | None:
+    """``{message, fingerprint, name, accessKey}`` from the host; None when it is not that."""
+    if not isinstance(doc, dict):
+        return None
+    message, node_id, key = doc.get("message"), doc.get("fingerprint"), doc.get("accessKey")
+    name = doc.get("name") or ""
+    if not isinstance(message, str) or not is_fingerprint(node_id) or not is_label(name) \
+            or not isinstance(key, str) or not key or len(key) > 4096:
+        return None
+    return Welcome(message, node_id, name.strip(), key)

@@ -14,6 +14,8 @@ changes nothing, except a key's last use, which is shown even when it cannot be 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -24,9 +26,10 @@ import trio
 
 from protocol.access import hash_key, key_matches, new_access_key
 from protocol.key_limits import KeyLimits, stored_limits
+from protocol.lan.pinning import fingerprint_of
 from proxy.timestamps import now_iso
 
-__all__ = ["AccessKey", "KeyStore"]
+__all__ = ["AccessKey", "KeyStore", "peer_of"]
 
 log = logging.getLogger("sluice.settings")
 
@@ -78,12 +81,27 @@ class AccessKey(Mapping[str, Any]):
 SaveKeys = Callable[[tuple[AccessKey, ...]], Awaitable[None]]
 """Writes secrets.yaml with these access keys (the caller holds the writer)."""
 
+PEER_FIELDS = ("pin", "certificate")  # a paired computer's key: its certificate (SPEC §16)
+
+
+def peer_of(key: AccessKey) -> tuple[str, bytes] | None:
+    """``(pin, certificate DER)`` of a key made by pairing (SPEC §16), else None (a key
+    made by hand, or a hand edit that left the fields unusable)."""
+    pin, text = key.get("pin"), key.get("certificate")
+    if not isinstance(pin, str) or not isinstance(text, str):
+        return None
+    try:
+        der = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return (pin, der) if der and fingerprint_of(der) == pin else None
+
 
 class KeyStore:
     """The access keys of one data dir: made, limited, revoked and marked used here only.
     :attr:`all` is the current tuple of records; each change replaces it."""
 
-    __slots__ = ("_noting", "_save", "_writer", "all")
+    __slots__ = ("_noting", "_save", "_watchers", "_writer", "all")
 
     def __init__(self, entries: Iterable[Mapping[str, Any]], *, writer: trio.Lock,
                  save: SaveKeys) -> None:
@@ -91,7 +109,18 @@ class KeyStore:
         self._writer = writer  # the settings' one writer of secrets.yaml and config.yaml
         self._save = save
         self._noting: dict[str, str] = {}  # key id -> the minute of a use being recorded
+        self._watchers: list[Callable[[tuple[AccessKey, ...]], None]] = []
         self.load(entries)
+
+    def watch(self, watcher: Callable[[tuple[AccessKey, ...]], None]) -> None:
+        """Call ``watcher(keys)`` now and whenever the set of keys changes (made, changed,
+        revoked, reloaded; not a last use): the node listener's paired peers follow it."""
+        self._watchers.append(watcher)
+        watcher(self.all)
+
+    def _changed(self) -> None:
+        for watcher in self._watchers:
+            watcher(self.all)
 
     def __repr__(self) -> str:
         return f"KeyStore(keys={len(self.all)})"
@@ -100,6 +129,7 @@ class KeyStore:
         """Hold these stored entries (as secrets.yaml has them) as the keys, in memory
         only: what the settings read at start (a test plants its keys the same way)."""
         self.all = tuple(AccessKey.of(entry) for entry in entries)
+        self._changed()
 
     def stored(self) -> list[dict[str, Any]]:
         """The ``access_keys`` part of secrets.yaml as written."""
@@ -112,21 +142,27 @@ class KeyStore:
     def get(self, key_id: str) -> AccessKey | None:
         return next((key for key in self.all if key.id == key_id), None)
 
-    async def add(self, name: str, limits: Mapping[str, Any] | None = None
-                  ) -> tuple[AccessKey, str]:
+    async def add(self, name: str, limits: Mapping[str, Any] | None = None, *,
+                  peer: tuple[str, bytes] | None = None) -> tuple[AccessKey, str]:
         """Make an access key and save its hash: ``(the stored record, the key)``. The key
         itself is returned this once and kept nowhere. ``limits``: ``models``, ``rpm``,
-        ``expires_at`` as stored (checked by the caller; None or absent = no limit). A
-        failed write raises OSError and adds nothing."""
+        ``expires_at`` as stored (checked by the caller; None or absent = no limit).
+        ``peer``: ``(pin, certificate DER)`` of the computer that paired (SPEC §16): the key
+        is bound to that certificate, and an earlier key bound to it goes in the same write
+        (pairing again replaces the key). A failed write raises OSError and adds nothing."""
         async with self._writer:
             taken = {key.get("id") for key in self.all}
             key_id, key = new_access_key()
             while key_id in taken:  # pragma: no cover - 48 random bits
                 key_id, key = new_access_key()
+            bound = {} if peer is None else {
+                "pin": peer[0], "certificate": base64.b64encode(peer[1]).decode()}
             made = AccessKey.of({"id": key_id, "name": name, "hash": hash_key(key),
                                  "created_at": now_iso(), "last_used_at": None,
-                                 **limit_fields(limits or {})})
-            await self._replace((*self.all, made))
+                                 **limit_fields(limits or {}), **bound})
+            kept = self.all if peer is None else tuple(
+                k for k in self.all if k.get("pin") != peer[0])
+            await self._replace((*kept, made))
         return made, key
 
     async def update(self, key_id: str, changes: Mapping[str, Any]) -> AccessKey | None:
@@ -194,6 +230,7 @@ class KeyStore:
         """Save ``keys`` (the caller holds the writer), then hold them."""
         await self._save(keys)
         self.all = keys
+        self._changed()
 
 
 def limit_fields(limits: Mapping[str, Any]) -> dict[str, Any]:

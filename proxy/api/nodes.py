@@ -25,13 +25,14 @@ from protocol.access import check_api_key
 from protocol.config import Config, NodeConfig, by_priority
 from protocol.config.fields import NODES, check_fields
 from protocol.config.writes import structure_field
-from protocol.errors import ConfigError, no_such_item, node_exists
+from protocol.errors import ConfigError, SluiceError, Source, no_such_item, node_exists
 from protocol.lan.pairing import CODE_DIGITS, normalize_code
 from protocol.names import LABEL_RULE, is_fingerprint, is_label
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from protocol.views import node_entry, registry_view
 from proxy.api.call import Call, saving
 from proxy.lan.pairing_client import claim_key, computer_name
+from proxy.lan.pairing_join import join, node_port_of
 from proxy.settings.store import NodesChange
 from proxy.upstream.connection import UpstreamFailure
 from proxy.upstream.pool import fetch
@@ -195,6 +196,29 @@ def list_nodes(call: Call) -> tuple[int, Any]:
     return 200, registry_view(call.ctx.config, call.ctx.settings.secrets.node_keys)
 
 
+async def _pair(call: Call, address: UpstreamAddress, url: str,
+                code: str) -> tuple[str, str, str | None, str]:
+    """Pair with the gateway at ``url`` by its code: ``(fingerprint, access key, pin,
+    its name)``. Over its node port with SPAKE2 when it has one (SPEC §16: the node is then
+    pinned); else §14's claim (an older sluice), with no pin."""
+    ctx = call.ctx
+    timeout = ctx.config.timeouts.connection
+    node_port = await node_port_of(ctx.connections, address, url, connect_timeout=timeout)
+    if node_port is None:
+        fingerprint, key = await claim_key(
+            ctx.connections, address, url, code=code, fingerprint=ctx.settings.node_id,
+            name=computer_name(), connect_timeout=timeout)
+        return fingerprint, key, None, ""
+    if ctx.identity is None:
+        raise SluiceError(503, "this gateway has no identity (identity/ in its data dir) to "
+                               "pair with; restart it", type="server_error",
+                          code="no_identity", source=Source.GATEWAY)
+    joined = await join(address, node_port, url, code=code, identity=ctx.identity,
+                        node_id=ctx.settings.node_id, name=computer_name(),
+                        connect_timeout=timeout)
+    return joined.node_id, joined.access_key, joined.pin, joined.name
+
+
 async def add_node(call: Call) -> tuple[int, Any]:
     doc = call.json_object()
     check_fields(doc, ADD_FIELDS)
@@ -205,10 +229,10 @@ async def add_node(call: Call) -> tuple[int, Any]:
     weight = _weight(doc["weight"]) if doc.get("weight") is not None else 1
     ctx = call.ctx
     _check_room(ctx.config)  # before asking the node
-    if code is not None:  # SPEC §14: the node gives its fingerprint and a key for the code
-        fingerprint, key = await claim_key(
-            ctx.connections, address, url, code=code, fingerprint=ctx.settings.node_id,
-            name=computer_name(), connect_timeout=ctx.config.timeouts.connection)
+    pin: str | None = None
+    if code is not None:  # SPEC §14, §16: the node gives its fingerprint and a key for the code
+        fingerprint, key, pin, given = await _pair(call, address, url, code)
+        name = name or given
     else:
         fingerprint = await ask_identity(call, address, key) or derived_fingerprint(address)
     if fingerprint == ctx.settings.node_id:
@@ -223,7 +247,8 @@ async def add_node(call: Call) -> tuple[int, Any]:
         current = by_priority(cfg.nodes)
         lowest = current[-1].priority if current else MAX_PRIORITY + 1
         node = NodeConfig(fingerprint=fingerprint, name=name or (address.host or url),
-                          base_url=url, priority=lowest - 1, enabled=True, weight=weight)
+                          base_url=url, priority=lowest - 1, enabled=True, weight=weight,
+                          pin=pin)
         nodes = (*current, node) if lowest > 1 else _renumber([*current, node])
         keys.pop(fingerprint, None)  # never inherit a stale key
         if key is not None:

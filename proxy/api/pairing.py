@@ -1,7 +1,12 @@
 """``/api/v1/pairing`` (SPEC §14), on the computer to add: make, show and cancel the
 one-time pairing code (admin token), and ``/api/v1/pairing/claim``, where another computer
 trades the code for an access key (no token, no key: its level in the route table is
-:attr:`protocol.access.Access.CLAIM`).
+:attr:`protocol.access.Access.CLAIM`; SPEC §16: served to loopback callers only).
+
+SPEC §16's ``/api/v1/pairing/exchange``: the same trade over the node listener's TLS, as
+SPAKE2 in two steps (:mod:`protocol.lan.pake`), so the code never travels; the key made is
+bound to the joiner's certificate. ``/api/v1/pairing/peers``: the computers paired so,
+each by its certificate's pin; deleting one revokes its key.
 
 The claim's access key is made exactly as ``POST /api/v1/access-keys`` makes one
 (:meth:`KeyStore.add`: stored hashed, listed by ``GET /api/v1/access-keys``),
@@ -13,15 +18,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.access import PAIRING_CLAIM_PATH, PAIRING_PATH
-from protocol.errors import bad_request
+from protocol.access import PAIRING_CLAIM_PATH, PAIRING_EXCHANGE_PATH, PAIRING_PATH
+from protocol.errors import SluiceError, Source, bad_request, no_such_item
 from protocol.lan.pairing import parse_claim
+from protocol.lan.pake import parse_exchange
+from protocol.lan.pinning import normalize_pin
+from proxy.access import auth
+from proxy.access.key_store import peer_of
 from proxy.api.call import Call, saving
+from proxy.lan.pairing_client import computer_name
 
-__all__ = ["CLAIM_PATH", "PATH", "cancel_code", "claim_code", "make_code", "show_code"]
+__all__ = ["CLAIM_PATH", "EXCHANGE_PATH", "PATH", "PEERS_PATH", "PEERS_PREFIX", "cancel_code",
+           "claim_code", "exchange", "list_peers", "make_code", "show_code", "unpair"]
 
 PATH = PAIRING_PATH
 CLAIM_PATH = PAIRING_CLAIM_PATH
+EXCHANGE_PATH = PAIRING_EXCHANGE_PATH
+PEERS_PATH = "/api/v1/pairing/peers"
+PEERS_PREFIX = PEERS_PATH + "/"
 
 
 def show_code(call: Call) -> tuple[int, Any]:
@@ -49,6 +63,11 @@ async def claim_code(call: Call) -> tuple[int, Any]:
     claims a minute (before the body is looked at), 422 naming a bad field, 401 for any
     code that is not accepted."""
     ctx = call.ctx
+    if call.peer and not auth.peer_is_loopback(call.peer):
+        raise SluiceError(403, "a pairing code is claimed over the network only through the "
+                               "pairing exchange on the node port (SPEC §16): update the "
+                               "other computer's sluice", type="permission_error",
+                          code="claim_local_only", source=Source.CLIENT)
     pairing = ctx.pairing
     pairing.admit(call.peer)
     claim = parse_claim(call.json_object())
@@ -58,3 +77,57 @@ async def claim_code(call: Call) -> tuple[int, Any]:
     ctx.notifications.clear("external_access_without_keys")
     pairing.paired(claim.key_name, entry["id"])
     return 200, {"fingerprint": ctx.settings.node_id, "accessKey": key}
+
+
+async def exchange(call: Call) -> tuple[int, Any]:
+    """SPEC §16, on the node listener only: step 1 ``{step: 1, message, fingerprint, name?,
+    certificate}`` -> ``{message}`` (our SPAKE2 message); step 2 ``{step: 2, message,
+    fingerprint}`` -> ``{message, fingerprint, name, accessKey}``: our key confirmation
+    and, only when the joiner's proved the code, the access key made for it, bound to its
+    certificate (the joiner trusts the key only once our confirmation checks)."""
+    ctx = call.ctx
+    identity = ctx.identity
+    if call.transport != "node" or identity is None:
+        raise SluiceError(404, "the pairing exchange is served on the node port (TLS), see "
+                               "GET /health's nodePort", type="invalid_request_error",
+                          code="not_found", source=Source.CLIENT)
+    doc = parse_exchange(call.json_object())
+    if doc.step == 1:
+        return 200, {"message": await ctx.pairing.begin(doc, call.peer,
+                                                        identity.fingerprint)}
+    confirmation, begun = ctx.pairing.finish(doc, call.peer)
+    with saving("the access key"):
+        entry, key = await ctx.settings.keys.add(begun.name,
+                                                 peer=(doc.fingerprint, begun.certificate))
+    ctx.notifications.clear("external_access_without_keys")
+    ctx.pairing.paired(begun.name, entry["id"])
+    return 200, {"message": confirmation, "fingerprint": ctx.settings.node_id,
+                 "name": computer_name(), "accessKey": key}
+
+
+def list_peers(call: Call) -> tuple[int, Any]:
+    """The computers paired by the exchange: ``[{fingerprint, name, keyId, pairedAt,
+    lastUsedAt}]`` (``fingerprint`` = its certificate's pin), in pairing order."""
+    peers = []
+    for key in call.ctx.settings.keys.all:
+        peer = peer_of(key)
+        if peer is not None:
+            peers.append({"fingerprint": peer[0], "name": key.get("name"), "keyId": key.id,
+                          "pairedAt": key.get("created_at"),
+                          "lastUsedAt": key.get("last_used_at")})
+    return 200, peers
+
+
+async def unpair(call: Call) -> tuple[int, Any]:
+    """Forget a paired computer: revoke the key bound to its certificate; its open links
+    close and its next handshake is refused. 404 when no peer has that pin."""
+    raw = call.path[len(PEERS_PREFIX):]
+    pin = normalize_pin(raw)
+    keys = call.ctx.settings.keys
+    found = [key.id for key in keys.all if (peer := peer_of(key)) and peer[0] == pin]
+    if pin is None or not found:
+        raise no_such_item("paired computer", "fingerprint", raw[:80])
+    with saving("the access keys"):
+        for key_id in found:
+            await keys.revoke(key_id)
+    return 200, {"fingerprint": pin, "unpaired": True}

@@ -52,7 +52,12 @@ __all__ = ["NEEDS_MODELS", "PREFIXES", "ROUTES", "AnyHandler", "AsyncHandler", "
 
 
 def health(call: Call) -> tuple[int, Any]:
-    return 200, {"status": "ok"}
+    """``status``; and what another computer needs to pair and link (SPEC §16, no secret):
+    this gateway's ``identity`` (its certificate's pin) and its ``nodePort`` (null
+    without a node listener)."""
+    identity = call.ctx.identity
+    return 200, {"status": "ok", "identity": None if identity is None else identity.fingerprint,
+                 "nodePort": call.ctx.listening.node_port}
 
 
 def list_models(call: Call) -> tuple[int, Any]:
@@ -166,6 +171,11 @@ ROUTES: dict[str, Endpoint] = {
                                         b"DELETE": pairing.cancel_code}),
     pairing.CLAIM_PATH: Endpoint(ADMIN_CHANGES.but(b"POST", Access.CLAIM),
                                  {b"POST": pairing.claim_code}),
+    # SPEC §16: the exchange is a claim's kind (no token, no key, a small body); it answers
+    # on the node listener only. The peers are the admin's.
+    pairing.EXCHANGE_PATH: Endpoint(ADMIN_CHANGES.but(b"POST", Access.CLAIM),
+                                    {b"POST": pairing.exchange}),
+    pairing.PEERS_PATH: Endpoint(ADMIN_ONLY, {b"GET": pairing.list_peers}),
     "/ui": Endpoint(KEY_HOLDERS, {b"GET": console.redirect, b"HEAD": console.redirect}),
     "/ui/": Endpoint(KEY_HOLDERS, {b"GET": console.serve_file, b"HEAD": console.serve_file}),
     **ollama_routes.ROUTES,  # the Ollama API (SPEC §12)
@@ -181,6 +191,7 @@ PREFIXES: dict[str, Endpoint] = {
     nodes.PREFIX: Endpoint(ADMIN_CHANGES, {b"PATCH": nodes.patch_node,
                                            b"DELETE": nodes.delete_node}),
     settings_history.PREFIX: Endpoint(ADMIN_CHANGES, {b"POST": settings_history.restore}),
+    pairing.PEERS_PREFIX: Endpoint(ADMIN_ONLY, {b"DELETE": pairing.unpair}),
     "/ui/": Endpoint(KEY_HOLDERS, {b"GET": console.serve_file, b"HEAD": console.serve_file}),
 }
 

@@ -49,6 +49,8 @@ class DiscoverySwitch:
         self.open_link: Callable[[], Awaitable[Link]] | None = None
         self.service: Discovery | None = None
         self.port: int | None = None  # the API port, once listening
+        self.identity = ""  # SPEC §16: our certificate's pin, announced as TXT id=
+        self.node_port: int | None = None  # SPEC §16: the node listener's, as TXT tls=
         self._scope: trio.CancelScope | None = None
         self._wake = trio.Event()
         self._withdrawn = False
@@ -111,7 +113,8 @@ class DiscoverySwitch:
                     self._scope = None
                 return
             self.notifications.clear(UNAVAILABLE)
-            me = Me(short_hostname(), self.settings.node_id, self.version, self.port or 0)
+            me = Me(short_hostname(), self.settings.node_id, self.version, self.port or 0,
+                    self.identity, self.node_port or 0)
             service = Discovery(link, me, publish=self._publish, configured=self._configured,
                                 own_host=self.own_host)
             try:

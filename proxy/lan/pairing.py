@@ -14,34 +14,53 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import trio
 
+from protocol.errors import SluiceError, bad_request
 from protocol.lan.pairing import (
     CODE_LIFETIME,
     Claim,
     ClaimRateLimit,
     CodeState,
     Outcome,
+    PairingCode,
     PairingState,
     claim_rate_limited,
     code_not_accepted,
     new_code,
 )
+from protocol.lan.pake import Exchange, HostSession, PairingProtocolError
 from proxy import timestamps
 from proxy.notifications import Notifications
 from proxy.observe.hub import Hub
 
-__all__ = ["Pairing"]
+__all__ = ["Begun", "Pairing"]
 
 log = logging.getLogger("sluice.pairing")
 
 NOTIFICATION = "pairing_claimed"
+EXCHANGE_TIME = 60.0  # seconds a begun exchange waits for its step 2
+MAX_EXCHANGES = 8  # begun exchanges waiting at once
+
+
+@attrs.frozen
+class Begun:
+    """A pairing exchange after its step 1 (SPEC §16): the host's SPAKE2 session, the code
+    it runs against, the joiner's certificate DER and name, and until when step 2 may
+    come (trio's clock)."""
+
+    session: HostSession = attrs.field(repr=False)
+    code: PairingCode = attrs.field(repr=False)
+    certificate: bytes = attrs.field(repr=False)
+    name: str
+    until: float
 
 
 class Pairing:
     """The gateway's pairing code and the claim budget of each peer address."""
 
-    __slots__ = ("_expires_at", "_hub", "_limit", "_notifications", "_state", "wall")
+    __slots__ = ("_begun", "_expires_at", "_hub", "_limit", "_notifications", "_state", "wall")
 
     def __init__(self, hub: Hub | None = None, notifications: Notifications | None = None,
                  *, wall: Callable[[], float] = timestamps.wall) -> None:
@@ -51,6 +70,7 @@ class Pairing:
         self._state = PairingState()
         self._limit = ClaimRateLimit()
         self._expires_at: str | None = None  # the current code's expiry, ISO 8601 UTC
+        self._begun: dict[str, Begun] = {}  # joiner's pin -> its exchange after step 1
 
     def __repr__(self) -> str:
         return f"Pairing({self._state!r}, {self._limit!r})"
@@ -104,20 +124,71 @@ class Pairing:
         """Check the claim's code: returns when it is accepted (the code is used from now
         on), raises the one 401 otherwise."""
         outcome = self._state.claim(claim.code, trio.current_time(), claim.key_name)
+        self._settled(outcome, "claim", peer, claim.key_name, claim.fingerprint)
+
+    def _settled(self, outcome: Outcome, what: str, peer: str, name: str,
+                 fingerprint: str) -> None:
+        """Log a claim's or an exchange's ``outcome``; raise the one 401 unless accepted."""
+        if outcome is not Outcome.ACCEPTED:
+            raise self._refusal(outcome, what, peer)
+        log.info("pairing code %s by %s (%s) from %s",
+                 "claimed" if what == "claim" else "proved in an exchange", name,
+                 fingerprint, peer or "a local client")
+
+    def _refusal(self, outcome: Outcome, what: str, peer: str) -> SluiceError:
+        """Log a refused claim or exchange; the one 401 to raise."""
         who = peer or "a local client"
-        if outcome is Outcome.ACCEPTED:
-            log.info("pairing code claimed by %s (%s) from %s", claim.key_name,
-                     claim.fingerprint, who)
-            return
         if outcome is Outcome.NO_CODE:
-            log.info("a pairing claim from %s was refused: no code is active", who)
+            log.info("a pairing %s from %s was refused: no code is active", what, who)
         else:
             code = self._state.view(trio.current_time())
             left = code.tries_left if code is not None else 0
-            log.info("a pairing claim from %s was refused: wrong code (%s)", who,
+            log.info("a pairing %s from %s was refused: wrong code (%s)", what, who,
                      f"{left} tries left" if outcome is Outcome.WRONG else "the code is void now")
             self._publish()
-        raise code_not_accepted()
+        return code_not_accepted()
+
+    # -- the exchange of SPEC §16 (host side) ------------------------------------------
+
+    async def begin(self, exchange: Exchange, peer: str, own_pin: str) -> str:
+        """Step 1 from the joiner ``exchange.fingerprint``: our SPAKE2 message. Counts
+        against ``peer``'s attempts a minute (429); no active code -> the one 401. The
+        session waits EXCHANGE_TIME for its step 2 (a new step 1 from the same joiner
+        replaces it; at most MAX_EXCHANGES wait at once, the oldest goes first)."""
+        self.admit(peer)
+        now = trio.current_time()
+        code = self._state.view(now)
+        if code is None or code.state is not CodeState.ACTIVE:
+            raise self._refusal(Outcome.NO_CODE, "exchange", peer)
+        session = HostSession(code.value, own_pin, exchange.fingerprint)
+        try:  # SPAKE2's arithmetic takes ~20 ms of CPU: off the event loop
+            message = await trio.to_thread.run_sync(session.answer, exchange.message)
+        except PairingProtocolError:
+            raise bad_request("message: not a SPAKE2 message", param="message") from None
+        begun = self._begun
+        begun.pop(exchange.fingerprint, None)
+        begun[exchange.fingerprint] = Begun(session, code, exchange.certificate,
+                                            exchange.key_name, now + EXCHANGE_TIME)
+        while len(begun) > MAX_EXCHANGES:
+            begun.pop(next(iter(begun)))
+        return message
+
+    def finish(self, exchange: Exchange, peer: str) -> tuple[str, Begun]:
+        """Step 2: our key confirmation and what step 1 brought (the joiner's certificate
+        and name) when the joiner's confirmation proves it knows the code (the code is
+        used from now on); else one try of the code is spent and the one 401 raised."""
+        now = trio.current_time()
+        begun = self._begun.pop(exchange.fingerprint, None)
+        if begun is None or now >= begun.until:
+            raise self._refusal(Outcome.NO_CODE, "exchange", peer)
+        try:
+            confirmation = begun.session.check(exchange.message)
+        except PairingProtocolError:
+            confirmation = None
+        outcome = self._state.settle(begun.code, confirmation is not None, now, begun.name)
+        self._settled(outcome, "exchange", peer, begun.name, exchange.fingerprint)
+        assert confirmation is not None
+        return confirmation, begun
 
     def paired(self, name: str, key_id: str) -> None:
         """The claim's access key is saved: tell the user (a notification, info level,

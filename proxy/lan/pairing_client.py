@@ -21,6 +21,7 @@ import trio
 from protocol.access import PAIRING_CLAIM_PATH
 from protocol.errors import (
     ConfigError,
+    SluiceError,
     Source,
     rate_limit_error,
     upstream_bad_response,
@@ -33,7 +34,8 @@ from protocol.upstream_url import UpstreamAddress
 from proxy.upstream.connection import UpstreamFailure
 from proxy.upstream.pool import ConnectionPool, whole_exchange
 
-__all__ = ["CLAIM_TIMEOUT", "claim_key", "computer_name"]
+__all__ = ["ANSWER_CAP", "CLAIM_TIMEOUT", "NOT_ACCEPTED", "answer_error", "ask", "claim_key",
+           "computer_name"]
 
 log = logging.getLogger("sluice.pairing")
 
@@ -71,27 +73,66 @@ def _retry_after(headers: list[Header]) -> bytes:
 
 def _answer(status: int, headers: list[Header], body: bytes, url: str) -> tuple[str, str]:
     """``(fingerprint, key)`` from the other side's answer, or the error we answer."""
-    if status == 200:
-        try:
-            found = parse_claim_answer(json.loads(body))
-        except (ValueError, UnicodeDecodeError):
-            found = None
-        if found is None:
-            raise upstream_bad_response(f"{url} answered the pairing claim with something "
-                                        "that is not a fingerprint and an access key")
-        return found
+    if status != 200:
+        raise answer_error(status, headers, body, url)
+    try:
+        found = parse_claim_answer(json.loads(body))
+    except (ValueError, UnicodeDecodeError):
+        found = None
+    if found is None:
+        raise upstream_bad_response(f"{url} answered the pairing claim with something "
+                                    "that is not a fingerprint and an access key")
+    return found
+
+
+def answer_error(status: int, headers: list[Header], body: bytes, url: str) -> SluiceError:
+    """What we answer when the other side refused a claim or an exchange with ``status``:
+    401 -> 422 naming ``pairingCode``; 429 -> 429 with its ``Retry-After``; else 502."""
     if status == 401:
-        raise ConfigError("pairingCode", NOT_ACCEPTED)
+        return ConfigError("pairingCode", NOT_ACCEPTED)
     if status == 429:
         retry = _retry_after(headers)
-        raise rate_limit_error(f"{url} refuses more pairing attempts for now; retry in "
-                               f"{retry.decode()} s", retry, Source.UPSTREAM)
+        return rate_limit_error(f"{url} refuses more pairing attempts for now; retry in "
+                                f"{retry.decode()} s", retry, Source.UPSTREAM)
     said = _remote_message(body)
     if status == 404:
         hint = "it does not offer pairing (an older sluice, or not sluice at all?)"
     else:
         hint = f"it answered {status}" + (f": {said}" if said else "")
-    raise upstream_bad_response(f"{url} refused the pairing claim: {hint}")
+    return upstream_bad_response(f"{url} refused pairing: {hint}")
+
+
+async def ask(connections: ConnectionPool, address: UpstreamAddress, url: str,
+              method: bytes, path: bytes, headers: list[Header], body: bytes, *,
+              connect_timeout: float) -> tuple[int, list[Header], bytes]:
+    """One small exchange with the gateway at ``url`` for pairing: ``(status, headers,
+    body)``, bounded by ``connect_timeout`` to connect and CLAIM_TIMEOUT in all; no
+    connection or no answer in time -> the 502 we answer."""
+    scope = trio.CancelScope(deadline=trio.current_time() + CLAIM_TIMEOUT)
+    end = scope.deadline
+
+    def connecting() -> None:
+        scope.deadline = min(end, trio.current_time() + connect_timeout)
+
+    def connected() -> None:
+        scope.deadline = end
+
+    status, answer_headers, answer = 0, [], b""
+    with scope:
+        try:
+            head, answer = await whole_exchange(
+                connections, address, method, address.target(path), headers, body,
+                cap=ANSWER_CAP, on_connecting=connecting, on_connected=connected)
+        except (UpstreamFailure, OSError, ValueError) as exc:
+            log.info("pairing with %s failed: %s", url, type(exc).__name__)
+            reason = str(exc) if isinstance(exc, UpstreamFailure) else type(exc).__name__
+            raise upstream_unreachable(f"cannot pair with {url}: {reason}") from None
+        status, answer_headers = head.status_code, head.headers
+    if scope.cancelled_caught:
+        log.info("pairing with %s failed: no answer in time", url)
+        raise upstream_unreachable(f"cannot pair with {url}: no answer within "
+                                   f"{CLAIM_TIMEOUT:g}s (connect: {connect_timeout:g}s)")
+    return status, answer_headers, answer
 
 
 async def claim_key(connections: ConnectionPool, address: UpstreamAddress, url: str, *,
@@ -106,29 +147,8 @@ async def claim_key(connections: ConnectionPool, address: UpstreamAddress, url: 
     headers: list[Header] = [(b"host", address.authority), (b"accept", b"application/json"),
                              (b"content-type", b"application/json"),
                              (b"content-length", str(len(body)).encode())]
-    scope = trio.CancelScope(deadline=trio.current_time() + CLAIM_TIMEOUT)
-    end = scope.deadline
-
-    def connecting() -> None:
-        scope.deadline = min(end, trio.current_time() + connect_timeout)
-
-    def connected() -> None:
-        scope.deadline = end
-
-    status, answer_headers, answer = 0, [], b""
-    with scope:
-        try:
-            head, answer = await whole_exchange(
-                connections, address, b"POST", address.target(PAIRING_CLAIM_PATH.encode()),
-                headers, body, cap=ANSWER_CAP, on_connecting=connecting, on_connected=connected)
-        except (UpstreamFailure, OSError, ValueError) as exc:
-            log.info("pairing with %s failed: %s", url, type(exc).__name__)
-            reason = str(exc) if isinstance(exc, UpstreamFailure) else type(exc).__name__
-            raise upstream_unreachable(f"cannot pair with {url}: {reason}") from None
-        status, answer_headers = head.status_code, head.headers
-    if scope.cancelled_caught:
-        log.info("pairing with %s failed: no answer in time", url)
-        raise upstream_unreachable(f"cannot pair with {url}: no answer within "
-                                   f"{CLAIM_TIMEOUT:g}s (connect: {connect_timeout:g}s)")
+    status, answer_headers, answer = await ask(
+        connections, address, url, b"POST", PAIRING_CLAIM_PATH.encode(), headers, body,
+        connect_timeout=connect_timeout)
     log.info("pairing with %s: it answered %d", url, status)
     return _answer(status, answer_headers, answer, url)

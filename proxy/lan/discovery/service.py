@@ -39,17 +39,21 @@ RELIST = 5.0  # seconds between two listings of the interfaces
 
 @attrs.frozen
 class Me:
-    """What this gateway announces: its name, fingerprint, version and API port."""
+    """What this gateway announces: its name, fingerprint, version, API port and (SPEC §16)
+    its identity and node port."""
 
     hostname: str  # the computer's short name: the instance, and <hostname>.local.
     fingerprint: str
     version: str
     port: int
+    identity: str = ""  # SPEC §16: the certificate's pin (TXT id=)
+    node_port: int = 0  # SPEC §16: the node listener's port (TXT tls=), 0 = none
 
     def on(self, interface: Interface) -> Announcement:
         return Announcement(instance=self.hostname, host=f"{self.hostname}.local.",
                             port=self.port, fingerprint=self.fingerprint,
-                            version=self.version, addresses=(interface.address,))
+                            version=self.version, addresses=(interface.address,),
+                            identity=self.identity, node_port=self.node_port)
 
 
 def _key(interface: Interface) -> str:
