@@ -24,6 +24,7 @@ from proxy.context import Clients, GatewayContext
 from proxy.drain import DRAIN_TIMEOUT, Drain, drain_timeout
 from proxy.files import remove_leftovers
 from proxy.lan.discovery_switch import DiscoverySwitch
+from proxy.lan.link_warnings import PlainLinks
 from proxy.lan.own_host import OwnHost
 from proxy.listeners import ListenerError
 from proxy.models.launcher import INSTALL_HINT, llama_available
@@ -157,6 +158,7 @@ class Gateway:
             reports=Reports(AccessLog(logsetup.line_sink()), self.hub),
             own_host=self.discovery.own_host, discovery=self.discovery)
         self.settings.subscribe(Follower(self._follow, self.settings.config))
+        self.settings.subscribe(PlainLinks(self.notifications, self.settings.config))
         self.watcher = ConfigWatcher(self.settings, self.notifications)
 
     async def _serve(self, task_status: trio.TaskStatus[None]) -> None:

@@ -198,10 +198,10 @@ async def test_hello_comes_first_with_every_field(start_gateway: StartGateway,
         assert hello["type"] == "hello", hello
         assert ISO.match(hello["at"])
         data = hello["data"]
-        assert set(data) == {"fingerprint", "version", "status", "pool", "stats", "settings",
-                             "notifications"}
-        assert {"fingerprint": data["fingerprint"], "version": data["version"]} == \
-            gets["/api/v1/node/identity"]
+        assert set(data) == {"fingerprint", "version", "identity", "status", "pool", "stats",
+                             "settings", "notifications"}
+        assert {"fingerprint": data["fingerprint"], "version": data["version"],
+                "identity": data["identity"]} == gets["/api/v1/node/identity"]
         assert data["status"] == gets["/api/v1/inference/status"]
         assert data["status"]["loadedModels"] == 1
         assert data["pool"] == gets["/api/v1/pool/distributed-status"]

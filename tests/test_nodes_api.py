@@ -51,7 +51,8 @@ async def test_identity(start_gateway: StartGateway) -> None:
     gw = await start_gateway([])
     reply = await request(gw.unix, "GET", "/api/v1/node/identity")
     assert reply.status == 200
-    assert reply.json() == {"fingerprint": gw.gateway.settings.node_id, "version": "0.1.0"}
+    assert reply.json() == {"fingerprint": gw.gateway.settings.node_id, "version": "0.1.0",
+                            "identity": None}
 
 
 async def test_add_uses_the_nodes_identity_and_sends_its_key(

@@ -207,6 +207,18 @@ def test_show_puts_the_pool_after_the_gateway_lines() -> None:
     assert lines[-1] == "warning: note"
 
 
+def test_show_names_the_identity_and_node_port() -> None:
+    """SPEC §16: ``sluice status`` shows the certificate's pin (and the node port)."""
+    pin = "sha256:" + "9f" * 32
+    base = {"socketPath": "/run/sluice.sock", "routerPort": 39080, "models": ["m"],
+            "backends": [], "managedModels": []}
+    lines = show({**base, "identity": pin, "nodePort": 39443}).splitlines()
+    assert lines[1] == f"identity: {pin} (node port 39443, TLS 1.3)"
+    assert show({**base, "identity": pin, "nodePort": None}).splitlines()[1] == \
+        f"identity: {pin} (no node port)"
+    assert not any(line.startswith("identity") for line in show(base).splitlines())
+
+
 # ------------------------------------------------------------------------- a real gateway
 
 

@@ -116,7 +116,8 @@ def hello_frame(ctx: GatewayContext, route: Router) -> str:
         bodies[field] = body
     identity = bodies.pop("identity")
     data = {"fingerprint": identity["fingerprint"], "version": identity["version"],
-            "status": bodies["status"], "pool": bodies["pool"], "stats": bodies["stats"],
+            "identity": identity["identity"], "status": bodies["status"],
+            "pool": bodies["pool"], "stats": bodies["stats"],
             "settings": {name: bodies[name] for name in _SETTINGS},
             "notifications": bodies["notifications"]["notifications"]}
     return compact_json({"type": "hello", "at": iso_utc(wall()), "data": data})

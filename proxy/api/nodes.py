@@ -56,7 +56,10 @@ def version() -> str:
 
 
 def identity(call: Call) -> tuple[int, Any]:
-    return 200, {"fingerprint": call.ctx.settings.node_id, "version": version()}
+    """``{fingerprint, version}`` (SPEC §8) and ``identity``: the certificate's pin (§16)."""
+    pin = call.ctx.identity
+    return 200, {"fingerprint": call.ctx.settings.node_id, "version": version(),
+                 "identity": None if pin is None else pin.fingerprint}
 
 
 # ------------------------------------------------------------------------------ helpers

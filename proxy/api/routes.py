@@ -106,6 +106,9 @@ def inference_status(call: Call) -> tuple[int, Any]:
         body["localTcp"] = f"127.0.0.1:{ctx.local_tcp_port}"
     if ctx.config.load_balancing.enabled:
         body["distributed"] = pool_status.summary(ctx.nodes, ctx.config)
+    identity = ctx.identity  # SPEC §16: this gateway's certificate pin, its node port
+    body["identity"] = None if identity is None else identity.fingerprint
+    body["nodePort"] = ctx.listening.node_port
     body["models"] = loaded
     body["backends"] = backends
     body["managedModels"] = ctx.ondemand.status() if ctx.ondemand else []

@@ -17,6 +17,10 @@ def show(status: dict[str, Any]) -> str:
     lines = [f"gateway: running; local socket {where}; "
              f"TCP port {status.get('routerPort') or 'off'}",
              f"models: {', '.join(status.get('models', [])) or '(none available)'}"]
+    if status.get("identity"):  # SPEC §16: the certificate's pin, and the node port
+        port = status.get("nodePort")
+        lines.insert(1, f"identity: {status['identity']}"
+                        + (f" (node port {port}, TLS 1.3)" if port else " (no node port)"))
     for backend in status.get("backends", []):
         state = "online" if backend["online"] else f"offline ({backend['lastError']})"
         lines.append(f"  backend {backend['name']}: {state}")
@@ -254,11 +258,12 @@ def show_nodes(nodes: list[dict[str, Any]]) -> str:
     if not nodes:
         return "no nodes (add one with: sluice nodes add http://HOST:39080)"
     lines = [f"{'#':>3} {'FINGERPRINT':<22} {'NAME':<20} {'URL':<32} {'ROUTING':<8} "
-             f"{'WEIGHT':>6} KEY"]
+             f"{'WEIGHT':>6} {'KEY':<4} LINK"]
     for i, node in enumerate(nodes, 1):
         lines.append(f"{i:>3} {node['fingerprint']:<22} {node['name'] or '-':<20} "
                      f"{node['baseUrl']:<32} {'on' if node['enabled'] else 'off':<8} "
-                     f"{node.get('weight', 1):>6} {'yes' if node['hasApiKey'] else 'no'}")
+                     f"{node.get('weight', 1):>6} {'yes' if node['hasApiKey'] else 'no':<4} "
+                     f"{node.get('link', 'plain')}")
     return "\n".join(lines)
 
 

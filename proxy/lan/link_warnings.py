@@ -1,0 +1,56 @@
+"""SPEC §16's warning about plain links: a node reached over plain HTTP at an address
+outside 127.0.0.0/8 (added by URL and key, or a gateway without §16) carries prompts,
+answers and its key in clear on the network. One ``plain_node_link`` warning names every
+such node; it is raised once per node that becomes one (not again for the same nodes) and
+cleared when none is left (each paired, removed, disabled, or moved to this machine) or
+load balancing is off (then nothing goes to the nodes)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from protocol.config import Config, NodeConfig
+from protocol.rebinding import is_loopback_ip
+from protocol.upstream_url import parse_upstream_url
+from proxy.notifications import Notifications
+
+__all__ = ["PLAIN_NODE_LINK", "PlainLinks", "plain_remote_nodes"]
+
+PLAIN_NODE_LINK = "plain_node_link"
+
+
+def _remote(base_url: str) -> bool:
+    try:
+        host = parse_upstream_url(base_url).host or ""
+    except ValueError:
+        return False  # never reached at all: its checks say why
+    return host != "localhost" and not is_loopback_ip(host)
+
+
+def plain_remote_nodes(nodes: Iterable[NodeConfig]) -> list[NodeConfig]:
+    """The enabled nodes without a pin whose ``base_url`` is not this machine."""
+    return [n for n in nodes if n.enabled and n.pin is None and _remote(n.base_url)]
+
+
+class PlainLinks:
+    """Follows the config (a settings subscriber) and keeps the one warning true."""
+
+    __slots__ = ("_notifications", "_warned")
+
+    def __init__(self, notifications: Notifications, cfg: Config) -> None:
+        self._notifications = notifications
+        self._warned: frozenset[str] = frozenset()
+        self(cfg)
+
+    def __call__(self, cfg: Config) -> None:
+        plain = plain_remote_nodes(cfg.nodes) if cfg.load_balancing.enabled else []
+        now = frozenset(n.fingerprint for n in plain)
+        if not plain:
+            self._notifications.clear(PLAIN_NODE_LINK)
+        elif not now <= self._warned:  # a node that was not plain before
+            names = ", ".join(f"{n.name} ({n.base_url})" for n in plain)
+            self._notifications.raise_(PLAIN_NODE_LINK, (
+                f"plain HTTP on the network to {names}: anyone on that network can read the "
+                "prompts, the answers and the node's key. Pair with the other computer's code "
+                "(sluice nodes add URL --code CODE) to link over pinned TLS 1.3."))
+        self._warned = now
