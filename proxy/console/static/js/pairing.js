@@ -77,6 +77,15 @@ export function pairing(app) {
   box.hidden = true;
   // The one place that speaks: a state change, never a tick.
   const said = el("p", { class: "pairing-state", role: "status", "aria-live": "polite" });
+  // SPEC §16: what the other computer pins when the code is proved (GET /health, no secret).
+  const identity = el("p", { class: "muted small identity" });
+  app.api.get("/health").then((doc) => {
+    if (!doc.identity) return;
+    identity.append("This computer's identity (its certificate, pinned by the other one when " +
+                    "it pairs): ", el("span", { class: "mono", text: doc.identity }),
+                    doc.nodePort ? ` — node port ${doc.nodePort}, TLS 1.3.`
+                                 : " — no node port yet: turn external access on and restart.");
+  }, () => {});
 
   const section = el("section", { class: "card stack pairing", "aria-labelledby": headingId },
                      el("h2", { id: headingId, text: "Let another computer connect" }),
@@ -85,6 +94,7 @@ export function pairing(app) {
                         "Connect). It works once, for 5 minutes. The other computer reaches this one " +
                         "over the network, so this one needs external access on (",
                         el("a", { href: "#/api/general", text: "API > General" }), ")."),
+                     identity,
                      el("div", { class: "row wrap" }, start, startStatus),
                      box, said);
 

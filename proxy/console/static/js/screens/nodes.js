@@ -59,6 +59,18 @@ function addForm(app, state) {
   return form;
 }
 
+// SPEC §16: how this gateway reaches the computer. "pinned": TLS 1.3 to its node port, its
+// certificate checked against the one pinned at pairing; "plain": HTTP anyone on the network
+// can read (fine on this machine; a warning elsewhere, until it is paired with a code).
+function linkBadge(node) {
+  if (node.link === "pinned") {
+    return el("span", { class: "badge ok", text: "Pinned TLS link", title: node.pin ?? "" });
+  }
+  const local = /^https?:\/\/(127\.|localhost[:/]|\[::1\])/.test(node.baseUrl);
+  return el("span", { class: local ? "badge" : "badge warn",
+                      text: local ? "Plain link (this machine)" : "Plain link: readable on the network" });
+}
+
 function connectedList(app, state) {
   const list = el("ul", { class: "stack plain", "aria-label": "Connected computers" });
   const confirming = new Set();
@@ -71,6 +83,7 @@ function connectedList(app, state) {
                     el("span", { class: "muted mono", text: node.baseUrl }),
                     el("span", { class: "muted mono small", text: node.fingerprint }),
                     el("span", { class: "badge", text: node.hasApiKey ? "API key set" : "no API key" }),
+                    linkBadge(node),
                     el("span", { class: "spacer" }), remove, status);
       const sure = confirming.has(node.fingerprint);
       remove.textContent = sure ? `Confirm: remove ${node.name}` : `Remove ${node.name}`;
