@@ -40,7 +40,7 @@ class TlsChannel:
     handshake; :meth:`handshake` runs it."""
 
     __slots__ = ("_backlog", "_early", "_in", "_obj", "_out", "_raw_drained", "_sending",
-                 "fd", "server_side", "sock")
+                 "closed", "fd", "server_side", "sock")
 
     def __init__(self, sock: trio.socket.SocketType, context: ssl.SSLContext, *,
                  server_side: bool) -> None:
@@ -54,6 +54,7 @@ class TlsChannel:
         self._early = b""  # application bytes read while waiting for the server's ticket
         self._sending = False
         self._raw_drained = False  # the last raw read took all there was
+        self.closed = False  # by close(): ``fd`` may be another socket's from then on
 
     def __repr__(self) -> str:
         side = "server" if self.server_side else "client"
@@ -197,7 +198,7 @@ class TlsChannel:
     def _send_nowait(self) -> None:
         """Records a read made (or an alert): out now if no send is under way and the
         socket takes them; what it does not take goes first with the next send."""
-        if self._sending:
+        if self._sending or self.closed:
             return
         out = self._backlog + self._out.read()
         self._backlog = b""
@@ -217,6 +218,8 @@ class TlsChannel:
         """For an idle pooled connection: False when the peer closed it, sent an alert or
         application bytes nobody asked for. Records that carry no data (a session ticket,
         a key update) are taken in and do not count."""
+        if self.closed:
+            return False
         poller = select.poll()
         poller.register(self.fd, select.POLLIN | select.POLLPRI)
         try:
@@ -241,13 +244,17 @@ class TlsChannel:
 
     def close(self) -> None:
         """Close at once (synchronous, safe in cancelled and finally blocks): a
-        close_notify first when the socket takes it at once, then the socket."""
+        close_notify first when the socket takes it at once, then the socket. Closing again
+        does nothing."""
+        if self.closed:
+            return
         if not self._sending and self._obj.version() is not None:
             try:
                 self._obj.unwrap()
             except (ssl.SSLError, ValueError):
                 pass  # wants the peer's close_notify (not awaited) or cannot say it
             self._send_nowait()
+        self.closed = True
         self.sock.close()
 
 

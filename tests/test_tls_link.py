@@ -308,3 +308,19 @@ async def test_an_idle_connection_the_server_closed_is_replaced(
     assert await get(pool, address) == b"ok"
     assert (pool.connects, pool.handshakes) == (2, 2)
     pool.close()
+
+
+async def test_closing_twice_touches_nothing(server: TlsServer, nodes: Nodes) -> None:
+    """close() is idempotent: after it the descriptor number may be another socket's."""
+    channel = await open_pinned("127.0.0.1", server.port, nodes.server.fingerprint,
+                                client_context(nodes.peer), 10)
+    assert channel.looks_alive()
+    channel.close()
+    other = trio.socket.socket()  # likely takes the same descriptor number
+    try:
+        channel.close()
+        assert not channel.looks_alive()
+        assert channel.closed
+    finally:
+        other.close()
+    assert (await server.outcome()).error is None
