@@ -24,6 +24,7 @@ from proxy.upstream.pool import ConnectionPool, whole_exchange
 from proxy.upstream.tls import (
     HandshakeRefused,
     PinMismatch,
+    as_connection,
     client_context,
     open_for_pairing,
     open_pinned,
@@ -324,3 +325,20 @@ async def test_closing_twice_touches_nothing(server: TlsServer, nodes: Nodes) ->
     finally:
         other.close()
     assert (await server.outcome()).error is None
+
+
+async def test_a_pairing_link_carries_http(server: TlsServer, nodes: Nodes) -> None:
+    channel, pin = await open_for_pairing("127.0.0.1", server.port, client_context(None), 10)
+    address = parse_upstream_url(f"http://127.0.0.1:{server.port}")
+    conn = as_connection(channel, address)
+    for _ in range(2):  # the exchange's two round trips, on one connection
+        await conn.send_request(b"POST", b"/api/v1/pairing/exchange",
+                                [(b"host", address.authority), (b"content-length", b"2")], b"{}")
+        head = await conn.receive_head()
+        assert head.status_code == 200
+        assert await conn.receive_body(1024) == b"ok"
+        conn.recycle()
+    conn.close()
+    seen = await server.outcome()
+    assert seen.peer is None
+    assert pin == nodes.server.fingerprint

@@ -29,15 +29,16 @@ from typing import TYPE_CHECKING
 import trio
 
 from protocol.lan.pinning import fingerprint_of, pin_matches
+from protocol.upstream_url import UpstreamAddress
 from proxy.tlsio import TlsChannel
-from proxy.upstream.connection import UpstreamFailure
+from proxy.upstream.connection import UpstreamConnection, UpstreamFailure
 
 if TYPE_CHECKING:
     from proxy.lan.identity import Identity
 
 __all__ = [
-    "HandshakeRefused", "PinMismatch", "TlsLinkError", "client_context", "handshake",
-    "open_for_pairing", "open_pinned", "server_context",
+    "HandshakeRefused", "PinMismatch", "TlsLinkError", "as_connection", "client_context",
+    "handshake", "open_for_pairing", "open_pinned", "server_context",
 ]
 
 TICKETS = 1  # session tickets the node listener sends: the sign it took the client's certificate
@@ -165,3 +166,11 @@ async def open_for_pairing(host: str, port: int, context: ssl.SSLContext,
     der = channel.peer_certificate()
     assert der is not None
     return channel, fingerprint_of(der)
+
+
+def as_connection(channel: TlsChannel, address: UpstreamAddress) -> UpstreamConnection:
+    """An HTTP/1.1 connection over a channel opened here (e.g. :func:`open_for_pairing`'s),
+    for requests outside the pool: ``send_request``, ``receive_head``, ``receive_body``;
+    the caller closes it. ``address`` gives the ``Host`` and base path (its pin is not
+    checked again)."""
+    return UpstreamConnection(trio.SocketStream(channel.sock), address, channel)
