@@ -272,3 +272,16 @@ async def test_an_error_body_has_the_client_api_shape(node: Node) -> None:
     assert doc["error"]["type"] == "authentication_error" or doc["error"]["type"]
     assert "pairing/exchange" in doc["error"]["message"]
     pool.close()
+
+
+async def test_a_client_that_never_shakes_hands_is_closed(node: Node) -> None:
+    settings = node.gateway.settings
+    timeouts = attrs.evolve(settings.config.timeouts, connection=0.2)
+    settings.config = attrs.evolve(settings.config, timeouts=timeouts)  # read per connection
+    stream = await trio.open_tcp_stream("127.0.0.1", node.port)
+    with trio.fail_after(10):
+        assert await stream.receive_some(4096) == b""  # closed after timeouts.connection
+    await stream.aclose()
+    listener = node.gateway.node_listener
+    assert listener is not None
+    assert listener.refused == 1

@@ -342,3 +342,21 @@ async def test_a_pairing_link_carries_http(server: TlsServer, nodes: Nodes) -> N
     seen = await server.outcome()
     assert seen.peer is None
     assert pin == nodes.server.fingerprint
+
+
+async def test_several_peers_each_pass_under_its_own_certificate(
+        nursery: trio.Nursery, nodes: Nodes, tmp_path: Path) -> None:
+    """Every gateway's certificate is CN=sluice: the key ids tell the anchors apart."""
+    peers = [nodes.peer, *identities(tmp_path / "more", "p1", "p2", "p3")]
+    server = TlsServer(server_context(nodes.server, [p.der for p in peers]))
+    await nursery.start(server.serve)
+    for n, peer in enumerate(peers):
+        channel = await open_pinned("127.0.0.1", server.port, nodes.server.fingerprint,
+                                    client_context(peer), 10)
+        channel.close()
+        seen = await server.outcome(n)
+        assert seen.peer is not None
+        assert fingerprint_of(seen.peer) == peer.fingerprint
+    with pytest.raises(HandshakeRefused):
+        await open_pinned("127.0.0.1", server.port, nodes.server.fingerprint,
+                          client_context(nodes.stranger), 10)
