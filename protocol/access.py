@@ -1,7 +1,8 @@
-"""Access-control rules (SPEC §5, §13, §14), pure: bearer tokens, access-key format, hashing
+"""Access-control rules (SPEC §5, §13, §14, §16), pure: bearer tokens, access-key format, hashing
 and constant-time verification, who may call a path (:class:`Access`, by method a
 :class:`Rule`: the route table gives every route one, :mod:`proxy.api.routes`), the decision
-for one request (:func:`authorize`) and the errors it answers with. The DNS-rebinding guard
+for one request (:func:`authorize`; on the node listener :func:`authorize_node`) and the
+errors it answers with. The DNS-rebinding guard
 is :mod:`protocol.rebinding`. No sockets, no clock, no files.
 """
 
@@ -24,9 +25,10 @@ from protocol.lan.pairing import check_claim_body
 __all__ = [
     "ADMIN_CHANGES", "ADMIN_ONLY", "ANYONE", "KEY_HOLDERS", "KEY_PREFIX", "PAIRING_CLAIM_PATH",
     "PAIRING_EXCHANGE_PATH", "PAIRING_PATH", "WRITES", "Access", "Rule", "admin_token_invalid",
-    "admin_token_missing", "api_key_header", "authorize", "bearer_token", "check_api_key",
-    "check_secret_maps", "hash_key", "key_expired", "key_invalid", "key_matches",
-    "key_missing", "model_not_allowed", "new_access_key", "rate_limited", "token_equals",
+    "admin_token_missing", "api_key_header", "authorize", "authorize_node", "bearer_token",
+    "check_api_key", "check_secret_maps", "hash_key", "key_expired", "key_invalid",
+    "key_matches", "key_missing", "key_not_bound", "model_not_allowed", "new_access_key",
+    "rate_limited", "token_equals", "unpaired_certificate",
 ]
 
 Stored = TypeVar("Stored", bound=Mapping[str, Any])  # an access key as stored
@@ -238,6 +240,35 @@ def authorize(level: Access, headers: Sequence[Header], *, transport: str, loopb
     return None
 
 
+def authorize_node(level: Access, method: bytes, path: str, headers: Sequence[Header], *,
+                   bound_key_id: str | None, admin_token: str,
+                   find_key: Callable[[str], Stored | None]) -> Stored | None:
+    """The decision for one request on the node listener (SPEC §16), whose clients count
+    as remote. ``bound_key_id``: the id of the access key bound to the client's certificate;
+    None when it showed none (or is no paired peer's any more). ``POST
+    /api/v1/pairing/exchange`` passes whoever asks; a client without a paired certificate
+    may ask nothing else (401 ``unpaired_certificate``). A paired peer is served as on the
+    API port, with the key bound to its certificate as its only key: where a key is asked
+    (KEY, and a claim), another key or none is 401; an open path needs nothing; an admin
+    path needs the admin token, as on every listener. Returns the stored key used."""
+    if method == b"POST" and path == PAIRING_EXCHANGE_PATH:
+        return None
+    if bound_key_id is None:
+        raise unpaired_certificate()
+    if level is Access.OPEN:
+        return None
+    if level is Access.ADMIN:
+        return authorize(level, headers, transport="node", loopback=False, require_auth=True,
+                         admin_token=admin_token, find_key=find_key)
+    token = _presented(headers)
+    if token is None:
+        raise key_missing()
+    key = find_key(token)
+    if key is None or key.get("id") != bound_key_id:
+        raise key_not_bound()
+    return key
+
+
 # ----------------------------------------------------------------------- answers
 
 
@@ -256,6 +287,20 @@ def key_missing() -> SluiceError:
 def key_invalid() -> SluiceError:
     return _auth_error(401, "the access key is not valid (unknown or revoked)",
                        "invalid_api_key", challenge=True)
+
+
+def key_not_bound() -> SluiceError:
+    """401 on the node listener for a key other than the one paired with the client's
+    certificate (SPEC §16)."""
+    return _auth_error(401, "on the node port only the access key paired with this "
+                            "certificate is accepted", "invalid_api_key", challenge=True)
+
+
+def unpaired_certificate() -> SluiceError:
+    """401 on the node listener for a client without a paired certificate (SPEC §16)."""
+    return _auth_error(401, "this connection shows no paired certificate: the node port "
+                            f"serves it only POST {PAIRING_EXCHANGE_PATH}",
+                       "unpaired_certificate", challenge=False)
 
 
 def key_expired(expires_at: str) -> SluiceError:

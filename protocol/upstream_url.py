@@ -1,4 +1,5 @@
-"""Upstream addresses: ``http://host[:port][/base]`` or ``unix:/path/to/server.sock``."""
+"""Upstream addresses: ``http://host[:port][/base]`` or ``unix:/path/to/server.sock``, and
+pinned TLS links to a node (SPEC §16: :meth:`UpstreamAddress.pinned`)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ from urllib.parse import urlsplit
 class UpstreamAddress:
     """Where a model server listens, and what goes in ``Host`` and before each path."""
 
-    __slots__ = ("authority", "base_path", "host", "key", "port", "unix_path")
+    __slots__ = ("authority", "base_path", "host", "key", "pin", "port", "unix_path")
 
     def __init__(self, *, host: str | None, port: int | None, unix_path: str | None,
-                 base_path: str) -> None:
+                 base_path: str, pin: str | None = None) -> None:
         self.host = host
         self.port = port
         self.unix_path = unix_path
         self.base_path = base_path
+        self.pin = pin  # a pinned TLS link: the server's certificate must hash to it
         if unix_path is not None:
+            assert pin is None
             self.authority = b"localhost"
             self.key = f"unix:{unix_path}"
         else:
@@ -24,10 +27,20 @@ class UpstreamAddress:
             assert port is not None
             shown = f"[{host}]" if ":" in host else host
             self.authority = f"{shown}:{port}".encode()
-            self.key = f"tcp:{shown}:{port}"
+            # The pool's key: a pinned link and a plain one never share a connection, nor
+            # two links pinned to different certificates.
+            self.key = f"tcp:{shown}:{port}" if pin is None else f"tls:{shown}:{port}@{pin}"
 
     def __repr__(self) -> str:
         return f"UpstreamAddress({self.key}{self.base_path})"
+
+    def pinned(self, pin: str, port: int | None = None) -> UpstreamAddress:
+        """This TCP address as a pinned TLS link (on ``port``, the node's TLS port, when
+        given): same host and base path."""
+        if self.host is None:
+            raise ValueError("a Unix socket address cannot be a pinned link")
+        return UpstreamAddress(host=self.host, port=self.port if port is None else port,
+                               unix_path=None, base_path=self.base_path, pin=pin)
 
     def target(self, path: bytes) -> bytes:
         return self.base_path.encode() + path if self.base_path else path

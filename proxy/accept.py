@@ -50,14 +50,19 @@ async def accept_loop(listener: trio.SocketListener, transport: str, nursery: tr
             log.warning("accepting connections again")
             starved = False
         if clients.count >= max_connections():
-            nursery.start_soon(turn_away, stream)
+            nursery.start_soon(turn_away, stream, transport)
         else:
             clients.count += 1
             nursery.start_soon(handle, stream, transport)
 
 
-async def turn_away(stream: trio.SocketStream) -> None:
-    """Over api.max_connections: a fast 503 without reading the request, then close."""
+async def turn_away(stream: trio.SocketStream, transport: str = "tcp") -> None:
+    """Over api.max_connections: a fast 503 without reading the request, then close. The
+    node listener's clients speak TLS first: closed at once."""
+    if transport == "node":
+        stream.socket.close()
+        await trio.lowlevel.checkpoint()
+        return
     out = Downstream(stream.socket.fileno(), lambda: True)  # the answer ends the connection
     with trio.move_on_after(TURN_AWAY_TIME):
         try:

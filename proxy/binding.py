@@ -33,14 +33,16 @@ Bound = list[tuple[trio.SocketListener, str]]  # each listener with its transpor
 
 
 class Binding:
-    """The gateway's listeners, each with its transport (``unix``, ``local-tcp``, ``tcp``),
-    once :meth:`bind` has run, and where they listen (:attr:`listening`)."""
+    """The gateway's listeners, each with its transport (``unix``, ``local-tcp``, ``tcp``,
+    ``node``), once :meth:`bind` has run, and where they listen (:attr:`listening`).
+    ``node``: the gateway has an identity, so it may open SPEC §16's node listener."""
 
     def __init__(self, settings: Settings, notifications: Notifications, *,
-                 external: bool) -> None:
+                 external: bool, node: bool = False) -> None:
         self.settings = settings
         self.notifications = notifications
         self.external = external
+        self.node = node
         self.listeners: Bound = []
         self.listening = Listening()
         self.socket_path: Path | None = None  # ours until removed
@@ -52,14 +54,16 @@ class Binding:
 
     async def bind(self) -> None:
         """Bind every listener: the local socket in the first usable folder, else
-        127.0.0.1 on ``local.fallback_port``; then the API server unless disabled, and the
-        Ollama API's port when set. Raises ListenerError (exit 2) with nothing left bound."""
+        127.0.0.1 on ``local.fallback_port``; then the API server unless disabled, the node
+        listener (with external access and an identity) and the Ollama API's port when set.
+        Raises ListenerError (exit 2) with nothing left bound."""
         cfg = self.settings.config
         out: Bound = []
         api_hosts: list[str] = []
         socket_path: str | None = None
         local_tcp_port: int | None = None
         tcp_port: int | None = None
+        node_port: int | None = None
         try:
             await refuse_if_running(self.settings.data_dir)
             choice = choose_socket_dir(cfg.local.socket_dir, self.settings.data_dir)
@@ -92,6 +96,8 @@ class Binding:
                     self.notifications.raise_("external_access_without_keys", (
                         "external access is on but no access key exists: remote clients "
                         "will be refused until one is made (sluice keys create)"))
+            if self.node and self.external and cfg.api.node_port:
+                node_port = await self._open_node_listeners(cfg.api.node_port, out)
             ollama_port = await self._open_ollama_listener(cfg.ollama_api.port, out)
         except BaseException:
             for listener, _ in out:
@@ -99,16 +105,32 @@ class Binding:
             self.remove_socket()
             raise
         self.listeners = out
-        self.listening = Listening(socket_path, local_tcp_port, tcp_port, self.external)
+        self.listening = Listening(socket_path, local_tcp_port, tcp_port, self.external,
+                                   node_port)
         where = [f"unix:{socket_path}"] if socket_path else []
         if local_tcp_port is not None:
             where.append(f"http://127.0.0.1:{local_tcp_port} (local fallback)")
         where.extend(f"http://{host if ':' not in host else f'[{host}]'}:{tcp_port}"
                      for host in api_hosts)
+        if node_port is not None:
+            where.append(f"TLS port {node_port} (links from other gateways)")
         if ollama_port is not None:
             where.append(f"http://127.0.0.1:{ollama_port} (the Ollama API)")
         log.info("sluice listening on %s", " and ".join(where))
         self._write_state()
+
+    async def _open_node_listeners(self, port: int, out: Bound) -> int | None:
+        """``api.node_port`` (SPEC §16), on the API server's addresses: the TLS listener
+        for other gateways. A port in use is a notification, not a failure to start."""
+        try:
+            listeners = await open_api_listeners(port, external=True)
+        except ListenerError as exc:
+            self.notifications.raise_("node_port_unavailable", (
+                f"the node listener is off: {exc}; other computers cannot link to this one "
+                "until api.node_port is free (or set to another port) and sluice restarts"))
+            return None
+        out.extend((listener, "node") for listener in listeners)
+        return bound_port(listeners[0])
 
     async def _open_ollama_listener(self, port: int, out: Bound) -> int | None:
         """``ollama_api.port``: a loopback-only listener for apps that speak only Ollama's
@@ -132,7 +154,8 @@ class Binding:
         listening = self.listening
         write_state(self.settings.data_dir, GatewayState(
             pid=os.getpid(), socket_path=listening.socket_path,
-            local_tcp_port=listening.local_tcp_port, tcp_port=listening.tcp_port))
+            local_tcp_port=listening.local_tcp_port, tcp_port=listening.tcp_port,
+            node_port=listening.node_port))
         self.state_written = True
 
     def remove_state(self) -> None:

@@ -9,11 +9,16 @@ An endpoint may take the connection over (the events WebSocket): the exchange ra
 :class:`~proxy.exchange.SwitchProtocols`, the reader stops, and the endpoint gets the socket
 as a stream that first replays the request head and what was read after it
 (:mod:`proxy.replay_stream`).
+
+On the node listener (SPEC §16) the connection arrives after its TLS handshake
+(:mod:`proxy.lan.node_listener`): it reads and writes through its
+:class:`~proxy.tlsio.TlsChannel`, the same calls as the socket's.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import h11
 import trio
@@ -37,6 +42,10 @@ from proxy.downstream import Downstream
 from proxy.errors import ClientGone, CloseQuietly
 from proxy.exchange import Exchange, Peer, SwitchProtocols
 from proxy.replay_stream import ReplayStream
+from proxy.tlsio import TlsStream
+
+if TYPE_CHECKING:
+    from proxy.tlsio import TlsChannel
 
 log = logging.getLogger("sluice.connection")
 
@@ -67,14 +76,16 @@ def _describe(exc: h11.RemoteProtocolError) -> str:
 
 class ClientConnection:
     def __init__(self, stream: trio.SocketStream, ctx: GatewayContext, *,
-                 transport: str) -> None:
+                 transport: str, tls: TlsChannel | None = None,
+                 peer: Peer | None = None) -> None:
         self.stream = stream
         self.fd = stream.socket.fileno()
+        self.tls = tls  # the node listener's (SPEC §16), after its handshake
         self.ctx = ctx
         self.transport = transport
-        self.peer = Peer(transport)
+        self.peer = Peer(transport) if peer is None else peer
         self.h11 = _parser()  # parses requests only; responses are written by the Downstream
-        self.out = Downstream(self.fd, lambda: ctx.clients.draining)
+        self.out = Downstream(self.fd, lambda: ctx.clients.draining, tls)
         self.scope = RequestScope()  # the request in flight; cancelled if the client leaves
         self.gone = False  # the client closed its side
         self.requests = 0
@@ -111,12 +122,15 @@ class ClientConnection:
             if switch is not None:
                 await self._switch_protocols(switch)
         finally:
+            if self.tls is not None:
+                self.tls.close()  # a close_notify first, when the socket takes it
             with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
                 await self.stream.aclose()
 
     def _peer_allowed(self) -> bool:
         """Unix socket: the peer's uid must be ours or root. TCP: note whether the peer is
-        on this machine (remote clients need an access key)."""
+        on this machine (remote clients need an access key). The node listener's peer was
+        given (always remote)."""
         sock = self.stream.socket
         try:
             if self.transport == "unix":
@@ -159,7 +173,8 @@ class ClientConnection:
         replays the request head and the bytes read after it, then reads the socket."""
         data, closed = self.h11.trailing_data
         head = build_request_head(switch.method, switch.target, self.headers)
-        stream = ReplayStream(self.stream, head + data, eof=closed)
+        inner: trio.abc.Stream = self.stream if self.tls is None else TlsStream(self.tls)
+        stream = ReplayStream(inner, head + data, eof=closed)
         request_id = self.out.response.request_id
         headers = [] if request_id is None else [(REQUEST_ID, request_id)]
         try:
@@ -208,7 +223,10 @@ class ClientConnection:
                 await self._resume.wait()
                 continue
             try:
-                data = await sockio.recv(self.fd, RECEIVE_SIZE, wait_first=drained)
+                if self.tls is None:
+                    data = await sockio.recv(self.fd, RECEIVE_SIZE, wait_first=drained)
+                else:
+                    data = await self.tls.recv(RECEIVE_SIZE, drained)
             except (trio.ClosedResourceError, OSError):
                 data = b""
             drained = len(data) < RECEIVE_SIZE

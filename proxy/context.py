@@ -18,7 +18,10 @@ passed explicitly (no module-level singletons). Each part has its own owner:
 - ``key_grants``, the access keys' token buckets (:mod:`proxy.access.key_grants`, SPEC §13);
 - ``pairing``, the pairing code and the claims against it (:mod:`proxy.lan.pairing`, SPEC §14);
 - ``own_host``, our addresses for the Host guard (:mod:`proxy.lan.own_host`), and
-  ``discovery``, LAN discovery's switch (:mod:`proxy.lan.discovery_switch`, SPEC §14).
+  ``discovery``, LAN discovery's switch (:mod:`proxy.lan.discovery_switch`, SPEC §14);
+- ``identity``, this gateway's certificate (:mod:`proxy.lan.identity`), and ``node_peers``,
+  the paired peers the node listener trusts (:mod:`proxy.lan.node_peers`, SPEC §16), when
+  the gateway has them.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from proxy.upstream.pool import ConnectionPool
 
 if TYPE_CHECKING:
     from proxy.lan.discovery_switch import DiscoverySwitch
+    from proxy.lan.node_peers import NodePeers
     from proxy.models.ondemand import OnDemand
     from proxy.settings.store import Settings
 
@@ -54,7 +58,8 @@ if TYPE_CHECKING:
 @attrs.frozen
 class Listening:
     """Where this gateway listens: its local socket (or, when no socket folder works, the
-    loopback TCP port standing in for it) and the TCP API port (None when off)."""
+    loopback TCP port standing in for it), the TCP API port and the node listener's TLS
+    port (None when off)."""
 
     socket_path: str | None = None
     local_tcp_port: int | None = None
@@ -150,6 +155,7 @@ class GatewayContext:
     own_host: OwnHost = attrs.field(factory=OwnHost)  # the Host guard's addresses (SPEC §14)
     discovery: DiscoverySwitch | None = None  # LAN discovery (SPEC §14)
     identity: Identity | None = None  # this gateway's certificate (SPEC §16)
+    node_peers: NodePeers | None = None  # the paired peers (SPEC §16)
 
     def __repr__(self) -> str:
         return f"GatewayContext({self.listening!r}, {self.clients!r}, {self.connections!r})"
@@ -170,6 +176,10 @@ class GatewayContext:
     @property
     def tcp_port(self) -> int | None:
         return self.listening.tcp_port
+
+    @property
+    def node_port(self) -> int | None:
+        return self.listening.node_port
 
     @property
     def connection_count(self) -> int:

@@ -49,16 +49,19 @@ def make_data_dir(data_dir: Path) -> None:
 @attrs.frozen
 class GatewayState:
     """What state.json says: the gateway's pid and where it listens (its local socket, else
-    the loopback TCP port used when no socket folder works; and the API port, if any)."""
+    the loopback TCP port used when no socket folder works; and the API port and the node
+    listener's TLS port, if any)."""
 
     pid: int
     socket_path: str | None = None
     local_tcp_port: int | None = None
     tcp_port: int | None = None
+    node_port: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {"pid": self.pid, "socketPath": self.socket_path,
-                "localTcpPort": self.local_tcp_port, "tcpPort": self.tcp_port}
+                "localTcpPort": self.local_tcp_port, "tcpPort": self.tcp_port,
+                "nodePort": self.node_port}
 
 
 def write_state(data_dir: Path, state: GatewayState) -> None:
@@ -83,4 +86,5 @@ def read_state(data_dir: Path) -> GatewayState | None:
     return GatewayState(pid=_int(doc.get("pid")) or 0,
                         socket_path=socket_path if isinstance(socket_path, str) else None,
                         local_tcp_port=_int(doc.get("localTcpPort")),
-                        tcp_port=_int(doc.get("tcpPort")))
+                        tcp_port=_int(doc.get("tcpPort")),
+                        node_port=_int(doc.get("nodePort")))

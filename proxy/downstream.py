@@ -1,7 +1,8 @@
 """The write side of one client connection: what the exchange and the relay send.
 
 A :class:`Downstream` sends the bytes that the request's :class:`protocol.response.Response`
-produces, straight to the socket (:mod:`proxy.sockio`); a failed send marks the client gone
+produces, straight to the socket (:mod:`proxy.sockio`), or through the connection's TLS
+(:mod:`proxy.tlsio`, the node listener's, SPEC §16); a failed send marks the client gone
 and raises :class:`~proxy.errors.ClientGone` (after a failed send nothing more can be sent:
 a partial write cannot be known).
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -24,6 +25,9 @@ from protocol.headers import Header
 from protocol.response import Response
 from proxy import sockio
 from proxy.errors import ClientGone
+
+if TYPE_CHECKING:
+    from proxy.tlsio import TlsChannel
 
 WRITE_TIMEOUT = 60.0  # a client that takes no byte of a whole answer for this is gone
 
@@ -70,10 +74,13 @@ class Downstream:
     """See the module docstring. ``closing()`` says whether the gateway is draining (every
     answer then ends its connection)."""
 
-    __slots__ = ("_closing", "bytes_sent", "error_code", "fd", "first_at", "gone", "response")
+    __slots__ = ("_closing", "bytes_sent", "error_code", "fd", "first_at", "gone", "response",
+                 "tls")
 
-    def __init__(self, fd: int, closing: Callable[[], bool]) -> None:
+    def __init__(self, fd: int, closing: Callable[[], bool],
+                 tls: TlsChannel | None = None) -> None:
         self.fd = fd
+        self.tls = tls
         self.gone = False
         self.response = Response()  # replaced for each request (:meth:`begin`)
         self._closing = closing
@@ -110,7 +117,10 @@ class Downstream:
             self.first_at = trio.current_time()
         self.bytes_sent += len(data)
         try:
-            await sockio.send_all(self.fd, data, on_block, stall)
+            if self.tls is None:
+                await sockio.send_all(self.fd, data, on_block, stall)
+            else:
+                await self.tls.send_all(data, on_block, stall)
         except (trio.ClosedResourceError, OSError):  # TimeoutError too: a stalled client
             self.gone = True
             self.response.broken()

@@ -73,9 +73,11 @@ class Peer:
     """Who is asking: the listener's transport and, over TCP, whether the peer is this
     machine."""
 
-    transport: str  # "unix", "tcp" (the API listener) or "local-tcp" (the fallback)
+    transport: str  # "unix", "tcp" (the API listener), "local-tcp" (the fallback) or
+    # "node" (SPEC §16's TLS listener, whose clients count as remote)
     loopback: bool = True
-    address: str = ""  # the TCP API listener's peer IP ("" elsewhere: one local peer)
+    address: str = ""  # the TCP API or node listener's peer IP ("" elsewhere: one local peer)
+    certificate: str | None = None  # the node listener's client certificate's pin, if any
 
 
 class SwitchProtocols(Exception):
@@ -169,8 +171,11 @@ class Exchange:
         ctx, peer = self.ctx, self.peer
         try:
             self.out.response.cors_origin = auth.guard(ctx, peer.transport, headers)
-            level = access_level(request.method, request_path(request.target))
-            grant = auth.authorize(ctx, peer.transport, peer.loopback, level, headers)
+            path = request_path(request.target)
+            level = access_level(request.method, path)
+            grant = auth.authorize(ctx, peer.transport, peer.loopback, level, headers,
+                                   method=request.method, path=path,
+                                   certificate=peer.certificate)
         except SluiceError as denied:
             if not _small_body(headers):
                 raise

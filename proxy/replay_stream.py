@@ -17,7 +17,7 @@ class ReplayStream(trio.abc.Stream):
     """``replay`` first, then the socket's bytes (or the end of the stream, when the client
     had already closed its side: ``eof``)."""
 
-    def __init__(self, stream: trio.SocketStream, replay: bytes, *, eof: bool = False) -> None:
+    def __init__(self, stream: trio.abc.Stream, replay: bytes, *, eof: bool = False) -> None:
         self._stream = stream
         self._replay = memoryview(replay)
         self._eof = eof
@@ -34,7 +34,7 @@ class ReplayStream(trio.abc.Stream):
         if self._eof:
             await trio.lowlevel.checkpoint()
             return b""
-        return await self._stream.receive_some(max_bytes)
+        return bytes(await self._stream.receive_some(max_bytes))
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self._stream.send_all(data)

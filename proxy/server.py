@@ -22,9 +22,12 @@ from proxy.binding import Binding
 from proxy.connection import IDLE_TIMEOUT, ClientConnection
 from proxy.context import Clients, GatewayContext
 from proxy.drain import DRAIN_TIMEOUT, Drain, drain_timeout
+from proxy.exchange import Peer
 from proxy.files import remove_leftovers
 from proxy.lan.discovery_switch import DiscoverySwitch
 from proxy.lan.link_warnings import PlainLinks
+from proxy.lan.node_listener import NodeListener
+from proxy.lan.node_peers import NodePeers
 from proxy.lan.own_host import OwnHost
 from proxy.listeners import ListenerError
 from proxy.models.launcher import INSTALL_HINT, llama_available
@@ -41,9 +44,12 @@ from proxy.registry.nodes import NodeIndex
 from proxy.routing.router import Router
 from proxy.settings.config_watch import ConfigWatcher, Follower
 from proxy.settings.store import Settings
+from proxy.tlsio import TlsChannel
 from proxy.upstream.pool import ConnectionPool
+from proxy.upstream.tls import client_context
 
 if TYPE_CHECKING:
+    from proxy.lan.identity import Identity
     from proxy.models.ondemand import OnDemand
 
 log = logging.getLogger("sluice.server")
@@ -55,16 +61,28 @@ class StartupError(Exception):
 
 class Gateway:
     """The whole gateway. Its parts are made here; the context that connections share is
-    made once the listeners are bound (:attr:`ctx`, from then on)."""
+    made once the listeners are bound (:attr:`ctx`, from then on).
+
+    ``identity`` (SPEC §16): this gateway's certificate, for pinned links to nodes and for
+    the node listener (opened with external access on ``api.node_port``), which trusts the
+    peers in ``node_peers`` (an empty set when not given). None: neither."""
 
     ctx: GatewayContext
     watcher: ConfigWatcher
 
     def __init__(self, settings: Settings, *, drain_timeout: float = DRAIN_TIMEOUT,
-                 extra_models: Sequence[ModelConfig] = ()) -> None:
+                 extra_models: Sequence[ModelConfig] = (), identity: Identity | None = None,
+                 node_peers: NodePeers | None = None) -> None:
         self.settings = settings
         self.drain_timeout = drain_timeout
-        self.connections = ConnectionPool(lambda: settings.config.timeouts.connection)
+        self.identity = identity
+        self.node_peers = node_peers if node_peers is not None or identity is None \
+            else NodePeers()
+        self.connections = ConnectionPool(
+            lambda: settings.config.timeouts.connection,
+            tls=None if identity is None else client_context(identity))
+        self.node_listener = None if identity is None or self.node_peers is None else \
+            NodeListener(identity, self.node_peers, lambda: settings.config.timeouts.connection)
         self.backends = BackendRegistry(settings.config.backends, settings.secrets.backend_keys)
         self.nodes = NodeIndex()
         self.hub = Hub()
@@ -85,7 +103,8 @@ class Gateway:
         self.models = self._model_configs()
         if self.models and not llama_available():
             raise StartupError(INSTALL_HINT)
-        self.binding = Binding(settings, self.notifications, external=external)
+        self.binding = Binding(settings, self.notifications, external=external,
+                               node=self.node_listener is not None)
         self.drain = Drain(self.clients, drain_timeout)
         self.handle_signals = False  # the real process (sluice serve): set by run
         self._ondemand: OnDemand | None = None
@@ -156,7 +175,8 @@ class Gateway:
             clients=self.clients, listening=self.binding.listening, hub=self.hub,
             request_log=self.request_log, metrics=self.metrics, ondemand=self._ondemand,
             reports=Reports(AccessLog(logsetup.line_sink()), self.hub),
-            own_host=self.discovery.own_host, discovery=self.discovery)
+            own_host=self.discovery.own_host, discovery=self.discovery,
+            identity=self.identity, node_peers=self.node_peers)
         self.settings.subscribe(Follower(self._follow, self.settings.config))
         self.settings.subscribe(PlainLinks(self.notifications, self.settings.config))
         self.watcher = ConfigWatcher(self.settings, self.notifications)
@@ -205,11 +225,24 @@ class Gateway:
         kind = "unix" if transport == "unix" else "tcp"  # local-tcp is TCP too
         self.clients.by_transport[kind] += 1
         try:
-            await ClientConnection(stream, self.ctx, transport=transport).run()
+            if transport == "node":
+                assert self.node_listener is not None
+                await self.node_listener.serve(stream, partial(self._serve_node, stream))
+            else:
+                await ClientConnection(stream, self.ctx, transport=transport).run()
         finally:
             self.clients.count -= 1
             self.clients.by_transport[kind] -= 1
             self.drain.connection_closed()
+
+
+    async def _serve_node(self, stream: trio.SocketStream, channel: TlsChannel, address: str,
+                          pin: str | None) -> None:
+        """A node listener's connection after its handshake: served like the API port's,
+        through its TLS channel, its client remote and known by its certificate's pin."""
+        peer = Peer("node", loopback=False, address=address, certificate=pin)
+        await ClientConnection(stream, self.ctx, transport="node", tls=channel,
+                               peer=peer).run()
 
 
 class Kind(enum.Enum):

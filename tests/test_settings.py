@@ -56,11 +56,13 @@ def test_resolve_data_dir_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 def test_state_file_round_trip(tmp_path: Path) -> None:
     assert read_state(tmp_path) is None  # no gateway
-    state = GatewayState(pid=42, socket_path="/run/s/sluice.sock", tcp_port=39080)
+    state = GatewayState(pid=42, socket_path="/run/s/sluice.sock", tcp_port=39080,
+                         node_port=39443)
     write_state(tmp_path, state)
     assert mode(tmp_path / "state.json") == 0o600
     assert json.loads((tmp_path / "state.json").read_text()) == {
-        "pid": 42, "socketPath": "/run/s/sluice.sock", "localTcpPort": None, "tcpPort": 39080}
+        "pid": 42, "socketPath": "/run/s/sluice.sock", "localTcpPort": None, "tcpPort": 39080,
+        "nodePort": 39443}
     assert read_state(tmp_path) == state
     for junk in ("", "[1]", "{", '{"pid": "x", "socketPath": 5, "tcpPort": true}'):
         (tmp_path / "state.json").write_text(junk)

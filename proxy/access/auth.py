@@ -5,8 +5,11 @@ is :func:`protocol.access.authorize`; this module feeds them what the connection
 settings know.
 
 - Unix socket: the peer's uid (SO_PEERCRED) must be ours or root; no key ever.
-- TCP (``tcp`` API listener and the ``local-tcp`` fallback): the Host/Origin guard; with
-  external access, a Host that names this computer passes too (:mod:`proxy.lan.own_host`).
+- TCP (``tcp`` API listener, the ``local-tcp`` fallback and the ``node`` listener): the
+  Host/Origin guard; with external access, a Host that names this computer passes too
+  (:mod:`proxy.lan.own_host`).
+- The node listener (SPEC §16): the client's certificate pin, and the access key bound to it
+  in ``ctx.node_peers`` (:func:`protocol.access.authorize_node`).
 - The admin token and the access keys come from the settings (secrets.yaml); a key the
   request used comes back as its :class:`~proxy.access.key_grants.Grant` (a key past its expiry:
   401 ``key_expired``), which the caller records and holds the request to (SPEC §13).
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from protocol.access import Access
+from protocol.access import Access, authorize_node
 from protocol.access import authorize as decide
 from protocol.errors import bad_request
 from protocol.headers import Header
@@ -105,13 +108,22 @@ def guard(ctx: GatewayContext, transport: str, headers: Sequence[Header]) -> byt
 
 
 def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, level: Access,
-              headers: Sequence[Header]) -> Grant | None:
+              headers: Sequence[Header], *, method: bytes = b"", path: str = "",
+              certificate: str | None = None) -> Grant | None:
     """The admin token and access-key checks for a request at ``level``
     (:func:`protocol.access.authorize`, with the admin token, ``api.require_auth`` and the
     stored keys of the moment); raises 401/403 (401 ``key_expired`` for a key past its
     expiry). Returns the grant of the access key the request used (the caller records its
-    use: :meth:`KeyStore.used`, and holds the request to its limits), else None."""
+    use: :meth:`KeyStore.used`, and holds the request to its limits), else None. On the
+    ``node`` listener, ``method``, ``path`` and the client's ``certificate`` pin decide too."""
     settings = ctx.settings
+    if transport == "node":
+        peers = ctx.node_peers
+        node_key = authorize_node(
+            level, method, path, headers,
+            bound_key_id=None if peers is None else peers.key_id_for(certificate),
+            admin_token=settings.secrets.admin_token, find_key=settings.keys.find)
+        return None if node_key is None else ctx.key_grants.grant(node_key)
     key = decide(level, headers, transport=transport, loopback=loopback_peer,
                  require_auth=ctx.config.api.require_auth,
                  admin_token=settings.secrets.admin_token, find_key=settings.keys.find)

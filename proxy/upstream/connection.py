@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import errno
 import select
+import ssl
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -24,6 +26,9 @@ from protocol.http1 import (
 )
 from protocol.upstream_url import UpstreamAddress
 from proxy import sockio
+
+if TYPE_CHECKING:
+    from proxy.tlsio import TlsChannel
 
 RECEIVE_SIZE = 64 * 1024  # bytes asked of the kernel per read
 MAX_HEAD_SIZE = 64 * 1024  # an upstream response head larger than this is refused
@@ -49,21 +54,27 @@ class UpstreamFailure(Exception):
 
 
 def describe(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLError):  # its errno is OpenSSL's, not the kernel's
+        return f"TLS: {exc.reason or type(exc).__name__}"
     if isinstance(exc, OSError) and exc.errno is not None:
         return errno.errorcode.get(exc.errno, str(exc.errno)) + f" ({exc.strerror})"
     return str(exc) or type(exc).__name__
 
 
 class UpstreamConnection:
-    """One HTTP/1.1 connection to a model server, spoken with :mod:`protocol.http1`."""
+    """One HTTP/1.1 connection to a model server, spoken with :mod:`protocol.http1`: on the
+    socket's descriptor (:mod:`proxy.sockio`), or through ``tls`` for a pinned link
+    (:mod:`proxy.tlsio`, the same calls; SPEC §16)."""
 
     __slots__ = ("_buffer", "_drained", "_eof", "_length_left", "_mode", "_pending", "_responded",
                  "_scanner", "address", "after_stream", "body_started", "fd", "head", "idle_limit",
-                 "idle_since", "reused", "stream")
+                 "idle_since", "reused", "stream", "tls")
 
-    def __init__(self, stream: trio.SocketStream, address: UpstreamAddress) -> None:
+    def __init__(self, stream: trio.SocketStream, address: UpstreamAddress,
+                 tls: TlsChannel | None = None) -> None:
         self.stream = stream
         self.fd = stream.socket.fileno()
+        self.tls = tls
         self.address = address
         self.reused = False
         self.after_stream = False  # the last answer on it was streamed (chunked)
@@ -96,13 +107,19 @@ class UpstreamConnection:
         data = build_request_head(method, target, list(headers))
         self._drained = True  # the answer cannot be there before the request is
         try:
-            await sockio.send_all(self.fd, data + body if body else data)
+            if self.tls is None:
+                await sockio.send_all(self.fd, data + body if body else data)
+            else:
+                await self.tls.send_all(data + body if body else data)
         except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"sending the request failed: {describe(exc)}") from None
 
     async def _read(self) -> bytes:
         try:
-            data = await sockio.recv(self.fd, RECEIVE_SIZE, self._drained)
+            if self.tls is None:
+                data = await sockio.recv(self.fd, RECEIVE_SIZE, self._drained)
+            else:
+                data = await self.tls.recv(RECEIVE_SIZE, self._drained)
         except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"connection lost: {describe(exc)}",
                                   responded=self._responded,
@@ -239,7 +256,10 @@ class UpstreamConnection:
 
     def close(self) -> None:
         """Close at once (synchronous, so it is safe in cancelled and finally blocks)."""
-        self.stream.socket.close()
+        if self.tls is not None:
+            self.tls.close()
+        else:
+            self.stream.socket.close()
 
     @property
     def streamed(self) -> bool:
@@ -254,7 +274,10 @@ class UpstreamConnection:
 
     def looks_alive(self) -> bool:
         """False when an idle connection has been closed, reset or has unsolicited bytes:
-        anything readable on an idle connection (EOF included) means it is spent."""
+        anything readable on an idle connection (EOF included) means it is spent; over TLS,
+        records without data (a session ticket) do not count."""
+        if self.tls is not None:
+            return self.tls.looks_alive()
         poller = select.poll()
         poller.register(self.fd, select.POLLIN | select.POLLPRI)
         try:

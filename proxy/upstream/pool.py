@@ -9,11 +9,16 @@ moment a stream ends would be written into a closing connection, and a written P
 sent again to the same server. So a connection that carried a streamed answer is reused only
 when its upstream has shown it keeps such connections (:mod:`protocol.stream_reuse`): until
 that is known it is probed with a GET first, off the request's path, by :meth:`run`.
+
+A pinned address (SPEC §16: ``UpstreamAddress.pin``) is a TLS link, made with the client
+context the pool was given (:mod:`proxy.upstream.tls`): its handshake is part of the
+connect, and its connections are pooled and reused like plain ones under their own key.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
 from math import inf
@@ -26,6 +31,7 @@ from protocol.stream_reuse import Action, Sign, StreamReuse, Verdict
 from protocol.upstream_url import UpstreamAddress
 from proxy.tasks import TaskHolder
 from proxy.upstream.connection import UpstreamConnection, UpstreamFailure, describe
+from proxy.upstream.tls import handshake
 
 IDLE_PER_ADDRESS = 64  # idle keep-alive connections kept per upstream address
 IDEMPOTENT = frozenset({b"GET", b"HEAD"})  # may be sent again after a lost answer
@@ -45,12 +51,17 @@ class ConnectionPool:
     """Idle keep-alive connections per upstream address (most recently used first), and
     what each upstream does with its connections after streamed answers."""
 
-    def __init__(self, ack_timeout: Callable[[], float] | None = None) -> None:
+    def __init__(self, ack_timeout: Callable[[], float] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self._idle: dict[str, deque[UpstreamConnection]] = {}
         self._reuse: dict[str, StreamReuse] = {}
         self._probes = TaskHolder()  # the probes' nursery, while run() runs
         self.connects = 0
         self.probes = 0
+        self.handshakes = 0  # TLS handshakes completed (pinned links)
+        # The client context of pinned links (proxy.upstream.tls.client_context), None
+        # without an identity: a pinned address then fails to connect.
+        self.tls = tls
         # TCP_USER_TIMEOUT of upstream TCP sockets (timeouts.connection): bytes we sent
         # that the peer's kernel does not acknowledge in time end the connection. A request
         # written to an idle connection over a LAN link that went down since then fails
@@ -60,7 +71,8 @@ class ConnectionPool:
     def __repr__(self) -> str:
         idle = sum(len(q) for q in self._idle.values())
         return (f"ConnectionPool(addresses={len(self._idle)}, idle={idle}, "
-                f"connects={self.connects}, probes={self.probes})")
+                f"connects={self.connects}, handshakes={self.handshakes}, "
+                f"probes={self.probes})")
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Runs the probes of connections after streamed answers, until cancelled. Without
@@ -79,7 +91,11 @@ class ConnectionPool:
         return reuse
 
     async def connect(self, address: UpstreamAddress) -> UpstreamConnection:
-        """A fresh connection. Raises UpstreamFailure(connect=True) when it cannot be made."""
+        """A fresh connection. Raises UpstreamFailure(connect=True) when it cannot be made
+        (for a pinned link: PinMismatch, HandshakeRefused, its subclasses)."""
+        if address.pin is not None and self.tls is None:
+            raise UpstreamFailure(f"cannot connect to {address.key}: this gateway has no "
+                                  "identity for pinned links", connect=True)
         try:
             if address.unix_path is not None:
                 stream = await trio.open_unix_socket(address.unix_path)
@@ -94,7 +110,12 @@ class ConnectionPool:
             raise UpstreamFailure(f"cannot connect to {address.key}: {describe(exc)}",
                                   connect=True) from None
         self.connects += 1
-        return UpstreamConnection(stream, address)
+        if address.pin is None:
+            return UpstreamConnection(stream, address)
+        assert self.tls is not None
+        channel = await handshake(stream.socket, self.tls, address.pin)
+        self.handshakes += 1
+        return UpstreamConnection(stream, address, channel)
 
     def take_idle(self, address: UpstreamAddress) -> UpstreamConnection | None:
         """An idle keep-alive connection that still looks alive, or None."""

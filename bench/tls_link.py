@@ -1,0 +1,157 @@
+"""What SPEC §16's TLS costs, measured in one process: a gateway with a node listener and a
+fake model server, and a client that is this repository's own upstream pool (what gateway A
+runs when it forwards to B), all in one trio loop on 127.0.0.1. So every figure is the CPU
+of both ends of a link plus the fake model server, and the difference between two figures
+is what TLS adds to both gateways together.
+
+- ``plain``: requests over one reused connection to the API port (loopback TCP), carrying
+  the same access key as the pinned ones (so both pay its look-up);
+- ``pinned``: the same requests over one reused pinned TLS connection to the node port;
+- ``handshake``: a fresh pinned connection per request against a fresh plain one (TCP
+  connect, and for TLS the whole TLS 1.3 handshake with both certificates, the pin check and
+  the wait for the ticket), so the difference is one handshake.
+
+Rounds interleave the cases (ABBA); the figure is the median of the rounds' CPU time per
+request (``time.process_time``).
+
+    .venv/bin/python bench/tls_link.py --rounds 7 --requests 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trio
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from protocol.upstream_url import UpstreamAddress, parse_upstream_url
+from proxy import binding, listeners
+from proxy.lan.node_peers import NodePeers
+from proxy.server import Gateway
+from proxy.upstream.pool import ConnectionPool, whole_exchange
+from proxy.upstream.tls import client_context
+from tests.client import CHAT, chat_body
+from tests.conftest import free_port, gateway_config, open_settings
+from tests.fakeupstream import FakeUpstream, json_completion, sse_events, sse_stream
+from tests.tls_certs import identities
+
+Case = Callable[[], Awaitable[None]]
+
+
+async def run(rounds: int, requests: int, handshakes: int, stream: bool
+              ) -> tuple[dict[str, float], dict[str, int]]:
+    real = listeners.open_api_listeners
+
+    async def loopback(port: int, *, external: bool) -> list[trio.SocketListener]:
+        return await real(port, external=False)  # nothing listens beyond loopback
+
+    setattr(binding, "open_api_listeners", loopback)  # noqa: B010
+    figures: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="sl-tls-", dir="/tmp") as tmp:
+        folder = Path(tmp)
+        own, peer = identities(folder / "ids", "b", "a")
+        async with trio.open_nursery() as nursery:
+            upstream = FakeUpstream()
+            await nursery.start(upstream.serve)
+            upstream.on("POST", CHAT, sse_stream(sse_events(20)) if stream
+                        else json_completion())
+            cfg = gateway_config([("fake", upstream.url)], socket_dir=folder / "s",
+                                 allow_external_access=True, node_port=free_port())
+            settings = open_settings(folder / "data", cfg)
+            record, key = await settings.keys.add("a")
+            peers = NodePeers({peer.fingerprint: (peer.der, record.id)})
+            gateway = Gateway(settings, drain_timeout=1, identity=own, node_peers=peers)
+            await nursery.start(gateway.run)
+            await gateway.backends.ready.wait()
+            ctx = gateway.ctx
+            assert ctx.tcp_port is not None
+            assert ctx.node_port is not None
+            plain_at = parse_upstream_url(f"http://127.0.0.1:{ctx.tcp_port}")
+            pinned_at = parse_upstream_url(
+                f"http://127.0.0.1:{ctx.node_port}").pinned(own.fingerprint)
+            tls = client_context(peer)
+            body = chat_body(stream=stream)
+            headers = [(b"authorization", b"Bearer " + key.encode()),
+                       (b"content-type", b"application/json"),
+                       (b"content-length", str(len(body)).encode())]
+
+            async def one(pool: ConnectionPool, address: UpstreamAddress) -> None:
+                head, _ = await whole_exchange(pool, address, b"POST", CHAT.encode(),
+                                               [(b"host", address.authority), *headers],
+                                               body, cap=1 << 20)
+                assert head.status_code == 200
+
+            pools: dict[str, ConnectionPool] = {}
+
+            async def reused(address: UpstreamAddress) -> Case:
+                pool = pools[address.key] = ConnectionPool(tls=tls)
+                # Its probes learn that the gateway keeps connections after streamed
+                # answers (until then each is probed before it is reused).
+                await nursery.start(pool.run)
+
+                async def case() -> None:
+                    for _ in range(requests):
+                        await one(pool, address)
+                return case
+
+            def fresh(address: UpstreamAddress) -> Case:
+                async def case() -> None:
+                    for _ in range(handshakes):
+                        pool = ConnectionPool(tls=tls)
+                        await one(pool, address)
+                        pool.close()
+                return case
+
+            cases = {"plain": (await reused(plain_at), requests),
+                     "pinned": (await reused(pinned_at), requests),
+                     "plain fresh": (fresh(plain_at), handshakes),
+                     "pinned fresh": (fresh(pinned_at), handshakes)}
+            for name, (case, _) in cases.items():  # warm up
+                await case()
+                figures[name] = []
+            order = list(cases)
+            for n in range(rounds):
+                for name in order if n % 2 == 0 else reversed(order):
+                    case, count = cases[name]
+                    began = time.process_time()
+                    await case()
+                    figures[name].append((time.process_time() - began) / count * 1e6)
+            connects = {"plain": pools[plain_at.key].connects,
+                        "pinned": pools[pinned_at.key].connects}
+            gateway.shutdown()
+            nursery.cancel_scope.cancel()
+    setattr(binding, "open_api_listeners", real)  # noqa: B010
+    medians = {name: statistics.median(values) for name, values in figures.items()}
+    return medians, connects
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--handshakes", type=int, default=300)
+    ap.add_argument("--stream", action="store_true", help="a 20-event streamed chat")
+    args = ap.parse_args(argv)
+    got, connects = trio.run(run, args.rounds, args.requests, args.handshakes, args.stream)
+    kind = "streamed chat (20 events)" if args.stream else "chat completion"
+    print(f"CPU µs per request, {kind}, both ends and the fake model server, "
+          f"median of {args.rounds} rounds:")
+    for name, value in got.items():
+        print(f"  {name:13s} {value:8.1f}")
+    print(f"  TLS on a reused connection: +{got['pinned'] - got['plain']:.1f} µs "
+          f"({got['pinned'] / got['plain']:.3f}x)")
+    print(f"  one handshake (both ends):  +{got['pinned fresh'] - got['plain fresh']:.1f} µs")
+    print(f"  connections made by the reused pools: {connects}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""The node listener (SPEC §16) of a gateway in this test's trio loop, with external access
+bound to loopback only (the ``loopback_only`` seam), ``api.node_port`` a free port, an
+identity and its paired peers: a paired certificate with its bound key is served as on the
+API port (the model list, a streamed chat byte for byte as over the Unix socket); another
+key or none is 401; a client without a certificate reaches only the pairing exchange; an
+unknown certificate, TLS 1.2 and plain HTTP are refused at the handshake (logged at DEBUG,
+no traceback); a peer removed loses its open connections and its next handshake; state.json
+names the port."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+
+from protocol.http1 import ResponseHead
+from protocol.upstream_url import UpstreamAddress, parse_upstream_url
+from proxy import binding
+from proxy.datadir import STATE_FILE
+from proxy.lan.identity import Identity
+from proxy.lan.node_peers import NodePeers
+from proxy.server import Gateway
+from proxy.upstream.pool import ConnectionPool, exchange
+from proxy.upstream.tls import HandshakeRefused, client_context, open_pinned
+from tests.client import CHAT, chat_body, request
+from tests.conftest import free_port, gateway_config, open_settings
+from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
+from tests.tls_certs import identities
+
+
+@pytest.fixture
+def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """External access binds 127.0.0.1 only: no test listens on this machine's LAN."""
+    real = binding.open_api_listeners
+
+    async def loopback(port: int, *, external: bool) -> list[trio.SocketListener]:
+        return await real(port, external=False)
+
+    monkeypatch.setattr(binding, "open_api_listeners", loopback)
+
+
+@attrs.define
+class Node:
+    gateway: Gateway
+    own: Identity  # the gateway's (B)
+    peer: Identity  # a paired gateway's (A)
+    stranger: Identity
+    peers: NodePeers
+    key: str  # the access key bound to the peer's certificate
+    other_key: str  # another access key of this gateway
+
+    @property
+    def port(self) -> int:
+        port = self.gateway.ctx.node_port
+        assert port is not None
+        return port
+
+    def address(self) -> UpstreamAddress:
+        return parse_upstream_url(f"http://127.0.0.1:{self.port}").pinned(self.own.fingerprint)
+
+    def pool(self, who: Identity | None) -> ConnectionPool:
+        return ConnectionPool(tls=client_context(who))
+
+
+@pytest.fixture
+async def node(nursery: trio.Nursery, short_tmp: Path, upstream: FakeUpstream,
+               loopback_only: None) -> AsyncIterator[Node]:
+    with trio.fail_after(30):
+        own, peer, stranger = identities(short_tmp / "ids", "b", "a", "x")
+        cfg = gateway_config([("fake", upstream.url)], socket_dir=short_tmp / "s",
+                             allow_external_access=True, node_port=free_port())
+        settings = open_settings(short_tmp / "data", cfg)
+        record, key = await settings.keys.add("a")
+        _, other_key = await settings.keys.add("phone")
+        peers = NodePeers({peer.fingerprint: (peer.der, record.id)})
+        gateway = Gateway(settings, drain_timeout=1, identity=own, node_peers=peers)
+        await nursery.start(gateway.run)
+        await gateway.backends.ready.wait()
+        yield Node(gateway, own, peer, stranger, peers, key, other_key)
+
+
+def bearer(key: str) -> list[tuple[bytes, bytes]]:
+    return [(b"authorization", b"Bearer " + key.encode())]
+
+
+async def ask(pool: ConnectionPool, address: UpstreamAddress, method: bytes, path: str,
+              headers: list[tuple[bytes, bytes]], body: bytes = b""
+              ) -> tuple[ResponseHead, bytes]:
+    """One request over the pool; the head and the whole body (dechunked)."""
+    head_lines = [(b"host", address.authority), *headers]
+    if body:
+        head_lines += [(b"content-type", b"application/json"),
+                       (b"content-length", str(len(body)).encode())]
+    conn, head = await exchange(pool, address, method, path.encode(), head_lines, body)
+    parts = []
+    while (part := await conn.receive_payload()) is not None:
+        parts.append(part)
+    pool.release(conn)
+    return head, b"".join(parts)
+
+
+def code_of(body: bytes) -> str:
+    error = json.loads(body)["error"]
+    assert set(error) >= {"code", "message", "type"}
+    return str(error["code"])
+
+
+async def test_a_paired_peer_with_its_key_is_served(node: Node, upstream: FakeUpstream) -> None:
+    pool = node.pool(node.peer)
+    head, body = await ask(pool, node.address(), b"GET", "/v1/models", bearer(node.key))
+    assert head.status_code == 200, body
+    assert [m["id"] for m in json.loads(body)["data"]] == ["fake-model"]
+    upstream.on("POST", CHAT, sse_stream(sse_events(6)))
+    head, streamed = await ask(pool, node.address(), b"POST", CHAT, bearer(node.key),
+                               chat_body(stream=True))
+    assert head.status_code == 200
+    assert head.chunked
+    assert streamed == b"".join(sse_events(6))  # byte for byte what the model server sent
+    local = await request(f"unix:{node.gateway.ctx.socket_path}", "POST", CHAT,
+                          chat_body(stream=True))
+    assert local.body == streamed  # as over the Unix socket
+    assert (pool.connects, pool.handshakes) == (1, 1)  # one connection for all of it
+    assert node.gateway.node_listener is not None
+    assert node.gateway.node_listener.handshakes == 1
+    pool.close()
+
+
+@pytest.mark.parametrize("credential", ["another key", "none", "the admin token", "junk"])
+async def test_a_paired_peer_without_its_key_is_401(node: Node, credential: str) -> None:
+    headers = {"another key": bearer(node.other_key), "none": [],
+               "the admin token": bearer(node.gateway.settings.secrets.admin_token),
+               "junk": bearer("sk-sluice-nothing")}[credential]
+    pool = node.pool(node.peer)
+    head, body = await ask(pool, node.address(), b"GET", "/v1/models", headers)
+    assert head.status_code == 401
+    assert code_of(body) in {"missing_api_key", "invalid_api_key"}
+    pool.close()
+
+
+async def test_open_paths_need_no_key(node: Node) -> None:
+    pool = node.pool(node.peer)
+    head, _ = await ask(pool, node.address(), b"GET", "/health", [])
+    assert head.status_code == 200
+    pool.close()
+
+
+async def test_without_a_certificate_only_the_pairing_exchange(node: Node) -> None:
+    pool = node.pool(None)
+    for method, path, headers in [(b"GET", "/v1/models", bearer(node.key)),
+                                  (b"GET", "/health", []),
+                                  (b"POST", "/api/v1/pairing/claim", []),
+                                  (b"GET", "/api/v1/pairing/exchange", [])]:
+        head, body = await ask(pool, node.address(), method, path, headers)
+        assert head.status_code == 401, (method, path)
+        assert code_of(body) == "unpaired_certificate"
+    head, body = await ask(pool, node.address(), b"POST", "/api/v1/pairing/exchange", [],
+                           b'{"step": 1}')
+    assert head.status_code not in (401, 403), body  # past the access check (404: no route yet)
+    assert pool.handshakes == 1
+    pool.close()
+
+
+async def test_the_host_guard_applies(node: Node) -> None:
+    pool = node.pool(node.peer)
+    address = node.address()
+    conn, head = await exchange(pool, address, b"GET", b"/v1/models",
+                                [(b"host", b"evil.example:80"), *bearer(node.key)], b"")
+    await conn.receive_body(65536)
+    conn.close()
+    assert head.status_code == 403
+    pool.close()
+
+
+async def test_an_unknown_certificate_is_refused_at_the_handshake(
+        node: Node, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, "sluice")
+    with pytest.raises(HandshakeRefused):
+        await ask(node.pool(node.stranger), node.address(), b"GET", "/health", [])
+    listener = node.gateway.node_listener
+    assert listener is not None
+    while listener.refused < 1:  # the server's side of the refusal, logged
+        await trio.sleep(0.001)
+    assert any(r.levelno == logging.DEBUG and "handshake" in r.getMessage()
+               for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+
+
+async def test_plain_http_on_the_node_port_is_closed(node: Node,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", node.port)
+    await stream.send_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    got = b""
+    while data := await stream.receive_some(4096):
+        got += data
+    await stream.aclose()
+    assert b"HTTP" not in got
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+
+
+async def test_a_removed_peer_is_cut_off(node: Node) -> None:
+    pool = node.pool(node.peer)
+    head, _ = await ask(pool, node.address(), b"GET", "/v1/models", bearer(node.key))
+    assert head.status_code == 200
+    held = await open_pinned("127.0.0.1", node.port, node.own.fingerprint,
+                             client_context(node.peer), 10)
+    listener = node.gateway.node_listener
+    assert listener is not None
+    while listener.open_connections(node.peer.fingerprint) < 2:
+        await trio.sleep(0.001)
+    node.peers.set({})
+    assert listener.open_connections(node.peer.fingerprint) == 0
+    assert await held.recv(4096) == b""  # closed by the gateway, with a close_notify
+    held.close()
+    with pytest.raises(HandshakeRefused):  # the pooled connection is gone; a new one refused
+        await ask(pool, node.address(), b"GET", "/v1/models", bearer(node.key))
+    pool.close()
+
+
+async def test_state_names_the_node_port(node: Node) -> None:
+    state = json.loads((node.gateway.settings.data_dir / STATE_FILE).read_text())
+    assert state["nodePort"] == node.port
+    assert state["tcpPort"] != node.port
+
+
+async def test_no_node_listener_without_external_access_an_identity_or_a_port(
+        nursery: trio.Nursery, short_tmp: Path, loopback_only: None) -> None:
+    own, = identities(short_tmp / "ids", "b")
+    cases = [(False, own, free_port()), (True, None, free_port()), (True, own, 0)]
+    for n, (external, identity, port) in enumerate(cases):
+        cfg = gateway_config(socket_dir=short_tmp / f"s{n}", allow_external_access=external,
+                             node_port=port)
+        gateway = Gateway(open_settings(short_tmp / f"d{n}", cfg), identity=identity)
+        await nursery.start(gateway.run)
+        assert gateway.ctx.node_port is None
+        state = json.loads((short_tmp / f"d{n}" / STATE_FILE).read_text())
+        assert state["nodePort"] is None
+        assert all(transport != "node" for _, transport in gateway.binding.listeners)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl binary")
+async def test_openssl_s_client(node: Node) -> None:
+    """What another TLS stack sees: TLS 1.2 refused; TLS 1.3 without a certificate served
+    the unpaired answer only."""
+    connect = ["openssl", "s_client", "-connect", f"127.0.0.1:{node.port}", "-quiet"]
+    with trio.fail_after(30):
+        old = await trio.run_process([*connect, "-tls1_2"], stdin=b"", capture_stdout=True,
+                                     capture_stderr=True, check=False)
+        asked = (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                 b"Authorization: Bearer " + node.key.encode() + b"\r\n\r\n")
+        new = await trio.run_process([*connect, "-tls1_3"], stdin=asked, capture_stdout=True,
+                                     capture_stderr=subprocess.STDOUT, check=False)
+    assert old.returncode != 0
+    assert b"HTTP/1.1" not in old.stdout
+    assert new.stdout.startswith(b"HTTP/1.1 401 "), new.stdout[:300]
+    assert b"unpaired_certificate" in new.stdout
+
+
+async def test_an_error_body_has_the_client_api_shape(node: Node) -> None:
+    pool = node.pool(None)
+    head, body = await ask(pool, node.address(), b"POST", "/v1/messages", [],
+                           b'{"model": "fake-model"}')
+    assert head.status_code == 401
+    doc = json.loads(body)
+    assert doc["type"] == "error"  # Anthropic's shape for /v1/messages
+    assert doc["error"]["type"] == "authentication_error" or doc["error"]["type"]
+    assert "pairing/exchange" in doc["error"]["message"]
+    pool.close()
+
+
+async def test_a_client_that_never_shakes_hands_is_closed(node: Node) -> None:
+    settings = node.gateway.settings
+    timeouts = attrs.evolve(settings.config.timeouts, connection=0.2)
+    settings.config = attrs.evolve(settings.config, timeouts=timeouts)  # read per connection
+    stream = await trio.open_tcp_stream("127.0.0.1", node.port)
+    with trio.fail_after(10):
+        assert await stream.receive_some(4096) == b""  # closed after timeouts.connection
+    await stream.aclose()
+    listener = node.gateway.node_listener
+    assert listener is not None
+    assert listener.refused == 1
