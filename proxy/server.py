@@ -25,9 +25,10 @@ from proxy.drain import DRAIN_TIMEOUT, Drain, drain_timeout
 from proxy.exchange import Peer
 from proxy.files import remove_leftovers
 from proxy.lan.discovery_switch import DiscoverySwitch
-from proxy.lan.link_warnings import PlainLinks
+from proxy.lan.identity import Identity, ensure_identity
+from proxy.lan.link_warnings import IdentityChanges, PlainLinks
 from proxy.lan.node_listener import NodeListener
-from proxy.lan.node_peers import NodePeers
+from proxy.lan.node_peers import NodePeers, peers_of
 from proxy.lan.own_host import OwnHost
 from proxy.listeners import ListenerError
 from proxy.models.launcher import INSTALL_HINT, llama_available
@@ -49,7 +50,6 @@ from proxy.upstream.pool import ConnectionPool
 from proxy.upstream.tls import client_context
 
 if TYPE_CHECKING:
-    from proxy.lan.identity import Identity
     from proxy.models.ondemand import OnDemand
 
 log = logging.getLogger("sluice.server")
@@ -78,6 +78,9 @@ class Gateway:
         self.identity = identity
         self.node_peers = node_peers if node_peers is not None or identity is None \
             else NodePeers()
+        if node_peers is None and self.node_peers is not None:  # ours: it follows the keys
+            peers = self.node_peers
+            settings.keys.watch(lambda keys: peers.set(peers_of(keys)))
         self.connections = ConnectionPool(
             lambda: settings.config.timeouts.connection,
             tls=None if identity is None else client_context(identity))
@@ -179,6 +182,10 @@ class Gateway:
             identity=self.identity, node_peers=self.node_peers)
         self.settings.subscribe(Follower(self._follow, self.settings.config))
         self.settings.subscribe(PlainLinks(self.notifications, self.settings.config))
+        self.nodes.changes.subscribe(IdentityChanges(self.notifications))
+        if self.identity is not None:  # announced beside fp (TXT id=, tls=)
+            self.discovery.identity = self.identity.fingerprint
+            self.discovery.node_port = self.binding.listening.node_port
         self.watcher = ConfigWatcher(self.settings, self.notifications)
 
     async def _serve(self, task_status: trio.TaskStatus[None]) -> None:
@@ -314,9 +321,22 @@ START_ORDER: tuple[Step, ...] = (
 def serve(settings: Settings, extra_models: Sequence[ModelConfig] = ()) -> int:
     """Run the gateway until a stop signal; the process exit code."""
     try:
-        gateway = Gateway(settings, drain_timeout=drain_timeout(), extra_models=extra_models)
+        gateway = Gateway(settings, drain_timeout=drain_timeout(), extra_models=extra_models,
+                          identity=_identity(settings))
         trio.run(lambda: gateway.run(handle_signals=True))
     except (ListenerError, StartupError) as exc:
         log.error("%s", exc)
         return 2
     return 0
+
+
+def _identity(settings: Settings) -> Identity | None:
+    """This gateway's identity (SPEC §16), made on the first start and whenever its files
+    are missing or unusable; None (logged) when the data dir cannot hold it: the gateway
+    then serves without pinned links or a node listener."""
+    try:
+        return ensure_identity(settings.data_dir)
+    except OSError as exc:
+        log.error("cannot make this gateway's identity in %s: %s; pinned links and the "
+                  "node listener are off", settings.data_dir, exc.strerror or exc)
+        return None

@@ -131,7 +131,7 @@ def gateway_config(
         image_generation=_given(t.request.image_generation, total=image_total))
     cfg = attrs.evolve(
         cfg,
-        api=attrs.evolve(cfg.api, port=0, **api),
+        api=attrs.evolve(cfg.api, **{"port": 0, **api}),
         local=attrs.evolve(cfg.local, socket_dir=str(socket_dir)),
         backends=tuple(BackendConfig(name=n, url=u, kind="llm") for n, u in backends),
         nodes=tuple(nodes),
@@ -193,9 +193,11 @@ async def start_gateway(nursery: trio.Nursery, short_tmp: Path) -> StartGateway:
         nonlocal count
         count += 1
         drain = options.pop("drain_timeout", 5.0)
+        identity = options.pop("identity", None)  # SPEC §16: pinned links, a node listener
         folder = short_tmp / f"g{count}"
         cfg = gateway_config(backends, socket_dir=folder / "s", **options)
-        gateway = Gateway(open_settings(folder / "data", cfg), drain_timeout=drain)
+        gateway = Gateway(open_settings(folder / "data", cfg), drain_timeout=drain,
+                          identity=identity)
         await nursery.start(gateway.run)
         await gateway.backends.ready.wait()  # every backend checked once
         return RunningGateway(gateway)

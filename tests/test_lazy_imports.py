@@ -180,3 +180,47 @@ def test_discovery_is_loaded_only_when_turned_on(short_tmp: Path) -> None:
     before, after = done.stdout.strip().splitlines()
     assert before == "[]"
     assert after == repr(sorted(DISCOVERY)), after
+
+
+TLS_LIBRARIES = ("cryptography", "spake2")
+
+# A gateway in a process of its own, started as `sluice serve` starts one (its identity made
+# on the first start, SPEC §16), without external access: which of TLS_LIBRARIES it holds
+# once it has answered a few requests.
+IDENTITY_GATEWAY = PREAMBLE + """folder, wanted = Path(sys.argv[1]), {wanted!r}
+from proxy.server import _identity
+cfg = default_config()
+cfg = attrs.evolve(cfg, api=attrs.evolve(cfg.api, port=0),
+                   local=attrs.evolve(cfg.local, socket_dir=str(folder / "s")))
+(folder / "data").mkdir(mode=0o700, exist_ok=True)
+(folder / "data" / "config.yaml").write_text(dump_config_yaml(cfg))
+async def main():
+    settings = Settings.open(folder / "data")
+    gateway = Gateway(settings, identity=_identity(settings))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gateway.run)
+        unix = "unix:" + gateway.ctx.socket_path
+        for path in ("/v1/models", "/health", "/api/v1/inference/status"):
+            assert (await request(unix, "GET", path)).status == 200, path
+        print(gateway.ctx.identity.fingerprint, gateway.ctx.node_port)
+        print(sorted(m for m in wanted if m in sys.modules))
+        gateway.shutdown()
+trio.run(main)
+"""
+
+
+def test_cryptography_and_spake2_only_to_make_the_identity(short_tmp: Path) -> None:
+    """SPEC §16: the first start makes the identity (``cryptography``, once); a later start
+    without external access reads it with ``ssl`` alone and imports neither library."""
+    code = IDENTITY_GATEWAY.format(wanted=TLS_LIBRARIES)
+    runs = [subprocess.run([sys.executable, "-c", code, str(short_tmp)], capture_output=True,
+                           text=True, timeout=60, check=False) for _ in range(2)]
+    for done in runs:
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    (pin1, port1, first), (pin2, port2, second) = (
+        [*done.stdout.split()[:2], done.stdout.strip().splitlines()[1]] for done in runs)
+    assert pin1 == pin2  # made once, then kept
+    assert pin1.startswith("sha256:")
+    assert port1 == port2 == "None"  # no external access: no node listener
+    assert first == "['cryptography']"
+    assert second == "[]"

@@ -304,7 +304,8 @@ def test_accept_loop_survives_emfile(low_fd_gateway: GatewayProcess, figures: Fi
     crashed = "Traceback" in log or status != 200
     figures.count("crashes", 1 if crashed else 0)
     assert status == 200, log[-2000:]
-    assert doc == HEALTH
+    assert doc == {**HEALTH, "identity": doc["identity"]}  # a real serve has one (SPEC §16)
+    assert doc["identity"].startswith("sha256:")
     assert "Traceback" not in log, log[-4000:]
     assert "too many open files" in log.lower(), "the flood never hit the descriptor limit"
     assert log.count("accept failed") <= 3, log[-4000:]  # once per starved episode

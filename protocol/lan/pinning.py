@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 from typing import Final, TypeGuard
 
-__all__ = ["PIN_PREFIX", "fingerprint_of", "is_pin", "normalize_pin", "pin_matches"]
+__all__ = ["NODE_IDENTITY_CHANGED", "PIN_PREFIX", "fingerprint_of", "health_node_port", "is_pin",
+           "normalize_pin", "pin_matches"]
 
 PIN_PREFIX: Final = "sha256:"
+NODE_IDENTITY_CHANGED: Final = "node_identity_changed"  # a pinned node's lastError, and its note
 PIN_LENGTH: Final = len(PIN_PREFIX) + 64
 PIN_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -47,3 +50,14 @@ def pin_matches(der: bytes, pin: str) -> bool:
     if wanted is None:
         return False
     return hmac.compare_digest(fingerprint_of(der).encode(), wanted.encode())
+
+
+def health_node_port(body: bytes) -> int | None:
+    """The ``nodePort`` of a gateway's ``GET /health`` answer (SPEC §16); None when it has
+    none, or the answer is not that."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    port = doc.get("nodePort") if isinstance(doc, dict) else None
+    return port if type(port) is int and 0 < port < 65536 else None

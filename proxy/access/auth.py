@@ -40,6 +40,7 @@ from protocol.rebinding import (
 
 if TYPE_CHECKING:
     from proxy.access.key_grants import Grant
+    from proxy.access.key_store import AccessKey
     from proxy.context import GatewayContext
 
 log = logging.getLogger("sluice.auth")
@@ -126,5 +127,12 @@ def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, level: A
         return None if node_key is None else ctx.key_grants.grant(node_key)
     key = decide(level, headers, transport=transport, loopback=loopback_peer,
                  require_auth=ctx.config.api.require_auth,
-                 admin_token=settings.secrets.admin_token, find_key=settings.keys.find)
+                 admin_token=settings.secrets.admin_token,
+                 find_key=lambda token: _unbound(settings.keys.find(token)))
     return None if key is None else ctx.key_grants.grant(key)
+
+
+def _unbound(key: AccessKey | None) -> AccessKey | None:
+    """A key bound to a paired computer's certificate (SPEC §16) counts only with that
+    certificate, on the node listener: elsewhere it is no key of ours."""
+    return None if key is None or key.get("pin") is not None else key

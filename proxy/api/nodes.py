@@ -231,7 +231,8 @@ async def add_node(call: Call) -> tuple[int, Any]:
     name = _name(doc["name"]) if doc.get("name") is not None else ""
     weight = _weight(doc["weight"]) if doc.get("weight") is not None else 1
     ctx = call.ctx
-    _check_room(ctx.config)  # before asking the node
+    if code is None:
+        _check_room(ctx.config)  # before asking the node (a code may pair a known one again)
     pin: str | None = None
     if code is not None:  # SPEC §14, §16: the node gives its fingerprint and a key for the code
         fingerprint, key, pin, given = await _pair(call, address, url, code)
@@ -242,10 +243,21 @@ async def add_node(call: Call) -> tuple[int, Any]:
         raise ConfigError("baseUrl", "that URL is this gateway itself")
     name = name or _discovered_name(call, fingerprint)
 
+    repaired = False
+
     def change(cfg: Config, keys: dict[str, str]) -> tuple[Config, dict[str, str]]:
         # The registry as it is now: another change may have landed during the wait.
+        nonlocal repaired
+        known = next((n for n in cfg.nodes if n.fingerprint == fingerprint), None)
+        if known is not None and pin is not None:  # SPEC §16: paired again, pinned anew
+            repaired = True
+            again = attrs.evolve(known, base_url=url, pin=pin)
+            assert key is not None
+            keys[fingerprint] = key
+            return attrs.evolve(cfg, nodes=tuple(again if n is known else n
+                                                 for n in cfg.nodes)), keys
         _check_room(cfg)
-        if any(n.fingerprint == fingerprint for n in cfg.nodes):
+        if known is not None:
             raise node_exists(fingerprint)
         current = by_priority(cfg.nodes)
         lowest = current[-1].priority if current else MAX_PRIORITY + 1
@@ -259,8 +271,9 @@ async def add_node(call: Call) -> tuple[int, Any]:
         return attrs.evolve(cfg, nodes=nodes), keys
 
     stored = await commit(call, change)
-    log.info("node %s added (%s)", fingerprint, url)
-    return 201, node_entry(_saved(stored, fingerprint), ctx.settings.secrets.node_keys)
+    log.info("node %s %s (%s)", fingerprint, "paired again" if repaired else "added", url)
+    return 200 if repaired else 201, node_entry(_saved(stored, fingerprint),
+                                                ctx.settings.secrets.node_keys)
 
 
 async def patch_node(call: Call) -> tuple[int, Any]:

@@ -7,11 +7,12 @@ set makes new handshakes use it, and a peer removed has its open connections clo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from protocol.lan.pinning import fingerprint_of, normalize_pin
+from proxy.access.key_store import AccessKey, peer_of
 
-__all__ = ["NodePeers", "PeerEntry"]
+__all__ = ["NodePeers", "PeerEntry", "peers_of"]
 
 PeerEntry = tuple[bytes, str]  # (the certificate's DER, the id of the access key bound to it)
 Removed = Callable[[frozenset[str]], None]  # told the pins that left, after each change
@@ -69,3 +70,14 @@ class NodePeers:
 
     def pins(self) -> frozenset[str]:
         return frozenset(self._peers)
+
+
+def peers_of(keys: Iterable[AccessKey]) -> dict[str, PeerEntry]:
+    """The paired peers the access keys name: each key made by pairing (its ``pin`` and
+    ``certificate``, :func:`~proxy.access.key_store.peer_of`) is its peer's."""
+    out: dict[str, PeerEntry] = {}
+    for key in keys:
+        peer = peer_of(key)
+        if peer is not None:
+            out[peer[0]] = (peer[1], key.id)
+    return out

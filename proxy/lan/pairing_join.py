@@ -31,7 +31,7 @@ import trio
 from protocol.errors import ConfigError, upstream_bad_response, upstream_unreachable
 from protocol.headers import Header
 from protocol.lan.pake import Joiner, PairingProtocolError, parse_welcome
-from protocol.lan.pinning import fingerprint_of
+from protocol.lan.pinning import fingerprint_of, health_node_port
 from protocol.upstream_url import UpstreamAddress
 from proxy.lan.identity import Identity
 from proxy.lan.pairing_client import ANSWER_CAP, NOT_ACCEPTED, answer_error, ask
@@ -73,13 +73,7 @@ async def node_port_of(connections: ConnectionPool, address: UpstreamAddress, ur
     headers: list[Header] = [(b"host", address.authority), (b"accept", b"application/json")]
     status, _, body = await ask(connections, address, url, b"GET", b"/health", headers, b"",
                                 connect_timeout=connect_timeout)
-    if status != 200:
-        return None
-    try:
-        port = json.loads(body).get("nodePort")
-    except (ValueError, UnicodeDecodeError, AttributeError):
-        return None
-    return port if type(port) is int and 0 < port < 65536 else None
+    return health_node_port(body) if status == 200 else None
 
 
 async def _post(stream: trio.abc.Stream, conn: h11.Connection, host: bytes,

@@ -18,10 +18,13 @@ from typing import Any, Protocol
 import trio
 
 from protocol.config import Config
+from protocol.lan.pinning import NODE_IDENTITY_CHANGED, health_node_port
 from protocol.upstream_url import parse_upstream_url
 from proxy.registry.nodes import OFFLINE, ONLINE, WARMING, NodeEndpoint, NodeIndex
 from proxy.registry.probe import ModelProbe, probe_models
-from proxy.upstream.pool import ConnectionPool
+from proxy.upstream.connection import UpstreamFailure
+from proxy.upstream.pool import ConnectionPool, fetch
+from proxy.upstream.tls import PinMismatch
 
 WARMING_RETRY = 1.0  # seconds between probes of a warming node
 
@@ -34,18 +37,53 @@ _HINTS = {
 }
 
 
+async def _learn_node_port(connections: ConnectionPool, endpoint: NodeEndpoint,
+                           timeout: float) -> str | None:
+    """A pinned node (SPEC §16) whose node port is not known yet: ask its ``GET /health``
+    at ``base_url`` (plain, no key: the answer holds no secret; a wrong port only fails the
+    pin). None when it was learnt, else why not."""
+    assert endpoint.plain is not None
+    with trio.move_on_after(timeout):
+        try:
+            status, body = await fetch(connections, endpoint.plain, b"/health")
+        except (UpstreamFailure, ValueError) as exc:
+            return f"cannot ask for its node port: {exc}"
+        port = health_node_port(body) if status == 200 else None
+        if port is None:
+            return ("it names no node port in GET /health (external access off, or a "
+                    "sluice without pinned links); pair with it again once it has one")
+        endpoint.link(port)
+        return None
+    return f"GET /health did not answer within {timeout:g}s"
+
+
 async def check_node(index: NodeIndex, endpoint: NodeEndpoint, connections: ConnectionPool,
                      api_key: str | None, timeout: float) -> None:
-    """Fetch the node's ``/v1/models`` within ``timeout``; record status, latency, models."""
-    try:
-        address = parse_upstream_url(endpoint.cfg.base_url)
-    except ValueError as exc:
-        probe = ModelProbe(None, [], str(exc), None)
-    else:
+    """Fetch the node's ``/v1/models`` within ``timeout``; record status, latency, models.
+    A pinned node is asked over its TLS link (its node port learnt first); a certificate
+    that is not the pinned one makes it offline with ``node_identity_changed``."""
+    address = endpoint.address
+    if endpoint.plain is None:
+        try:
+            parse_upstream_url(endpoint.cfg.base_url)
+        except ValueError as exc:
+            probe = ModelProbe(None, [], str(exc), None)
+    elif address is None:  # pinned, its node port not known yet
+        why = await _learn_node_port(connections, endpoint, timeout)
+        address = endpoint.address
+        if why is not None:
+            probe = ModelProbe(None, [], why, None)
+    if address is not None:
         probe = await probe_models(connections, address, api_key=api_key, timeout=timeout)
+        if endpoint.cfg.pin is not None and probe.failure is not None and \
+                not isinstance(probe.failure, PinMismatch):
+            endpoint.link(None)  # no TLS link: ask its node port again at the next check
     error = probe.error
+    endpoint.presented = probe.failure.got if isinstance(probe.failure, PinMismatch) else None
     models: list[dict[str, Any]] = []
-    if probe.status == 503:
+    if endpoint.presented is not None:
+        status, error = OFFLINE, NODE_IDENTITY_CHANGED
+    elif probe.status == 503:
         status, error = WARMING, "GET /v1/models answered 503 (loading)"
     elif error is not None:
         status = OFFLINE

@@ -60,10 +60,15 @@ class NodeEndpoint:
 
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
-        try:
-            self.address: UpstreamAddress | None = parse_upstream_url(cfg.base_url)
+        try:  # its base_url: where a plain link goes, and a pinned link asks its node port
+            self.plain: UpstreamAddress | None = parse_upstream_url(cfg.base_url)
         except ValueError:
-            self.address = None  # never online: its checks fail with the reason
+            self.plain = None  # never online: its checks fail with the reason
+        # Where requests go: the plain address, or (SPEC §16) for a node with a pin, the
+        # pinned TLS link to its node port once a check has learnt the port (None until).
+        self.address: UpstreamAddress | None = self.plain if cfg.pin is None else None
+        self.node_port: int | None = None
+        self.presented: str | None = None  # the pin of a certificate that was not its pin
         self.status = UNKNOWN  # not checked yet
         self.models: list[dict[str, Any]] = []
         self.model_ids: frozenset[str] = frozenset()
@@ -81,6 +86,14 @@ class NodeEndpoint:
     @property
     def fingerprint(self) -> str:
         return self.cfg.fingerprint
+
+    def link(self, node_port: int | None) -> None:
+        """A pinned node's node port (None: forget it, to be asked again): requests go over
+        TLS to it, the certificate checked against ``cfg.pin``."""
+        self.node_port = node_port
+        if self.cfg.pin is not None:
+            self.address = None if node_port is None or self.plain is None else \
+                self.plain.pinned(self.cfg.pin, node_port)
 
     @property
     def online(self) -> bool:
@@ -119,13 +132,14 @@ class NodeIndex:
 
     def sync(self, nodes: Iterable[NodeConfig]) -> None:
         """Follow the configured nodes: only enabled ones, in priority order; a node whose
-        URL changed starts over as unchecked."""
+        URL or pin changed starts over as unchecked."""
         old = {e.fingerprint: e for e in self.endpoints}
         out = []
         changed = []
         for cfg in by_priority(n for n in nodes if n.enabled):
             endpoint = old.get(cfg.fingerprint)
-            if endpoint is None or endpoint.cfg.base_url != cfg.base_url:
+            if endpoint is None or endpoint.cfg.base_url != cfg.base_url or \
+                    endpoint.cfg.pin != cfg.pin:  # another link: start over
                 endpoint = NodeEndpoint(cfg)
                 changed.append(endpoint)
             elif endpoint.cfg != cfg:
