@@ -15,11 +15,14 @@ from __future__ import annotations
 import datetime
 import functools
 from json.encoder import encode_basestring
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from protocol.json_text import compact_json, scan_json
+
+if TYPE_CHECKING:
+    from protocol.sse import SseObserver
 
 __all__ = ["OUTCOMES", "RequestRecord", "cached_tokens", "iso_utc", "usage_from_event",
            "usage_in_body"]
@@ -111,6 +114,19 @@ def cached_tokens(usage: dict[str, Any] | None, timings_in: bytes | None) -> int
         cached = None if timings is None else timings.get("cache_n")
         if isinstance(cached, int) and cached >= 0:
             return cached
+    return None
+
+
+def reused_tokens(observer: SseObserver | None, body: bytes | None) -> int | None:
+    """:func:`cached_tokens` of one answer: a stream's (what its ``observer`` kept: the
+    usage lines, llama.cpp's timings line) or a whole answer's ``body``; None when it does
+    not say."""
+    if observer is not None:
+        usage = (None if observer.usage_line is None
+                 else stream_usage(observer.first_usage_line, observer.usage_line))
+        return cached_tokens(usage, observer.timings_line)
+    if body is not None:
+        return cached_tokens(usage_in_body(body), body)
     return None
 
 

@@ -35,7 +35,7 @@ from protocol.headers import (
 )
 from protocol.http1 import ResponseHead
 from protocol.request_info import RequestInfo, total_timeout
-from protocol.request_record import cached_tokens, stream_usage, usage_in_body
+from protocol.request_record import reused_tokens
 from protocol.response import State
 from protocol.sse import TAIL, SseObserver, ends_event
 from proxy.deadline import FIRST_BYTE_LIMIT, Deadline, GapWatch, RequestScope
@@ -86,16 +86,8 @@ class Relay:
         return f"Relay({self.plan!r}, {self.info!r}, {self.out.response!r})"
 
     def cached_tokens(self) -> int | None:
-        """The prompt tokens the upstream says it reused (SPEC §15), from the answer's usage
-        or llama.cpp's timings; None when it does not say. Parsed on demand."""
-        observer = self.observer
-        if observer is not None:
-            usage = (None if observer.usage_line is None
-                     else stream_usage(observer.first_usage_line, observer.usage_line))
-            return cached_tokens(usage, observer.timings_line)
-        if self.usage_in is not None:
-            return cached_tokens(usage_in_body(self.usage_in), self.usage_in)
-        return None
+        """The prompt tokens the upstream says it reused (SPEC §15); parsed on demand."""
+        return reused_tokens(self.observer, self.usage_in)
 
     @property
     def done(self) -> bool:

@@ -250,7 +250,10 @@ async def check_backend(registry: BackendRegistry, backend: LocalBackend,
     models = pin(probe.models, backend.pinned_model) if error is None else []
     registry.checked(backend, models, error, probe.latency_ms)
     if error is None and backend.kind == "llm" and registry.slots_due(backend):
-        await poll_slots(registry, backend, connections, address, deadline)
+        found, refused = await poll_slots(
+            connections, address, api_key=backend.api_key, deadline=deadline,
+            mine=lambda: registry.in_flight(backend.name))
+        registry.found_slots(backend, address, found, refused=refused)
 
 
 async def run_health_checks(

@@ -14,7 +14,8 @@ back-off. None of this is an error: the backend's state is its model list's alon
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -22,9 +23,6 @@ from protocol.slots import Slots, parse_slots, parse_total_slots
 from protocol.upstream_url import UpstreamAddress
 from proxy.upstream.connection import UpstreamFailure
 from proxy.upstream.pool import ConnectionPool, fetch
-
-if TYPE_CHECKING:
-    from proxy.registry.backends import BackendRegistry, LocalBackend
 
 SLOTS_CAP = 1024 * 1024  # /slots: a few hundred bytes to a few KB per slot
 PROPS_CAP = 4 * 1024 * 1024  # /props carries the chat template
@@ -53,28 +51,26 @@ async def _document(connections: ConnectionPool, address: UpstreamAddress, path:
         return None
 
 
-async def poll_slots(registry: BackendRegistry, backend: LocalBackend,
-                     connections: ConnectionPool, address: UpstreamAddress,
-                     deadline: float) -> None:
-    """Ask ``backend`` (at ``address``) for its slots by ``deadline``; the registry records
-    what was found (:meth:`~proxy.registry.backends.BackendRegistry.found_slots`)."""
-    key = backend.api_key
+async def poll_slots(connections: ConnectionPool, address: UpstreamAddress, *,
+                     api_key: str | None, deadline: float,
+                     mine: Callable[[], int]) -> tuple[Slots | None, bool]:
+    """Ask the backend at ``address`` for its slots by ``deadline``: ``(slots, refused)``,
+    for :meth:`~proxy.registry.backends.BackendRegistry.found_slots`. ``mine()``: our own
+    requests in flight to it now, which are not others' (read as the answer arrives)."""
     found: Slots | None = None
     refused = False
     with trio.move_on_at(deadline):
         try:
             counted = parse_slots(await _document(connections, address, b"/slots",
-                                                  api_key=key, cap=SLOTS_CAP))
+                                                  api_key=api_key, cap=SLOTS_CAP))
             if counted is not None:
                 busy, total = counted
-                # Our own requests now are not others' (read as the answer arrives).
-                mine = registry.in_flight(backend.name)
-                found = Slots(total, max(0, busy - mine))
+                found = Slots(total, max(0, busy - mine()))
             else:
                 total_slots = parse_total_slots(await _document(
-                    connections, address, b"/props", api_key=key, cap=PROPS_CAP))
+                    connections, address, b"/props", api_key=api_key, cap=PROPS_CAP))
                 found = None if total_slots is None else Slots(total_slots, 0)
                 refused = True
         except _NoAnswer:
             found, refused = None, False
-    registry.found_slots(backend, address, found, refused=refused)
+    return found, refused

@@ -5,15 +5,25 @@ reused, added to the upstream's :class:`~proxy.routing.attempts.Counters` in the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from protocol.request_record import RequestRecord, token_counts
-
-if TYPE_CHECKING:
-    from proxy.routing.router import Router
+from proxy.routing.attempts import Counters
 
 
-def count_tokens(router: Router, kind: str, at: float, record: RequestRecord | Any) -> None:
+class CountersByUpstream(Protocol):
+    """Where the counters are (:class:`~proxy.routing.router.Router`): each node's and
+    each local backend's, by name."""
+
+    @property
+    def counters(self) -> Mapping[str, Counters]: ...
+    @property
+    def backend_counters(self) -> Mapping[str, Counters]: ...
+
+
+def count_tokens(router: CountersByUpstream, kind: str, at: float,
+                 record: RequestRecord | Any) -> None:
     """Add one finished request's prompt and reused tokens to the upstream that served it."""
     served_by = record.served_by
     if served_by is None or not record.routed:
