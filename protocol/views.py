@@ -43,10 +43,11 @@ def _fields(section: Section, cfg: Config) -> dict[str, Any]:
     return out
 
 
-def api_view(cfg: Config, restart: bool) -> dict[str, Any]:
+def api_view(cfg: Config, restart: bool, identity: str | None = None) -> dict[str, Any]:
     """``GET /api/v1/settings/api``; ``restart``: a change that needs a restart is saved
-    and not applied yet (``restartRequired``)."""
-    return {**_fields(API, cfg), "restartRequired": restart}
+    and not applied yet (``restartRequired``); ``identity``: this gateway's certificate pin
+    (SPEC §16, read-only; null without one)."""
+    return {**_fields(API, cfg), "restartRequired": restart, "identity": identity}
 
 
 def load_balancing_view(cfg: Config) -> dict[str, Any]:

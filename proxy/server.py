@@ -97,8 +97,9 @@ class Gateway:
         external = settings.config.api.enabled and settings.config.api.allow_external_access
         self.discovery = DiscoverySwitch(settings, self.hub, self.notifications, OwnHost(),
                                          external=external, version=version())
-        self.state_events = StateEvents(self.hub, settings, self.nodes, self.backends,
-                                        self.router, self.notifications, external=external)
+        self.state_events = StateEvents(
+            self.hub, settings, self.nodes, self.backends, self.router, self.notifications,
+            external=external, identity=None if identity is None else identity.fingerprint)
         self.clients = Clients()
         self.metrics = Metrics(self.router, self.clients.by_transport, version())
         self.metrics.attach(self.hub)

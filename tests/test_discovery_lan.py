@@ -191,6 +191,10 @@ async def test_a_pairs_with_b_by_its_code_then_streams_from_it(hosts: Hosts) -> 
     # Named as it announced itself: the claim's answer names no one.
     assert [(n["fingerprint"], n["name"], n["baseUrl"], n["hasApiKey"]) for n in nodes] == [
         (entry["fingerprint"], entry["name"], entry["baseUrl"], True)]
+    # SPEC §16: paired over B's node port by SPAKE2, B's certificate pinned.
+    b_identity = (await b.get_json("/health", via="unix"))["identity"]
+    assert [(n["link"], n["pin"]) for n in nodes] == [("pinned", b_identity)]
+    assert "pinned" in said
     # B made a key for A, named after A's computer; the code is used up.
     keys = await b.get_json("/api/v1/access-keys", via="unix", admin=True)
     assert [k["name"] for k in keys if k["name"] != "host-a"] == [socket.gethostname()]

@@ -184,7 +184,7 @@ async def test_settings_api(start_gateway: StartGateway, short_tmp: Path) -> Non
     assert got.status == 200
     assert got.json() == {"enabled": True, "port": 0, "allowExternalAccess": False,
                           "requireAuth": False, "socketDir": str(short_tmp / "g1" / "s"),
-                          "nodePort": 39443, "restartRequired": False}
+                          "nodePort": 39443, "restartRequired": False, "identity": None}
     assert (await request(gw.unix, "PUT", "/api/v1/settings/api", b"{}")).status == 401
     # requireAuth applies at once, and needs no restart.
     live = await admin(gw, "PUT", "/api/v1/settings/api", {"requireAuth": True})

@@ -74,6 +74,8 @@ async def test_pair_pin_and_chat_over_the_tls_link(
     a = await start_gateway([], identity=id_a, lb=True, interval=0.3, hc_timeout=2.0)
     assert (await request(b.tcp, "GET", "/health")).json() == {
         "status": "ok", "identity": id_b.fingerprint, "nodePort": node_port}
+    settings = (await admin(b, "GET", "/api/v1/settings/api")).json()
+    assert (settings["identity"], settings["nodePort"]) == (id_b.fingerprint, node_port)
 
     # A wrong code: one of B's 5 tries, nothing pinned, nothing made.
     code = await code_of(b)

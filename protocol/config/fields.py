@@ -132,7 +132,7 @@ API: Final = Section("api", (
     field("requireAuth", "api.require_auth"),
     field("socketDir", "local.socket_dir", blank_is_null=True),
     field("nodePort", "api.node_port"),
-), read_only=("restartRequired",))
+), read_only=("restartRequired", "identity"))
 
 LOAD_BALANCING: Final = Section("loadBalancing", (
     field("enabled", "load_balancing.enabled"),

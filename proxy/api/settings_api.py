@@ -19,8 +19,13 @@ from proxy.api.settings_write import save_write
 from proxy.notifications import notify_restart, restart_pending
 
 
+def _pin(call: Call) -> str | None:
+    identity = call.ctx.identity
+    return None if identity is None else identity.fingerprint
+
+
 def get_api(call: Call) -> tuple[int, Any]:
-    return 200, api_view(call.ctx.config, restart_pending(call.ctx.notifications))
+    return 200, api_view(call.ctx.config, restart_pending(call.ctx.notifications), _pin(call))
 
 
 async def put_api(call: Call) -> tuple[int, Any]:
@@ -35,4 +40,5 @@ async def put_api(call: Call) -> tuple[int, Any]:
 
     stored = await save_write(call, API, doc, seen=seen)
     notify_restart(ctx.notifications, changed)
-    return 200, api_view(stored, bool(changed) or restart_pending(ctx.notifications))
+    return 200, api_view(stored, bool(changed) or restart_pending(ctx.notifications),
+                         _pin(call))

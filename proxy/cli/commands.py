@@ -133,9 +133,17 @@ def _nodes_action(data_dir: Path, args: argparse.Namespace) -> tuple[Any, str]:
             body["name"] = args.name
         if args.weight is not None:
             body["weight"] = args.weight
+        known = set() if args.code is None else {
+            n["fingerprint"] for n in call(data_dir, "GET", "/api/v1/nodes", admin=True)}
         node = call(data_dir, "POST", "/api/v1/nodes", body, admin=True,
                     timeout=PAIRING_TIMEOUT if args.code is not None else TIMEOUT)
         paired = " with the access key it gave for the code" if args.code is not None else ""
+        if node.get("link") == "pinned":  # SPEC §16
+            paired = (f", its certificate {node['pin']} pinned, with the access key it made "
+                      "for this computer")
+        if node["fingerprint"] in known:
+            return node, (f"paired again with node {node['fingerprint']} ({node['name']}, "
+                          f"{node['baseUrl']}){paired}")
         return node, (f"added node {node['fingerprint']} ({node['name']}, {node['baseUrl']})"
                       f"{paired}, last in the order")
     if action == "order":

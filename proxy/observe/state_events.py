@@ -125,11 +125,13 @@ class SettingsFeed:
     bodies are remembered from write to write (a human's action: rare), so a subscriber
     that comes later still hears only of real changes."""
 
-    __slots__ = ("_bodies", "_config", "_external", "_hub", "_notifications", "_settings")
+    __slots__ = ("_bodies", "_config", "_external", "_hub", "_identity", "_notifications",
+                 "_settings")
 
     def __init__(self, hub: Hub, settings: Settings, notifications: Notifications, *,
-                 external: bool = False) -> None:
+                 external: bool = False, identity: str | None = None) -> None:
         self._hub = hub
+        self._identity = identity  # the api section's read-only identity (SPEC §16)
         self._external = external  # the API listener binds every address (discovery's view)
         self._settings = settings
         self._notifications = notifications
@@ -145,7 +147,7 @@ class SettingsFeed:
         PUT answers it (this write changed a field that needs a restart, or one did before)."""
         restart = bool(restart_changes(old, new)) or restart_pending(self._notifications)
         return {"loadBalancing": load_balancing_view(new), "timeouts": timeouts_view(new),
-                "api": api_view(new, restart), "aliases": aliases_view(new),
+                "api": api_view(new, restart, self._identity), "aliases": aliases_view(new),
                 "discovery": discovery_view(new, self._external),
                 "nodes": registry_view(new, self._settings.secrets.node_keys)}
 
@@ -185,13 +187,15 @@ class StateEvents:
 
     def __init__(self, hub: Hub, settings: Settings, nodes: NodeIndex,
                  backends: BackendRegistry, router: Router,
-                 notifications: Notifications, *, external: bool = False) -> None:
+                 notifications: Notifications, *, external: bool = False,
+                 identity: str | None = None) -> None:
         self.hub = hub
         self.router = router
         self.settings = settings
         self.node_feed = NodeFeed(hub, nodes, settings)
         self.backend_feed = BackendFeed(hub, backends)
-        self.settings_feed = SettingsFeed(hub, settings, notifications, external=external)
+        self.settings_feed = SettingsFeed(hub, settings, notifications, external=external,
+                                          identity=identity)
 
     def __repr__(self) -> str:
         return f"StateEvents({self.hub!r})"
