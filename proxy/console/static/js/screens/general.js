@@ -57,6 +57,13 @@ export function mount(root, app) {
   const external = switchRow(app, 'External access', AT_RESTART, 'Listen on every network '
     + 'interface; clients on other machines must send an access key.',
   (on) => put({ allowExternalAccess: on }));
+  const nodePort = field({
+    label: 'Node port', name: 'nodePort', type: 'text', value: '', hint: AT_RESTART,
+    help: 'TLS 1.3 for the computers paired with this one, opened with external access; '
+      + '0: none.',
+    save: (v) => put({ nodePort: portValue(v) }, 'nodePort'), disabled: app.readOnly,
+  });
+  nodePort.input.setAttribute('inputmode', 'numeric');
   const requireAuth = switchRow(app, 'Require auth', null, 'Loopback TCP clients need an '
     + 'access key too (the Unix socket never does). Applies at once.',
   (on) => put({ requireAuth: on }));
@@ -76,7 +83,7 @@ export function mount(root, app) {
       listening, socketDir),
     el('section', { class: 'card stack', 'aria-labelledby': 'general-api' },
       el('h2', { id: 'general-api', text: 'API server' }),
-      enabled, port, external, requireAuth));
+      enabled, port, external, nodePort, requireAuth));
 
   function drawListening() {
     const facts = [];
@@ -90,6 +97,11 @@ export function mount(root, app) {
     if (status) {
       facts.push(fact('API listening on',
         status.routerPort ? `TCP port ${status.routerPort}` : 'off (Unix socket only)'));
+      if (status.identity) { // SPEC §16: what paired computers pin
+        facts.push(wide(fact('Identity', el('code', { text: status.identity }))));
+        facts.push(fact('Node port (TLS 1.3)', status.nodePort ? String(status.nodePort)
+          : 'closed (needs external access)'));
+      }
     }
     fill(listening, facts);
   }
@@ -98,6 +110,7 @@ export function mount(root, app) {
     enabled.set(Boolean(settings.enabled));
     port.set(String(settings.port ?? ''));
     external.set(Boolean(settings.allowExternalAccess));
+    nodePort.set(String(settings.nodePort ?? ''));
     requireAuth.set(Boolean(settings.requireAuth));
     socketDir.set(settings.socketDir ?? '');
   }
