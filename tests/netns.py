@@ -1,7 +1,8 @@
 """A real LAN of two hosts for end-to-end tests: two Linux network namespaces joined by a
 veth pair, each with ``lo`` up and one address of a private /30 (10.213.N.0/30, N from the
 pid), plus the plumbing the tests need: link down/up, a ``tbf`` slow link, running a command
-(a gateway, the ``sluice`` CLI, a small HTTP client) inside a namespace.
+(a gateway, the ``sluice`` CLI, a small HTTP client, any helper process) inside a namespace,
+and ``tcpdump`` on a host's veth (:class:`Tcpdump`).
 
 Every name starts with ``sl-<pid>`` (devices ``sl<pid>a`` / ``sl<pid>b``: at most 15 bytes)
 so nothing collides with another run; ``Lan.remove()`` deletes both namespaces (which
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +34,7 @@ from tests.gateways import START_TIMEOUT, GatewayProcess
 
 IP = shutil.which("ip") or "ip"
 TC = shutil.which("tc") or "tc"
+TCPDUMP = shutil.which("tcpdump") or "tcpdump"
 COMMAND_TIMEOUT = 15.0
 
 
@@ -145,6 +149,8 @@ class LanRun:
         self.folder = folder
         self.gateways: list[GatewayProcess] = []
         self.fakes: list[ThreadedUpstream] = []
+        self.captures: list[Tcpdump] = []
+        self.processes: list[subprocess.Popen[bytes]] = []
 
     def serve(self, up: FakeUpstream) -> FakeUpstream:
         """Serve ``up`` from its own thread until the run ends."""
@@ -156,6 +162,20 @@ class LanRun:
         """Start ``gw`` inside ``host``'s namespace (:func:`launch_in`); stopped at the end."""
         self.gateways.append(gw)
         return launch_in(self.lan, host, gw)
+
+    def capture(self, host: str, path: Path) -> Tcpdump:
+        """A :class:`Tcpdump` on ``host``'s veth, started (stopped at the end if not before)."""
+        self.captures.append(Tcpdump(self.lan, host, path))
+        return self.captures[-1].start()
+
+    def spawn(self, host: str, argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+        """``argv`` started inside ``host``'s namespace, its output to ``log``; ended with
+        SIGTERM (then SIGKILL) at the end."""
+        with log.open("wb") as out:
+            proc = subprocess.Popen([*self.lan.prefix(host), *argv], stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT)
+        self.processes.append(proc)
+        return proc
 
 
 @contextmanager
@@ -174,6 +194,10 @@ def lan_run(label: str, prefix: str, reason: str | None = None) -> Iterator[LanR
             pytest.skip(f"NO {label}: network namespaces cannot be made here: {exc}")
         yield run
     finally:
+        for capture in run.captures:
+            capture.stop()
+        for proc in run.processes:
+            end(proc, signal.SIGTERM)
         for gw in run.gateways:
             gw.stop()
         for fake in run.fakes:
@@ -221,3 +245,74 @@ def unix_health(path: Path) -> bool:
             return sock.recv(64).startswith(b"HTTP/1.1 200 ")
     except OSError:
         return False
+
+
+def end(proc: subprocess.Popen[bytes], sig: int) -> int:
+    """Send ``sig`` to a process still running, wait (bounded), SIGKILL if it is still
+    there; its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(COMMAND_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+class Tcpdump:
+    """``tcpdump -i <host's veth> -w path`` inside ``host``'s namespace: every packet that
+    crosses the veth, whole (``-s 0``), handed over at once (``--immediate-mode``) and
+    written as it comes (``-U``). ``start()`` returns once tcpdump says it is listening.
+    ``stop()`` sends one UDP datagram with a marker to the other host, waits (bounded) until
+    the file holds it (so every packet before it is in the file too), then ends tcpdump
+    with SIGINT; it returns tcpdump's counts, ``captured`` and ``dropped`` (by the kernel).
+    """
+
+    def __init__(self, lan: Lan, host: str, path: Path) -> None:
+        self.lan = lan
+        self.host = host
+        self.path = path
+        self.log = path.with_name(path.name + ".log")
+        self.marker = f"sluice-capture-end-{os.urandom(8).hex()}".encode()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.counts: dict[str, int] | None = None
+
+    def start(self) -> Tcpdump:
+        # -Z root: Debian's tcpdump would become user tcpdump before opening the file.
+        argv = [*self.lan.prefix(self.host), TCPDUMP, "-i", self.lan.dev[self.host], "-n",
+                "-s", "0", "--immediate-mode", "-U", "-w", str(self.path), "-Z", "root"]
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=out)
+        deadline = time.monotonic() + COMMAND_TIMEOUT
+        while "listening on" not in self.log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"tcpdump did not start: {self.log.read_text()}")
+            time.sleep(0.02)
+        return self
+
+    def _mark(self) -> None:
+        other = self.lan.addr["b" if self.host == "a" else "a"]
+        code = ("import socket, sys\n"
+                "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(\n"
+                "    sys.argv[1].encode(), (sys.argv[2], 9))\n")
+        self.lan.run(self.host, [sys.executable, "-c", code, self.marker.decode(), other])
+        deadline = time.monotonic() + COMMAND_TIMEOUT
+        while not (self.path.exists() and self.marker in self.path.read_bytes()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"tcpdump did not write its marker to {self.path}")
+            time.sleep(0.02)
+
+    def stop(self) -> dict[str, int]:
+        if self.counts is None and self.proc is not None:
+            try:
+                if self.proc.poll() is None:
+                    self._mark()
+            finally:
+                end(self.proc, signal.SIGINT)
+                said = self.log.read_text(errors="replace")
+                self.counts = {what: int(n) for n, what in
+                               re.findall(r"(\d+) packets? (captured|dropped)", said)}
+        return self.counts or {}
