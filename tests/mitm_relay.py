@@ -8,7 +8,8 @@ plaintext byte it sees.
 - a plain port on ADDR relays HTTP to ``HOST:P`` (the gateway's API port), one request a
   connection (``Connection: close`` both ways), and rewrites ``GET /health``'s
   ``nodePort`` to its own TLS port, so a gateway that asks it where the node port is comes
-  to the relay;
+  to the relay (``--hide-node-port``: to null, as if there were none, to draw the clear-text
+  claim of SPEC §14 out of the other gateway);
 - its TLS port on ADDR (TLS 1.3, certificate C, no client certificate asked) relays, once
   the handshake is done, to ``HOST:N`` over a TLS client connection of its own (no client
   certificate; any server certificate).
@@ -47,6 +48,7 @@ class Relay:
         self.target = args.target
         self.api_port = args.api_port
         self.node_port = args.node_port
+        self.hide_node_port = args.hide_node_port  # answer nodePort null: try a downgrade
         self.record = Path(args.record)
         self.server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.server.minimum_version = ssl.TLSVersion.TLSv1_3
@@ -106,7 +108,7 @@ class Relay:
             return answer
         if not isinstance(doc, dict) or "nodePort" not in doc:
             return answer
-        doc["nodePort"] = self.tls_port
+        doc["nodePort"] = None if self.hide_node_port else self.tls_port
         body = json.dumps(doc).encode()
         lines = [line for line in head.split(b"\r\n")
                  if line.split(b":")[0].strip().lower() != b"content-length"]
@@ -172,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(f"--{name}", required=True)
     parser.add_argument("--api-port", type=int, required=True)
     parser.add_argument("--node-port", type=int, required=True)
+    parser.add_argument("--hide-node-port", action="store_true",
+                        help="answer GET /health with nodePort null (a downgrade attempt)")
     args = parser.parse_args(argv)
     relay = Relay(args)
     listeners = {}

@@ -161,8 +161,18 @@ def hosts() -> Iterator[Hosts]:
 
 @pytest.fixture(scope="module")
 def relay(hosts: Hosts) -> Relay:
+    return _relay(hosts, "mitm")
+
+
+@pytest.fixture(scope="module")
+def downgrader(hosts: Hosts) -> Relay:
+    """A relay that says B has no node port, hoping for the clear-text claim."""
+    return _relay(hosts, "mitm-down", "--hide-node-port")
+
+
+def _relay(hosts: Hosts, name: str, *extra: str) -> Relay:
     run, b = hosts.run, hosts.b
-    folder = run.folder / "mitm"
+    folder = run.folder / name
     (own,) = identities(folder, "id")
     record, ready = folder / "seen", folder / "ports.json"
     record.mkdir()
@@ -171,7 +181,7 @@ def relay(hosts: Hosts) -> Relay:
                            run.lan.addr["b"], "--target", run.lan.addr["b"], "--api-port",
                            str(b.port), "--node-port", str(node_port), "--cert",
                            str(own.cert_path), "--key", str(own.key_path), "--record",
-                           str(record), "--ready", str(ready)], folder / "log")
+                           str(record), "--ready", str(ready), *extra], folder / "log")
     deadline = time.monotonic() + COMMAND_TIMEOUT
     while not ready.exists():
         assert proc.poll() is None, (folder / "log").read_text()
@@ -272,6 +282,25 @@ async def test_pairing_through_a_man_in_the_middle_fails(hosts: Hosts, relay: Re
         assert code.encode() not in stream, name
         assert b"accessKey" not in stream, name
     assert code not in a.log() + b.log()
+
+
+async def test_no_downgrade_to_the_clear_text_claim(hosts: Hosts, downgrader: Relay) -> None:
+    """A relay that hides B's node port gets no code: A refuses to pair across the network
+    without the TLS exchange (the §14 claim would send the code in clear)."""
+    a = hosts.a
+    code = await trio.to_thread.run_sync(hosts.code)
+    before = await hosts.tries_left()
+    reply = await a.call("POST", NODES, {"baseUrl": downgrader.url, "pairingCode": code},
+                         via="unix", admin=True)
+    assert (reply.status, error_of(reply)["param"]) == (422, "baseUrl"), reply.body
+    assert "no node port" in error_of(reply)["message"]
+    assert await hosts.tries_left() == before
+    assert await a.get_json(NODES, via="unix") == []
+    seen = downgrader.seen()
+    assert seen, downgrader.said()  # it was asked (GET /health) ...
+    for name, stream in seen.items():  # ... and saw no claim, no code
+        assert b"/api/v1/pairing/claim" not in stream, name
+        assert code.encode() not in stream, name
 
 
 @pytest.mark.skipif(shutil.which("tcpdump") is None, reason="NO TLS CAPTURE TEST: tcpdump "

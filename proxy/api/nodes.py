@@ -28,6 +28,7 @@ from protocol.config.writes import structure_field
 from protocol.errors import ConfigError, SluiceError, Source, no_such_item, node_exists
 from protocol.lan.pairing import CODE_DIGITS, normalize_code
 from protocol.names import LABEL_RULE, is_fingerprint, is_label
+from protocol.rebinding import is_loopback_ip
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from protocol.views import node_entry, registry_view
 from proxy.api.call import Call, saving
@@ -199,14 +200,26 @@ def list_nodes(call: Call) -> tuple[int, Any]:
     return 200, registry_view(call.ctx.config, call.ctx.settings.secrets.node_keys)
 
 
+def _on_this_machine(address: UpstreamAddress) -> bool:
+    host = address.host or ""
+    return host == "localhost" or is_loopback_ip(host)
+
+
 async def _pair(call: Call, address: UpstreamAddress, url: str,
                 code: str) -> tuple[str, str, str | None, str]:
     """Pair with the gateway at ``url`` by its code: ``(fingerprint, access key, pin,
     its name)``. Over its node port with SPAKE2 when it has one (SPEC §16: the node is then
-    pinned); else §14's claim (an older sluice), with no pin."""
+    pinned); else, only for a gateway on this machine, §14's claim, with no pin."""
     ctx = call.ctx
     timeout = ctx.config.timeouts.connection
     node_port = await node_port_of(ctx.connections, address, url, connect_timeout=timeout)
+    if node_port is None and not _on_this_machine(address):
+        # Never the clear-text claim across the network: whoever answered GET /health could
+        # be someone in between, asking for the code (SPEC §16: it is served locally only).
+        raise ConfigError("baseUrl", f"{url} names no node port in GET /health, so the code "
+                                     "cannot be proved over TLS: turn on external access on "
+                                     "that computer and restart it (a sluice without pinned "
+                                     "links cannot pair by code over the network)")
     if node_port is None:
         fingerprint, key = await claim_key(
             ctx.connections, address, url, code=code, fingerprint=ctx.settings.node_id,
