@@ -32,7 +32,7 @@ from proxy.upstream.tls import HandshakeRefused, client_context, open_pinned
 from tests.client import CHAT, chat_body, request
 from tests.conftest import free_port, gateway_config, open_settings
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
-from tests.tls_certs import identities
+from tests.tls_certs import identities, plain_http_to
 
 
 @pytest.fixture
@@ -194,13 +194,7 @@ async def test_an_unknown_certificate_is_refused_at_the_handshake(
 
 async def test_plain_http_on_the_node_port_is_closed(node: Node,
                                                      caplog: pytest.LogCaptureFixture) -> None:
-    stream = await trio.open_tcp_stream("127.0.0.1", node.port)
-    await stream.send_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
-    got = b""
-    while data := await stream.receive_some(4096):
-        got += data
-    await stream.aclose()
-    assert b"HTTP" not in got
+    assert b"HTTP" not in await plain_http_to(node.port)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
 
 

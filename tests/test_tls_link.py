@@ -30,7 +30,7 @@ from proxy.upstream.tls import (
     open_pinned,
     server_context,
 )
-from tests.tls_certs import identities, signed_by, twin_of
+from tests.tls_certs import identities, plain_http_to, signed_by, twin_of
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
@@ -205,13 +205,7 @@ async def test_tls12_is_refused(server: TlsServer, nodes: Nodes) -> None:
 
 
 async def test_plain_http_is_refused(server: TlsServer) -> None:
-    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
-    await stream.send_all(b"GET /health HTTP/1.1\r\nHost: b\r\n\r\n")
-    got = b""
-    while data := await stream.receive_some(4096):
-        got += data
-    await stream.aclose()
-    assert b"HTTP" not in got  # an alert at most, then the close
+    assert b"HTTP" not in await plain_http_to(server.port)  # an alert at most, then the close
     seen = await server.outcome()
     assert not seen.handshake
     assert isinstance(seen.error, ssl.SSLError)

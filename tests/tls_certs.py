@@ -1,12 +1,13 @@
 """Identities for TLS tests (SPEC §16): real ones, made by proxy.lan.identity in a test's
 folders, and certificates no gateway would make (a twin with a peer's key, one a peer's key
-signed) to show what the node listener refuses."""
+signed) to show what the node listener refuses; and a plain HTTP request to a TLS port."""
 
 from __future__ import annotations
 
 import datetime
 from pathlib import Path
 
+import trio
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
@@ -70,3 +71,14 @@ def signed_by(peer: Identity, folder: Path) -> Identity:
     pem = child.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                               serialization.NoEncryption())
     return _write(folder, cert, pem)
+
+
+async def plain_http_to(port: int) -> bytes:
+    """What a TLS port on 127.0.0.1 sends back to a plain HTTP request, until it closes."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    got = b""
+    while data := await stream.receive_some(4096):
+        got += data
+    await stream.aclose()
+    return got
