@@ -5,13 +5,11 @@ the drain deadline, then cancel them; remove the socket file and state.json."""
 
 from __future__ import annotations
 
-import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import attrs
 import trio
 
 from protocol.config import Config, ModelConfig
@@ -21,16 +19,15 @@ from proxy.api.nodes import version
 from proxy.binding import Binding
 from proxy.connection import IDLE_TIMEOUT, ClientConnection
 from proxy.context import Clients, GatewayContext
-from proxy.drain import DRAIN_TIMEOUT, Drain, drain_timeout
+from proxy.drain import DRAIN_TIMEOUT, Drain
 from proxy.exchange import Peer
 from proxy.files import remove_leftovers
 from proxy.lan.discovery_switch import DiscoverySwitch
-from proxy.lan.identity import Identity, ensure_identity
+from proxy.lan.identity import Identity
 from proxy.lan.link_warnings import IdentityChanges, PlainLinks
 from proxy.lan.node_listener import NodeListener
 from proxy.lan.node_peers import NodePeers, peers_of
 from proxy.lan.own_host import OwnHost
-from proxy.listeners import ListenerError
 from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.notifications import Notifications
 from proxy.observe.access_log import AccessLog
@@ -45,6 +42,7 @@ from proxy.registry.nodes import NodeIndex
 from proxy.routing.router import Router
 from proxy.settings.config_watch import ConfigWatcher, Follower
 from proxy.settings.store import Settings
+from proxy.start_steps import Kind, Step
 from proxy.tlsio import TlsChannel
 from proxy.upstream.pool import ConnectionPool
 from proxy.upstream.tls import client_context
@@ -243,7 +241,6 @@ class Gateway:
             self.clients.by_transport[kind] -= 1
             self.drain.connection_closed()
 
-
     async def _serve_node(self, stream: trio.SocketStream, channel: TlsChannel, address: str,
                           pin: str | None) -> None:
         """A node listener's connection after its handshake: served like the API port's,
@@ -251,26 +248,6 @@ class Gateway:
         peer = Peer("node", loopback=False, address=address, certificate=pin)
         await ClientConnection(stream, self.ctx, transport="node", tls=channel,
                                peer=peer).run()
-
-
-class Kind(enum.Enum):
-    """How :meth:`Gateway.run` starts a step."""
-
-    SETUP = "awaited in turn before any task; a failure is the start's (exit 2)"
-    READY = "a task in the background nursery; the next step begins once it is ready"
-    SOON = "a task in the background nursery, begun at once"
-    SERVE = "awaited last, in the background nursery: accepting until the stop, the drain"
-
-
-@attrs.frozen
-class Step:
-    """One part the gateway starts. ``begin(gateway)``: for SETUP, the awaitable; for
-    READY and SOON, the task to start (None: not in this gateway); for SERVE, the
-    function that serves (given run's task status)."""
-
-    name: str
-    kind: Kind
-    begin: Callable[[Gateway], Any]
 
 
 START_ORDER: tuple[Step, ...] = (
@@ -317,27 +294,3 @@ START_ORDER: tuple[Step, ...] = (
     # Accept loops last: a connection finds every part running. Then the drain.
     Step("accept loops", Kind.SERVE, lambda g: g._serve),
 )
-
-
-def serve(settings: Settings, extra_models: Sequence[ModelConfig] = ()) -> int:
-    """Run the gateway until a stop signal; the process exit code."""
-    try:
-        gateway = Gateway(settings, drain_timeout=drain_timeout(), extra_models=extra_models,
-                          identity=_identity(settings))
-        trio.run(lambda: gateway.run(handle_signals=True))
-    except (ListenerError, StartupError) as exc:
-        log.error("%s", exc)
-        return 2
-    return 0
-
-
-def _identity(settings: Settings) -> Identity | None:
-    """This gateway's identity (SPEC §16), made on the first start and whenever its files
-    are missing or unusable; None (logged) when the data dir cannot hold it: the gateway
-    then serves without pinned links or a node listener."""
-    try:
-        return ensure_identity(settings.data_dir)
-    except OSError as exc:
-        log.error("cannot make this gateway's identity in %s: %s; pinned links and the "
-                  "node listener are off", settings.data_dir, exc.strerror or exc)
-        return None

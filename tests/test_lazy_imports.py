@@ -188,7 +188,7 @@ TLS_LIBRARIES = ("cryptography", "spake2")
 # on the first start, SPEC §16), without external access: which of TLS_LIBRARIES it holds
 # once it has answered a few requests.
 IDENTITY_GATEWAY = PREAMBLE + """folder, wanted = Path(sys.argv[1]), {wanted!r}
-from proxy.server import _identity
+from proxy.serve import _identity
 cfg = default_config()
 cfg = attrs.evolve(cfg, api=attrs.evolve(cfg.api, port=0),
                    local=attrs.evolve(cfg.local, socket_dir=str(folder / "s")))

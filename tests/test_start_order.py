@@ -1,8 +1,10 @@
-"""The gateway's start order (proxy/server.py START_ORDER): the table Gateway.run walks."""
+"""The gateway's start order (proxy/server.py START_ORDER; its Step and Kind in
+proxy/start_steps.py): the table Gateway.run walks."""
 
 from __future__ import annotations
 
-from proxy.server import START_ORDER, Kind
+from proxy.server import START_ORDER
+from proxy.start_steps import Kind
 
 
 def test_the_start_order() -> None:
