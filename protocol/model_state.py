@@ -4,10 +4,12 @@
     unloaded --load--> loading --ready--> loaded --unload--> unloading --stopped--> unloaded
                           |                  |
                           +--start_failed--> failed --load (after the back-off)--> loading
-                                             loaded --crashed--> unloaded
+                                             loaded --crashed--> failed
 
 A model that is ``failed`` answers requests at once with its error until
-``RETRY_AFTER_FAILURE`` seconds have passed; the next request then tries to load it again.
+``RETRY_AFTER_FAILURE`` seconds have passed since its last start; the next request then tries
+to load it again. A loaded server that exits by itself makes its model ``failed`` too (SPEC
+§11.1), with the same back-off.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ MOVES: dict[tuple[ModelState, Move], ModelState] = {
     (ModelState.LOADING, Move.READY): ModelState.LOADED,
     (ModelState.LOADING, Move.START_FAILED): ModelState.FAILED,
     (ModelState.LOADED, Move.UNLOAD): ModelState.UNLOADING,
-    (ModelState.LOADED, Move.CRASHED): ModelState.UNLOADED,
+    (ModelState.LOADED, Move.CRASHED): ModelState.FAILED,
     (ModelState.UNLOADING, Move.STOPPED): ModelState.UNLOADED,
 }
 

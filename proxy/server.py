@@ -212,11 +212,14 @@ class Gateway:
         some, so a gateway without them does not hold them (tests/test_lazy_imports.py)."""
         if not (self.models or config.model_loading.dirs):
             return None
-        from proxy.models.ondemand import Estimates, OnDemand, prepare
+        from proxy.models.ondemand import Estimates, OnDemand, config_problems, prepare
 
         estimates: Estimates = {}  # GGUF headers read, kept for the rescans
         prepared = await trio.to_thread.run_sync(prepare, self.models, config,
                                                  self.settings.data_dir, estimates)
+        problems = config_problems(prepared)
+        if problems:  # SPEC §3: an invalid config; serve exits 2
+            raise StartupError(f"invalid configuration: {problems[0]}")
         if not (prepared or config.model_loading.dirs):  # a folder may get models later
             return None
         return OnDemand(

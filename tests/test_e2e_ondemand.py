@@ -15,7 +15,7 @@ from protocol.errors import SluiceError
 from protocol.model_state import ModelState
 from proxy.models.lifecycle import Lifecycle, ModelSpec
 from proxy.models.scan import scan_models
-from proxy.models.servers import LlamaServers, read_estimate
+from proxy.models.servers import ModelServers, read_estimate
 from proxy.upstream.pool import ConnectionPool
 from tests.client import chat_body, request
 from tests.test_e2e_llama import gguf  # noqa: F401 (a fixture)
@@ -63,7 +63,7 @@ def start(nursery: trio.Nursery, short_tmp: Path, gguf: Path  # noqa: F811
                                    keep_alive=keep_alive, context=512, parallel=1,
                                    threads=1))
         assert sorted(s.name for s in specs) == ["broken", "cut", "one", "two"]
-        servers = LlamaServers(short_tmp, folder.parent / "s", connections)
+        servers = ModelServers(short_tmp, folder.parent / "s", connections)
         (folder.parent / "s").mkdir()
         await nursery.start(servers.run)
         life = Lifecycle(specs, servers, budget=budget, max_loaded=max_loaded,

@@ -294,12 +294,34 @@ async def test_preload_loads_at_start_and_again_after_idle(
 
 async def test_a_crashed_server_is_loaded_again_by_the_next_request(
         autojump_clock: trio.testing.MockClock, start: StartLifecycle) -> None:
-    life, servers, _ = await start([spec("a")])
-    await use(life, "a")
+    """A server that dies after it ran RETRY_AFTER_FAILURE is started again at once."""
+    life, servers, moves = await start([spec("a")])
+    await use(life, "a", seconds=RETRY_AFTER_FAILURE)
     servers.running["a"].exited.set()  # the server died by itself
     await trio.sleep(0.01)
-    assert life.models["a"].state is ModelState.UNLOADED
+    assert life.models["a"].state is ModelState.FAILED  # SPEC §11.1
     assert life.models["a"].failure == "its server exited"
+    assert moves[-1] == ("a", ModelState.FAILED)
+    await use(life, "a")
+    assert servers.started == ["a", "a"]
+    assert life.models["a"].restarts == 1
+
+
+async def test_a_server_that_keeps_dying_is_started_at_most_once_per_back_off(
+        autojump_clock: trio.testing.MockClock, start: StartLifecycle) -> None:
+    """At most one start per RETRY_AFTER_FAILURE, counted from the start of the server that
+    died: a request before that gets the failure at once, one after it starts it again."""
+    life, servers, _ = await start([spec("a")])
+    began = trio.current_time()
+    await use(life, "a")
+    servers.running["a"].exited.set()
+    await trio.sleep(0.01)
+    with pytest.raises(SluiceError) as failed:
+        await life.acquire("a")
+    assert (failed.value.status, failed.value.code) == (503, "model_load_failed")
+    assert "its server exited" in failed.value.message
+    assert servers.started == ["a"]
+    await trio.sleep_until(began + RETRY_AFTER_FAILURE)
     await use(life, "a")
     assert servers.started == ["a", "a"]
 

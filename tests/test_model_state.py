@@ -21,7 +21,7 @@ def test_the_moves_of_spec_11() -> None:
     path = [(S.UNLOADED, Move.LOAD, S.LOADING), (S.LOADING, Move.READY, S.LOADED),
             (S.LOADED, Move.UNLOAD, S.UNLOADING), (S.UNLOADING, Move.STOPPED, S.UNLOADED),
             (S.LOADING, Move.START_FAILED, S.FAILED), (S.FAILED, Move.LOAD, S.LOADING),
-            (S.LOADED, Move.CRASHED, S.UNLOADED)]
+            (S.LOADED, Move.CRASHED, S.FAILED)]
     for state, how, after in path:
         assert move(state, how) is after
     assert len(MOVES) == len(path)

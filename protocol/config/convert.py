@@ -5,6 +5,7 @@ problem becomes a :class:`ConfigError` naming the dotted YAML path of the first 
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Callable, Mapping
 from typing import Any, Final, get_args, get_origin
 
@@ -20,7 +21,17 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn
 
 from protocol.aliases import AliasTable
-from protocol.config.schema import AUTO_BUDGET, Config, Duration, KeepAlive, MemoryBudget, Size
+from protocol.config.schema import (
+    AUTO_BUDGET,
+    Command,
+    Config,
+    Duration,
+    Env,
+    KeepAlive,
+    MemoryBudget,
+    ModelConfig,
+    Size,
+)
 from protocol.durations import format_duration, format_size, parse_duration, parse_size
 from protocol.errors import ConfigError
 
@@ -145,6 +156,44 @@ def _aliases(value: object, _: Any) -> AliasTable:
     return AliasTable(value.items())
 
 
+def _command(value: object, _: Any) -> tuple[str, ...]:
+    """``models[].command``: a list of strings, or one string split as a shell would split
+    it (quotes and backslashes; no shell is run, nothing is expanded here)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        try:
+            return tuple(shlex.split(value))
+        except ValueError as exc:  # an unclosed quote
+            raise ConfigError("", f"cannot split the command: {exc}") from None
+    if not isinstance(value, list | tuple):
+        raise ConfigError("", f"expected a list of arguments or a string, got {describe(value)}")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise ConfigError(f"[{index}]", "each argument must be a string (write it in "
+                                            f"quotes), got {describe(item)}")
+    return tuple(value)
+
+
+def _env(value: object, _: Any) -> tuple[tuple[str, str], ...]:
+    """``models[].env``: a mapping of variable names to strings (a whole number is taken as
+    its digits: ``CUDA_VISIBLE_DEVICES: 0``)."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ConfigError("", f"expected a mapping of names to values, got {describe(value)}")
+    out = []
+    for name, given in value.items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise ConfigError(str(name), "not a variable name")
+        if isinstance(given, int) and not isinstance(given, bool):
+            given = str(given)
+        if not isinstance(given, str):
+            raise ConfigError(name, f"expected a string, got {describe(given)}")
+        out.append((name, given))
+    return tuple(out)
+
+
 _CONVERTER: Final = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
 _CONVERTER.register_structure_hook(bool, _strict(bool, "true or false"))
 _CONVERTER.register_structure_hook(int, _strict(int, "a whole number"))
@@ -160,6 +209,10 @@ _CONVERTER.register_structure_hook_func(lambda t: t == MemoryBudget, _memory_bud
 _CONVERTER.register_unstructure_hook_func(lambda t: t == KeepAlive, _format_keep_alive)
 _CONVERTER.register_unstructure_hook_func(lambda t: t == MemoryBudget, _format_memory_budget)
 _CONVERTER.register_structure_hook(AliasTable, _aliases)
+_CONVERTER.register_structure_hook_func(lambda t: t == Command, _command)
+_CONVERTER.register_structure_hook_func(lambda t: t == Env, _env)
+_CONVERTER.register_unstructure_hook_func(lambda t: t == Command, list)
+_CONVERTER.register_unstructure_hook_func(lambda t: t == Env, dict)
 _CONVERTER.register_unstructure_hook(AliasTable, AliasTable.as_dict)
 
 
@@ -228,4 +281,18 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     for node in data.get("nodes", ()):
         if node.get("pin", "") is None:
             del node["pin"]
+    for model in data.get("models", ()):  # §11.1's keys only where they say something
+        if model.get("path") == "":  # a command that names no file
+            del model["path"]
+        for key in _MODEL_OPTIONAL:
+            if model.get(key) == _MODEL_DEFAULTS[key]:
+                del model[key]
     return data
+
+
+# models[]' keys of SPEC §11.1, written to config.yaml only when not at their default.
+_MODEL_OPTIONAL: Final = ("command", "env", "health", "memory", "kind", "stop_signal",
+                          "gpu_layers", "flash_attn", "cache_type_k", "cache_type_v", "batch")
+_MODEL_DEFAULTS: Final = {key: value for key, value in
+                          _CONVERTER.unstructure(ModelConfig(name="")).items()
+                          if key in _MODEL_OPTIONAL}

@@ -17,17 +17,22 @@ from protocol.aliases import AliasTable
 __all__ = [
     "AUTO_BUDGET",
     "BACKEND_KINDS",
+    "CACHE_TYPES",
     "MAX_WEIGHT",
     "MIN_WEIGHT",
+    "MODEL_KINDS",
     "SOCKET_DIR_MAX_BYTES",
+    "STOP_SIGNALS",
     "STRATEGIES",
     "AffinityConfig",
     "ApiConfig",
     "BackendConfig",
     "CircuitBreakerConfig",
+    "Command",
     "Config",
     "DiscoveryConfig",
     "Duration",
+    "Env",
     "HealthCheckTimeouts",
     "HealthChecksConfig",
     "KeepAlive",
@@ -60,6 +65,8 @@ class Unit(enum.Enum):
     SIZE = "size"
     KEEP_ALIVE = "keep_alive"
     BUDGET = "budget"
+    COMMAND = "command"
+    ENV = "env"
 
 
 Duration = Annotated[float, Unit.DURATION]  # seconds; "30s" in YAML
@@ -69,6 +76,15 @@ Size = Annotated[int, Unit.SIZE]  # bytes; "32MiB" in YAML
 KeepAlive = Annotated[float, Unit.KEEP_ALIVE]
 MemoryBudget = Annotated[int, Unit.BUDGET]  # bytes; AUTO_BUDGET (0) = "auto" in YAML
 AUTO_BUDGET: Final = 0
+# A model server's command line (SPEC §11.1): a YAML list, or a string split like a shell.
+Command = Annotated[tuple[str, ...], Unit.COMMAND]
+# Its environment: a YAML mapping of names to strings, kept in file order.
+Env = Annotated[tuple[tuple[str, str], ...], Unit.ENV]
+MODEL_KINDS: Final = ("llm", "embedding", "diffusion", "speech")
+STOP_SIGNALS: Final = ("SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGUSR1", "SIGUSR2",
+                       "SIGKILL")
+# llama.cpp's KV cache types (its --cache-type-k / -v).
+CACHE_TYPES: Final = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 class Strategy(enum.StrEnum):
     """The values of ``load_balancing.strategy``; how each orders the nodes is
@@ -130,13 +146,27 @@ class BackendConfig:
 
 @attrs.frozen
 class ModelConfig:
+    """A managed model (SPEC §11): the bundled llama.cpp serving ``path``, or with
+    ``command`` a model server of the user's own (§11.1)."""
+
     name: str
-    path: str
+    path: str = ""  # ${MODEL}; optional for a command that names no file
     context: int = 2048
     parallel: int = 2
     threads: int = 0
     keep_alive: KeepAlive | None = None  # None: model_loading.keep_alive
     preload: bool = False  # loaded at start, and again after an unload by idle
+    command: Command = ()  # empty: the bundled llama.cpp
+    env: Env = ()
+    health: str = "/health"  # 200 = ready
+    memory: Size | None = None  # its size for the budget, loaded or not
+    kind: str = "llm"  # MODEL_KINDS
+    stop_signal: str = "SIGTERM"  # then SIGKILL after 10 s
+    gpu_layers: int | None = None  # the bundled llama.cpp's n_gpu_layers (-1: all that fit)
+    flash_attn: bool | None = None
+    cache_type_k: str | None = None  # CACHE_TYPES
+    cache_type_v: str | None = None
+    batch: int | None = None  # n_batch
 
 
 @attrs.frozen

@@ -4,6 +4,7 @@ is a :class:`ConfigError` naming the dotted YAML path and, for limits, the limit
 from __future__ import annotations
 
 from protocol.aliases import AliasTable, model_id_problem
+from protocol.config.model_checks import check_model
 from protocol.config.schema import (
     BACKEND_KINDS,
     MAX_WEIGHT,
@@ -97,8 +98,7 @@ def _check_lists(cfg: Config) -> None:
     names = set()
     for i, model in enumerate(cfg.models):
         _check_name(f"models[{i}].name", model.name, names, "model name")
-        if not model.path.strip():
-            raise ConfigError(f"models[{i}].path", "must not be empty")
+        check_model(f"models[{i}]", model)
         _check_range(f"models[{i}].context", model.context, 1)
         _check_range(f"models[{i}].parallel", model.parallel, 1)
         _check_range(f"models[{i}].threads", model.threads, 0)

@@ -179,14 +179,13 @@ class Lifecycle:
     async def _load(self, model: Managed, victims: list[Managed]) -> None:
         for victim in victims:
             await self._stop(victim)
-        started = trio.current_time()
+        started = model.started_at = trio.current_time()
         try:
             with trio.fail_after(self.load_timeout()):
                 server = await self.servers.start(model.spec)
         except (LoadFailed, trio.TooSlowError) as exc:
             failed = isinstance(exc, LoadFailed)
-            reason = str(exc) if failed else \
-                f"it did not answer within timeouts.model_load ({self.load_timeout():g}s)"
+            reason = str(exc) if failed else self._too_slow(model.spec)
             model.failure = reason
             model.failed_at = trio.current_time()
             model.loads.add("failure" if failed else "timeout", model.failed_at - started)
@@ -207,6 +206,14 @@ class Lifecycle:
         assert self._tasks is not None
         self._tasks.start_soon(self._watch_exit, model, server)
 
+    def _too_slow(self, spec: ModelSpec) -> str:
+        """Why a load timed out: what it waited for, and the server's last log line."""
+        waited = getattr(self.servers, "waited_for", lambda spec: "")(spec)
+        reason = (f"it did not answer{waited} within timeouts.model_load "
+                  f"({self.load_timeout():g}s)")
+        last = getattr(self.servers, "last_line", lambda spec: "")(spec)
+        return f"{reason}; its last log line: {last}" if last else reason
+
     async def _stop(self, model: Managed, reload: bool = False) -> None:
         server, model.server = model.server, None
         if server is not None:
@@ -222,15 +229,19 @@ class Lifecycle:
             self._start_load(model)  # no room now: it loads with its next request
 
     async def _watch_exit(self, model: Managed, server: Server) -> None:
-        """A loaded server that exits by itself: the model is unloaded (the next request
-        loads it again)."""
+        """A loaded server that exits by itself, seen at once: the model is failed (SPEC
+        §11.1; its requests in flight lose their connection and end with their dialect's
+        error). The next request loads it again, at most one start per RETRY_AFTER_FAILURE
+        counted from the start of the server that died (a server that keeps dying is not
+        restarted in a loop)."""
         await server.wait()
         if model.server is server and model.state is ModelState.LOADED:
             model.server = None
             model.memory = 0
             model.loaded_at = None
             model.failure = EXITED
-            log.warning("model %s: its server exited", model.name)
+            model.failed_at = model.started_at
+            log.warning("model %s: its server (pid %s) exited", model.name, server.pid)
             self._set(model, Move.CRASHED)
 
     # ------------------------------------------------------------------ idle

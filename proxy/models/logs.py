@@ -51,3 +51,15 @@ class RotatingLog:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def last_line(path: Path) -> str:
+    """The last line of a log file ("" when there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = text.strip().splitlines()
+    return lines[-1].strip() if lines else ""

@@ -66,6 +66,19 @@ class ModelSpec:
     threads: int = 0
     preload: bool = False
     problem: str | None = None  # why its file cannot be loaded (a load then fails with it)
+    # SPEC §11.1. command: the user's own server (empty: the bundled llama.cpp).
+    command: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    health: str = "/health"
+    stop_signal: str = "SIGTERM"
+    kind: str = "llm"
+    declared: bool = False  # estimate is its declared memory: it counts loaded or not
+    llama_args: tuple[str, ...] = ()  # the bundled llama.cpp's options, as launcher args
+    field: str = ""  # its config entry (models[2]) for errors; "" for a folder's model
+
+    @property
+    def engine(self) -> str:
+        return "command" if self.command else "bundled"
 
 
 @attrs.define
@@ -80,6 +93,7 @@ class Managed:
     memory: int = 0  # measured once loaded
     failure: str | None = None
     failed_at: float = -math.inf
+    started_at: float = -math.inf  # when its last start began
     restarts: int = 0  # times its server exited by itself and it was loaded again
     server: Server | None = None
     changed: trio.Event = attrs.field(factory=trio.Event)  # set at its next state change
@@ -100,8 +114,11 @@ class Managed:
 
     @property
     def held(self) -> int:
-        """Bytes it holds or will hold: measured when loaded, else its estimate."""
-        return self.memory if self.state is ModelState.LOADED else self.spec.estimate
+        """Bytes it holds or will hold: measured when loaded, else its estimate; a declared
+        size always (a process's RSS says nothing of GPU memory)."""
+        if self.state is ModelState.LOADED and not self.spec.declared:
+            return self.memory
+        return self.spec.estimate
 
     def unloads_at(self) -> float:
         """When it is unloaded if nothing uses it (inf: in use, or kept forever; -inf: now,

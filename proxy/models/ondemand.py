@@ -29,7 +29,7 @@ from proxy.models.lifecycle import Lifecycle
 from proxy.models.managed import Managed, ModelSpec
 from proxy.models.process import file_safe
 from proxy.models.scan import build
-from proxy.models.servers import LlamaServers, read_estimate
+from proxy.models.servers import ModelServers, read_estimate
 from proxy.observe.hub import Hub
 from proxy.registry.backends import BackendRegistry, LocalBackend
 from proxy.timestamps import wall
@@ -78,19 +78,65 @@ def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path,
     for item in skipped:
         log.warning("model file %s left out: %s", item.path, item.reason)
     by_name = {m.name: m for m in models}
+    fields = {m.name: f"models[{i}]" for i, m in enumerate(models)}
     out = []
     for entry in entries:
         model = by_name.get(entry.name) or ModelConfig(name=entry.name, path=entry.path)
         keep_alive = cfg.model_loading.keep_alive if model.keep_alive is None \
             else model.keep_alive
-        estimate, problem = _estimate(entry.path, model.context, cache)
+        field = fields.get(entry.name, "")
+        if model.memory is not None and model.command:
+            estimate, problem = model.memory, None  # its server reads the file, not us
+        elif model.command and not entry.path:
+            estimate, problem = 0, memory_required(field, "path names no GGUF file")
+        else:
+            estimate, problem = _estimate(entry.path, model.context, cache)
+            if problem is not None and model.command:
+                problem = memory_required(field, problem)
+            elif model.memory is not None:
+                estimate = model.memory
         if entry.missing:
             problem = f"parts {', '.join(map(str, entry.missing))} of {entry.parts} are missing"
-        out.append((ModelSpec(name=entry.name, path=entry.path, estimate=estimate,
-                              keep_alive=keep_alive, context=model.context,
-                              parallel=model.parallel, threads=model.threads,
-                              preload=model.preload, problem=problem), entry))
+        out.append((ModelSpec(
+            name=entry.name, path=entry.path, estimate=estimate, keep_alive=keep_alive,
+            context=model.context, parallel=model.parallel, threads=model.threads,
+            preload=model.preload, problem=problem, command=model.command, env=model.env,
+            health=model.health, stop_signal=model.stop_signal, kind=model.kind,
+            declared=model.memory is not None, llama_args=tuple(llama_args(model)),
+            field=field), entry))
     return out
+
+
+def memory_required(field: str, why: str) -> str:
+    """A command model with no ``memory`` whose path is not a GGUF sluice can read."""
+    return (f"{field}.memory is required: sluice cannot tell the size of this model "
+            f"({why}); give its size, e.g. memory: 6GiB")
+
+
+def config_problems(prepared: Prepared) -> list[str]:
+    """The problems that make a config invalid (SPEC §3: serve exits 2), not only a model
+    that cannot load: a command model whose size is unknown."""
+    return [spec.problem for spec, _ in prepared
+            if spec.problem is not None and spec.command and ".memory is required" in
+            spec.problem]
+
+
+def llama_args(model: ModelConfig) -> list[str]:
+    """The bundled llama.cpp's options of a ``models:`` entry as launcher arguments."""
+    args = []
+    if model.gpu_layers is not None:
+        args += ["--gpu-layers", str(model.gpu_layers)]
+    if model.flash_attn is not None:
+        args += ["--flash-attn", "on" if model.flash_attn else "off"]
+    if model.cache_type_k is not None:
+        args += ["--cache-type-k", model.cache_type_k]
+    if model.cache_type_v is not None:
+        args += ["--cache-type-v", model.cache_type_v]
+    if model.batch is not None:
+        args += ["--batch", str(model.batch)]
+    if model.kind == "embedding" and not model.command:
+        args.append("--embeddings")
+    return args
 
 
 class OnDemand:
@@ -111,7 +157,7 @@ class OnDemand:
         self.config = config or (lambda: cfg)
         self.models = models or (lambda: cfg.models)
         self.estimates: Estimates = {} if estimates is None else estimates
-        self.servers = LlamaServers(data_dir, socket_dir, connections)
+        self.servers = ModelServers(data_dir, socket_dir, connections)
         self.lifecycle = Lifecycle(
             [spec for spec, _ in prepared], self.servers,
             budget=memory_budget_bytes(cfg.model_loading.memory_budget, physical_memory()),
@@ -121,7 +167,7 @@ class OnDemand:
         self.backends: dict[str, LocalBackend] = {}
         self._look_again = trio.Event()  # set by follow(): rescan now
         for spec, _ in prepared:
-            self._add_backend(spec.name)
+            self._add_backend(spec.name, spec.kind)
 
     def __repr__(self) -> str:
         return f"OnDemand({self.lifecycle!r})"
@@ -136,8 +182,8 @@ class OnDemand:
 
     # ------------------------------------------------------------------ the catalogue
 
-    def _add_backend(self, name: str) -> None:
-        backend = LocalBackend(BackendConfig(name=name, url="", kind="llm"), None,
+    def _add_backend(self, name: str, kind: str = "llm") -> None:
+        backend = LocalBackend(BackendConfig(name=name, url="", kind=kind), None,
                                pinned_model=name)
         self.backends[name] = backend
         self.registry.add(backend)
@@ -172,7 +218,7 @@ class OnDemand:
             seen.add(spec.name)
             self.entries[spec.name] = entry
             if spec.name not in self.backends:
-                self._add_backend(spec.name)
+                self._add_backend(spec.name, spec.kind)
             if spec.name not in known:
                 added.append(spec.name)
                 log.info("model %s found: %s", spec.name, spec.path)
@@ -235,7 +281,7 @@ class OnDemand:
         """``GET /api/v1/models/local``'s figures beside its models."""
         life = self.lifecycle
         return {"memoryBudget": life.budget,
-                "memoryInUse": sum(m.memory for m in life.models.values()
+                "memoryInUse": sum(m.held for m in life.models.values()
                                    if m.state is ModelState.LOADED),
                 "maxLoaded": life.max_loaded}
 
@@ -246,7 +292,7 @@ class OnDemand:
         if model.state is ModelState.LOADED and model.server is not None:
             self.registry.server_up(backend, model.server.url,
                                     [{"id": model.name, "object": "model",
-                                      "owned_by": "llamacpp"}])
+                                      "owned_by": owner(model.spec)}])
         elif backend.live:
             self.registry.server_down(backend, model.failure)
         if self.hub is not None:
@@ -275,6 +321,7 @@ class OnDemand:
             "transport": None if server is None else
             ("unix" if server.url.startswith("unix:") else "tcp"),
             "restarts": model.restarts, "lastError": model.failure,
+            "engine": spec.engine, "kind": spec.kind,
             "log": os.fspath(self.data_dir / "logs" / f"{file_safe(model.name)}.log"),
         }
 
@@ -295,13 +342,19 @@ class OnDemand:
             out.append(entry if model is None else
                        {**entry, "sluice": {"state": model.state.value}})
         shown = {entry.get("id") for entry in entries}
-        out += [{"id": name, "object": "model", "created": 0, "owned_by": "llamacpp",
+        out += [{"id": name, "object": "model", "created": 0, "owned_by": owner(model.spec),
                  "sluice": {"state": model.state.value}}
                 for name, model in models.items() if name not in shown]
         return out
 
     def status(self) -> list[dict[str, Any]]:
         return [self.entry(m) for m in self.lifecycle.models.values()]
+
+
+def owner(spec: ModelSpec) -> str:
+    """``owned_by`` in /v1/models: llamacpp for the bundled engine, else the command's
+    program (llama-server, vllm, mlx_lm.server)."""
+    return os.path.basename(spec.command[0]) if spec.command else "llamacpp"
 
 
 def _wall(at: float | None, now: float) -> str | None:

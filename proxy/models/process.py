@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import stat
 from pathlib import Path
 
@@ -59,15 +60,41 @@ async def pump(stream: trio.abc.ReceiveStream, logfile: RotatingLog) -> None:
         logfile.write(chunk)
 
 
-async def stop_process(proc: trio.Process) -> None:
-    """SIGTERM, then SIGKILL after STOP_TIMEOUT; always reaps the child."""
+async def log_until_closed(stream: trio.abc.ReceiveStream, logfile: RotatingLog,
+                           done: trio.Event) -> None:
+    """A server's output into its log until the server exits; then the log is closed."""
+    try:
+        await pump(stream, logfile)
+    finally:
+        logfile.close()
+        done.set()
+
+
+async def stop_process(proc: trio.Process, sig: int = signal.SIGTERM, *,
+                       group: bool = False) -> None:
+    """``sig`` (SIGTERM), then SIGKILL after STOP_TIMEOUT; always reaps the child.
+    ``group``: the process leads a session of its own (a user's command, which may have
+    started workers of its own): once it is gone, whatever is left of its group is killed
+    too, so nothing it started holds on to a port or memory."""
     if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         with trio.move_on_after(STOP_TIMEOUT):
             await proc.wait()
         if proc.returncode is None:
-            proc.kill()
+            if group:
+                _kill_group(proc.pid)
+            else:
+                proc.kill()
             await proc.wait()
+    if group:
+        _kill_group(proc.pid)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left of it
 
 
 def rss_bytes(pid: int) -> int:
@@ -92,13 +119,31 @@ async def until_healthy(connections: ConnectionPool, proc: trio.Process
         await proc.wait()
         return None, f"exited with status {proc.returncode} before listening"
     url = line[len("listening "):].strip()
+    return await until_answers(connections, proc, url, "/health")
+
+
+async def until_answers(connections: ConnectionPool, proc: trio.Process, url: str,
+                        path: str) -> tuple[str | None, str]:
+    """``url`` once GET ``path`` there answers 200 (a server answers 503, or refuses the
+    connection, while it loads); else None and why: the process exited first. The caller
+    bounds the wait (timeouts.model_load)."""
     address = parse_upstream_url(url)
+    target = path.encode()
     while proc.poll() is None:
         try:
-            status, _ = await fetch(connections, address, b"/health")
+            status, _ = await fetch(connections, address, target)
             if status == 200:
                 return url, ""
         except UpstreamFailure:
             pass
         await trio.sleep(HEALTH_POLL)
     return None, f"exited with status {proc.returncode} while loading"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's pick; a server told to listen there
+    gets it unless another process takes it first)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port

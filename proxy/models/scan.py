@@ -55,14 +55,15 @@ def scan_models(data_dir: Path, dirs: Sequence[str]) -> list[Found]:
 def build(data_dir: Path, models: Sequence[ModelConfig], dirs: Sequence[str]
           ) -> tuple[list[Entry], list[Skipped]]:
     """The catalogue: ``models`` (their paths resolved) and the files under ``dirs``."""
-    configured = [ConfigModel(m.name, model_path(data_dir, m.path)) for m in models]
+    configured = [ConfigModel(m.name, model_path(data_dir, m.path) if m.path else "")
+                  for m in models]  # no path: a command that names no file (SPEC §11.1)
     entries, skipped = build_catalogue(configured, scan_models(data_dir, dirs))
     return [_sized(e) for e in entries], skipped
 
 
 def _sized(entry: Entry) -> Entry:
     """A config entry's file outside the scanned folders, with its size."""
-    if entry.size or entry.source != "config":
+    if entry.size or entry.source != "config" or not entry.path:
         return entry
     try:
         return dataclasses.replace(entry, size=os.stat(entry.path).st_size)

@@ -1,6 +1,7 @@
-"""Real model servers for models on demand (:mod:`proxy.models.lifecycle`): llama.cpp in a
-child process (:mod:`proxy.models.launcher`), started on a request's need and stopped when
-the lifecycle says so; and a model's memory estimate from its GGUF file.
+"""Real model servers for models on demand (:mod:`proxy.models.lifecycle`): the bundled
+llama.cpp in a child process (:mod:`proxy.models.launcher`), or the user's own command
+(:mod:`proxy.models.command`, SPEC §11.1), started on a request's need and stopped when the
+lifecycle says so; and a model's memory estimate from its GGUF file.
 
 A start is over when the server's ``/health`` answers 200 (llama.cpp answers 503 while it
 loads). A server that exits first, or a file that is missing or not a usable GGUF, is a
@@ -22,11 +23,12 @@ import trio
 
 from protocol.gguf import GgufError, kv_cache_bytes, parse_gguf_header
 from proxy.listeners import MAX_SOCKET_PATH
-from proxy.models.logs import RotatingLog
+from proxy.models.command import CommandServer, start_command
+from proxy.models.logs import RotatingLog, last_line
 from proxy.models.managed import LoadFailed, ModelSpec
 from proxy.models.process import (
     file_safe,
-    pump,
+    log_until_closed,
     remove_leftover_socket,
     rss_bytes,
     socket_file_name,
@@ -94,8 +96,9 @@ class LlamaServer:
             remove_leftover_socket(self._socket_path)
 
 
-class LlamaServers:
-    """Starts llama.cpp servers; their log pumps run in :meth:`run`'s nursery."""
+class ModelServers:
+    """Starts model servers (the bundled llama.cpp, or a command); their log pumps run in
+    :meth:`run`'s nursery."""
 
     def __init__(self, data_dir: Path, socket_dir: Path | None,
                  connections: ConnectionPool) -> None:
@@ -103,6 +106,7 @@ class LlamaServers:
         self.socket_dir = socket_dir
         self.connections = connections
         self._pumps = TaskHolder()  # the log pumps' nursery, while run() runs
+        self._waited: dict[str, str] = {}  # a command model's health URL, for a timeout
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -114,11 +118,25 @@ class LlamaServers:
         path = self.socket_dir / socket_file_name(name)
         return path if len(os.fsencode(path)) <= MAX_SOCKET_PATH else None
 
-    async def start(self, spec: ModelSpec) -> LlamaServer:
+    def last_line(self, spec: ModelSpec) -> str:
+        """The last line of a model server's log (for a load that timed out)."""
+        return last_line(self.data_dir / "logs" / f"{file_safe(spec.name)}.log")
+
+    def waited_for(self, spec: ModelSpec) -> str:
+        """What a load of ``spec`` waits for, as words after "it did not answer"."""
+        url = self._waited.get(spec.name)
+        return "" if url is None else f" GET {spec.health} at {url}"
+
+    async def start(self, spec: ModelSpec) -> LlamaServer | CommandServer:
         if self._pumps.nursery is None:
             raise LoadFailed("the gateway is stopping")
         if spec.problem is not None:  # found when the catalogue was made
             raise LoadFailed(spec.problem)
+        if spec.command:
+            return await start_command(
+                spec, data_dir=self.data_dir, socket_path=self._socket_path(spec.name),
+                connections=self.connections, pumps=self._pumps.nursery,
+                waiting=lambda url: self._waited.__setitem__(spec.name, url))
         _, problem = await trio.to_thread.run_sync(read_estimate, spec.path, spec.context)
         if problem is not None:
             raise LoadFailed(problem)
@@ -131,12 +149,12 @@ class LlamaServers:
             [sys.executable, "-m", "proxy.models.launcher", "--model", spec.path,
              "--alias", spec.name, "--listen", listen, "--context", str(spec.context),
              "--parallel", str(spec.parallel), "--threads", str(spec.threads),
-             "--parent", str(os.getpid())],
+             *spec.llama_args, "--parent", str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
         assert proc.stderr is not None
         logged = trio.Event()
-        self._pumps.nursery.start_soon(_log_until_closed, proc.stderr, logfile, logged)
+        self._pumps.nursery.start_soon(log_until_closed, proc.stderr, logfile, logged)
         try:
             url, why = await until_healthy(self.connections, proc)
         except BaseException:
@@ -153,12 +171,3 @@ class LlamaServers:
             raise LoadFailed(f"its server {why}" + (f": {last}" if last else ""))
         return LlamaServer(proc, url, socket_path, logfile)
 
-
-async def _log_until_closed(stream: trio.abc.ReceiveStream, logfile: RotatingLog,
-                            done: trio.Event) -> None:
-    """A server's output into its log until the server exits; then the log is closed."""
-    try:
-        await pump(stream, logfile)
-    finally:
-        logfile.close()
-        done.set()
