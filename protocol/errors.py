@@ -240,10 +240,12 @@ def model_load_failed(model: str, reason: str) -> SluiceError:
                        code="model_load_failed", param="model", source=Source.UPSTREAM)
 
 
-def model_load_timeout(model: str, seconds: float) -> SluiceError:
+def model_load_timeout(model: str, seconds: float, detail: str = "") -> SluiceError:
+    """``detail``: what the load waited for and its server's last log line, when known."""
     return SluiceError(504, f"model {model!r} did not load within timeouts.model_load "
-                            f"({seconds:g}s)", type="server_error", code="model_load_timeout",
-                       param="model", source=Source.UPSTREAM)
+                            f"({seconds:g}s)" + (f": {detail}" if detail else ""),
+                       type="server_error", code="model_load_timeout", param="model",
+                       source=Source.UPSTREAM)
 
 
 def upstream_unreachable(message: str) -> SluiceError:

@@ -103,7 +103,7 @@ class Gateway:
         self.metrics.attach(self.hub)
         self._extra_models = extra_models
         self.models = self._model_configs()
-        if self.models and not llama_available():
+        if any(not m.command for m in self.models) and not llama_available():
             raise StartupError(INSTALL_HINT)
         self.binding = Binding(settings, self.notifications, external=external,
                                node=self.node_listener is not None)

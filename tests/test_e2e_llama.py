@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from protocol.config import ModelConfig
+from protocol.model_state import RETRY_AFTER_FAILURE
 from proxy.demo import DEMO_MODEL, ensure_demo_model
 from proxy.server import Gateway
 from tests.client import CHAT, Client, chat_body, read_events, request
@@ -158,10 +159,17 @@ async def test_a_killed_model_server_is_loaded_again_by_the_next_request(
         llama_gateway: RunningGateway) -> None:
     before = managed(llama_gateway.gateway)
     os.kill(before["pid"], signal.SIGKILL)
-    with trio.fail_after(30):
-        while managed(llama_gateway.gateway)["state"] != "unloaded":
+    with trio.fail_after(30):  # seen at once, by its process (SPEC §11.1: failed)
+        while managed(llama_gateway.gateway)["state"] != "failed":
             await trio.sleep(0.05)
     assert managed(llama_gateway.gateway)["lastError"] == "its server exited"
+    ondemand = llama_gateway.gateway.ctx.ondemand
+    assert ondemand is not None
+    started = ondemand.lifecycle.models[DEMO_MODEL].started_at
+    if trio.current_time() < started + RETRY_AFTER_FAILURE:  # at most one start per 10 s
+        reply = await request(llama_gateway.unix, "POST", CHAT, chat_body(DEMO_MODEL))
+        assert (reply.status, reply.json()["error"]["code"]) == (503, "model_load_failed")
+        await trio.sleep_until(started + RETRY_AFTER_FAILURE)
     with trio.fail_after(60):
         reply = await request(llama_gateway.unix, "POST", CHAT,
                               chat_body(DEMO_MODEL, max_tokens=8, temperature=0))

@@ -110,7 +110,7 @@ class Lifecycle:
                 await self._until_loaded(model)
         except trio.TooSlowError:
             self.release(model)
-            raise model_load_timeout(name, limit) from None
+            raise model_load_timeout(name, limit, self._waited(model.spec)) from None
         except BaseException:
             self.release(model)
             raise
@@ -207,12 +207,18 @@ class Lifecycle:
         self._tasks.start_soon(self._watch_exit, model, server)
 
     def _too_slow(self, spec: ModelSpec) -> str:
-        """Why a load timed out: what it waited for, and the server's last log line."""
+        """Why a load timed out (its lastError)."""
+        return (f"it did not answer within timeouts.model_load ({self.load_timeout():g}s)"
+                + (f": {self._waited(spec)}" if self._waited(spec) else ""))
+
+    def _waited(self, spec: ModelSpec) -> str:
+        """What a load of ``spec`` waited for and its server's last log line, as far as the
+        servers tell (a server that never answered where it was looked for says so)."""
         waited = getattr(self.servers, "waited_for", lambda spec: "")(spec)
-        reason = (f"it did not answer{waited} within timeouts.model_load "
-                  f"({self.load_timeout():g}s)")
         last = getattr(self.servers, "last_line", lambda spec: "")(spec)
-        return f"{reason}; its last log line: {last}" if last else reason
+        words = [f"waited for {waited}" if waited else "",
+                 f"its last log line: {last}" if last else ""]
+        return "; ".join(w for w in words if w)
 
     async def _stop(self, model: Managed, reload: bool = False) -> None:
         server, model.server = model.server, None

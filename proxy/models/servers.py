@@ -123,9 +123,9 @@ class ModelServers:
         return last_line(self.data_dir / "logs" / f"{file_safe(spec.name)}.log")
 
     def waited_for(self, spec: ModelSpec) -> str:
-        """What a load of ``spec`` waits for, as words after "it did not answer"."""
+        """What a load of ``spec`` waits for: a 200 from its health path."""
         url = self._waited.get(spec.name)
-        return "" if url is None else f" GET {spec.health} at {url}"
+        return "" if url is None else f"GET {spec.health} at {url} to answer 200"
 
     async def start(self, spec: ModelSpec) -> LlamaServer | CommandServer:
         if self._pumps.nursery is None:
