@@ -22,7 +22,8 @@ from proxy.upstream.connection import UpstreamFailure
 from proxy.upstream.pool import ConnectionPool, fetch
 
 STOP_TIMEOUT = 10.0  # SIGTERM grace before SIGKILL
-HEALTH_POLL = 0.1  # seconds between /health tries while a server loads its model
+HEALTH_POLL = 0.02  # seconds between /health tries while a server loads its model (a
+# cold start waits at most this long after the server is ready: S9)
 
 
 def file_safe(name: str) -> str:
