@@ -247,7 +247,8 @@ def _first_error(exc: BaseException, path: str, raw: object) -> ConfigError:
     if isinstance(exc, ConfigError):  # a hook's own path (an alias name) goes under ours
         if not exc.path:
             return ConfigError(path, exc.message)
-        return ConfigError(_join(path, exc.path), exc.message[len(exc.path) + 2:])
+        below = path + exc.path if exc.path.startswith("[") else _join(path, exc.path)
+        return ConfigError(below, exc.message[len(exc.path) + 2:])
     if isinstance(exc, KeyError):
         return ConfigError(path, "is required")
     return ConfigError(path, f"invalid value ({type(exc).__name__}: {exc})")
