@@ -25,44 +25,15 @@ from protocol.model_command import expand, uses
 from proxy.models.logs import RotatingLog
 from proxy.models.managed import LoadFailed, ModelSpec
 from proxy.models.process import (
+    ServerProcess,
+    await_ready,
     file_safe,
     free_port,
     log_until_closed,
     remove_leftover_socket,
-    rss_bytes,
-    stop_process,
     until_answers,
 )
 from proxy.upstream.pool import ConnectionPool
-
-LOG_DRAIN = 1.0  # seconds a failed start's reason waits for the rest of its output
-
-
-class CommandServer:
-    """A running model server started from a command (the lifecycle's Server)."""
-
-    def __init__(self, proc: trio.Process, url: str, socket_path: Path | None,
-                 stop_signal: int) -> None:
-        self.proc = proc
-        self.pid: int | None = proc.pid
-        self.url = url
-        self._socket_path = socket_path
-        self._stop_signal = stop_signal
-
-    def __repr__(self) -> str:
-        return f"CommandServer(pid={self.pid}, {self.url})"
-
-    def memory(self) -> int:
-        return rss_bytes(self.proc.pid)
-
-    async def wait(self) -> None:
-        await self.proc.wait()
-
-    async def stop(self) -> None:
-        with trio.CancelScope(shield=True):
-            await stop_process(self.proc, self._stop_signal, group=True)
-        if self._socket_path is not None:
-            remove_leftover_socket(self._socket_path)
 
 
 def find_program(name: str, env: dict[str, str]) -> str | None:
@@ -91,7 +62,7 @@ def where_to_listen(spec: ModelSpec, socket_path: Path | None) -> tuple[dict[str
 async def start_command(spec: ModelSpec, *, data_dir: Path, socket_path: Path | None,
                         connections: ConnectionPool, pumps: trio.Nursery,
                         waiting: Callable[[str], None] = lambda url: None
-                        ) -> CommandServer:
+                        ) -> ServerProcess:
     """Start ``spec``'s command and wait until its health path answers 200 (the caller
     bounds the wait with timeouts.model_load; cancelled, the process is stopped). Raises
     LoadFailed: the program is not found, or the process exited first (with its last log
@@ -120,17 +91,8 @@ async def start_command(spec: ModelSpec, *, data_dir: Path, socket_path: Path | 
     logged = trio.Event()
     pumps.start_soon(log_until_closed, proc.stdout, logfile, logged)
     stop_signal = signal.Signals[spec.stop_signal]
-    try:
-        ready, why = await until_answers(connections, proc, url, spec.health)
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            await stop_process(proc, stop_signal, group=True)
-        raise
-    if ready is None:
-        await stop_process(proc, stop_signal, group=True)
-        with trio.move_on_after(LOG_DRAIN):  # its last words, for the reason
-            await logged.wait()
-        last = logfile.tail(1).strip()
-        raise LoadFailed(f"its server {why}" + (f": {last}" if last else ""))
-    return CommandServer(proc, url, socket_path if "SOCKET" in values else None, stop_signal)
+    ours = socket_path if "SOCKET" in values else None  # its socket file, removed at a stop
+    await await_ready(proc, until_answers(connections, proc, url, spec.health), logfile,
+                      logged, socket_path=ours, stop_signal=stop_signal, group=True)
+    return ServerProcess(proc, url, ours, stop_signal=stop_signal, group=True)
 

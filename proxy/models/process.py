@@ -12,16 +12,19 @@ import re
 import signal
 import socket
 import stat
+from collections.abc import Awaitable
 from pathlib import Path
 
 import trio
 
 from protocol.upstream_url import parse_upstream_url
 from proxy.models.logs import RotatingLog
+from proxy.models.managed import LoadFailed
 from proxy.upstream.connection import UpstreamFailure
 from proxy.upstream.pool import ConnectionPool, fetch
 
 STOP_TIMEOUT = 10.0  # SIGTERM grace before SIGKILL
+LOG_DRAIN = 1.0  # seconds a failed start's reason waits for the rest of its log
 HEALTH_POLL = 0.02  # seconds between /health tries while a server loads its model (a
 # cold start waits at most this long after the server is ready: S9)
 
@@ -148,3 +151,58 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+async def await_ready(proc: trio.Process, ready: Awaitable[tuple[str | None, str]],
+                      logfile: RotatingLog, logged: trio.Event, *,
+                      socket_path: Path | None = None, stop_signal: int = signal.SIGTERM,
+                      group: bool = False) -> str:
+    """The URL ``ready`` gives once the server answers; else the process is stopped and
+    LoadFailed says why with its last log line (waiting up to LOG_DRAIN for its log to
+    close). Cancelled (timeouts.model_load), the process is stopped before the cancel goes
+    on."""
+    try:
+        url, why = await ready
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await stop_process(proc, stop_signal, group=group)
+        if socket_path is not None:
+            remove_leftover_socket(socket_path)
+        raise
+    if url is None:
+        await stop_process(proc, stop_signal, group=group)
+        with trio.move_on_after(LOG_DRAIN):  # its last words, for the reason
+            await logged.wait()
+        last = logfile.tail(1).strip()
+        raise LoadFailed(f"its server {why}" + (f": {last}" if last else ""))
+    return url
+
+
+class ServerProcess:
+    """A running model server (the lifecycle's Server): the bundled llama.cpp's launcher,
+    or a user's command (SPEC §11.1: its ``stop_signal``, and its whole process ``group``
+    killed once it is gone)."""
+
+    def __init__(self, proc: trio.Process, url: str, socket_path: Path | None, *,
+                 stop_signal: int = signal.SIGTERM, group: bool = False) -> None:
+        self.proc = proc
+        self.pid: int | None = proc.pid
+        self.url = url
+        self._socket_path = socket_path
+        self._stop_signal = stop_signal
+        self._group = group
+
+    def __repr__(self) -> str:
+        return f"ServerProcess(pid={self.pid}, {self.url})"
+
+    def memory(self) -> int:
+        return rss_bytes(self.proc.pid)
+
+    async def wait(self) -> None:
+        await self.proc.wait()
+
+    async def stop(self) -> None:
+        with trio.CancelScope(shield=True):
+            await stop_process(self.proc, self._stop_signal, group=self._group)
+        if self._socket_path is not None:
+            remove_leftover_socket(self._socket_path)

@@ -23,23 +23,22 @@ import trio
 
 from protocol.gguf import GgufError, kv_cache_bytes, parse_gguf_header
 from proxy.listeners import MAX_SOCKET_PATH
-from proxy.models.command import CommandServer, start_command
+from proxy.models.command import start_command
 from proxy.models.logs import RotatingLog, last_line
 from proxy.models.managed import LoadFailed, ModelSpec
 from proxy.models.process import (
+    ServerProcess,
+    await_ready,
     file_safe,
     log_until_closed,
     remove_leftover_socket,
-    rss_bytes,
     socket_file_name,
-    stop_process,
     until_healthy,
 )
 from proxy.tasks import TaskHolder
 from proxy.upstream.pool import ConnectionPool
 
 HEADER_READS = (2 << 20, 64 << 20)  # bytes of a GGUF read for its header: first, at most
-LOG_DRAIN = 1.0  # seconds a failed start's reason waits for the rest of its log
 
 
 def read_estimate(path: str, context: int) -> tuple[int, str | None]:
@@ -67,33 +66,6 @@ def read_estimate(path: str, context: int) -> tuple[int, str | None]:
     except OSError as exc:
         return 0, f"cannot read {path}: {exc.strerror or exc}"
     return size, None  # pragma: no cover (the loop always returns)
-
-
-class LlamaServer:
-    """A running llama.cpp server (the lifecycle's Server)."""
-
-    def __init__(self, proc: trio.Process, url: str, socket_path: Path | None,
-                 logfile: RotatingLog) -> None:
-        self.proc = proc
-        self.pid: int | None = proc.pid
-        self.url = url
-        self._socket_path = socket_path
-        self._logfile = logfile
-
-    def __repr__(self) -> str:
-        return f"LlamaServer(pid={self.pid}, {self.url})"
-
-    def memory(self) -> int:
-        return rss_bytes(self.proc.pid)
-
-    async def wait(self) -> None:
-        await self.proc.wait()
-
-    async def stop(self) -> None:
-        with trio.CancelScope(shield=True):
-            await stop_process(self.proc)
-        if self._socket_path is not None:
-            remove_leftover_socket(self._socket_path)
 
 
 class ModelServers:
@@ -127,7 +99,7 @@ class ModelServers:
         url = self._waited.get(spec.name)
         return "" if url is None else f"GET {spec.health} at {url} to answer 200"
 
-    async def start(self, spec: ModelSpec) -> LlamaServer | CommandServer:
+    async def start(self, spec: ModelSpec) -> ServerProcess:
         if self._pumps.nursery is None:
             raise LoadFailed("the gateway is stopping")
         if spec.problem is not None:  # found when the catalogue was made
@@ -155,19 +127,7 @@ class ModelServers:
         assert proc.stderr is not None
         logged = trio.Event()
         self._pumps.nursery.start_soon(log_until_closed, proc.stderr, logfile, logged)
-        try:
-            url, why = await until_healthy(self.connections, proc)
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await stop_process(proc)
-            if socket_path is not None:
-                remove_leftover_socket(socket_path)
-            raise
-        if url is None:
-            await stop_process(proc)
-            with trio.move_on_after(LOG_DRAIN):  # its last words, for the reason
-                await logged.wait()
-            last = logfile.tail(1).strip()
-            raise LoadFailed(f"its server {why}" + (f": {last}" if last else ""))
-        return LlamaServer(proc, url, socket_path, logfile)
+        url = await await_ready(proc, until_healthy(self.connections, proc), logfile, logged,
+                                socket_path=socket_path)
+        return ServerProcess(proc, url, socket_path)
 
