@@ -278,6 +278,15 @@ def remote_seam(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(auth, "peer_is_loopback", lambda host: host != REMOTE and real(host))
 
 
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a gateway reaps what it stops)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().split(b") ", 1)[1][:1] != b"Z"
+    except OSError:
+        return False
+
+
 def blackhole_listener() -> tuple[socket.socket, list[socket.socket]]:
     """A TCP listener whose accept queue is full, so connecting to it hangs. Filled with
     blocking stdlib connects in real time, so a test's mock clock cannot cut them short."""

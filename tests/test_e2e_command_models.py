@@ -21,7 +21,7 @@ from protocol.config import ModelConfig
 from proxy.models import process
 from proxy.server import Gateway, StartupError
 from tests.client import chat_body, error_of, request
-from tests.conftest import RunningGateway, admin, gateway_config, open_settings
+from tests.conftest import RunningGateway, admin, alive, gateway_config, open_settings
 
 FAKE = str(Path(__file__).with_name("fake_model_server.py"))
 GIB = 1 << 30
@@ -29,15 +29,6 @@ GIB = 1 << 30
 
 def fake(*args: str) -> tuple[str, ...]:
     return (sys.executable, FAKE, "--port", "${PORT}", "--model", "${NAME}", *args)
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().split(b") ", 1)[1][:1] != b"Z"
-    except OSError:
-        return False
 
 
 def read(path: str) -> str:

@@ -18,20 +18,12 @@ from proxy.models.scan import scan_models
 from proxy.models.servers import ModelServers, read_estimate
 from proxy.upstream.pool import ConnectionPool
 from tests.client import chat_body, request
+from tests.conftest import alive
 from tests.test_e2e_llama import gguf  # noqa: F401 (a fixture)
 
 pytest.importorskip("xllamacpp")
 
 GIB = 1 << 30
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie (the lifecycle reaps what it stops)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().split(b") ", 1)[1][:1] != b"Z"
-    except OSError:
-        return False
 
 
 def models_folder(tmp: Path, gguf: Path, names: list[str]) -> Path:  # noqa: F811
