@@ -114,6 +114,7 @@ def test_managed_models_show_their_state_and_errors(
     row = card(managed, "broken-m")
     expect(row).to_contain_text("cannot read")  # found when the catalogue was made
     expect(row.get_by_text("unloaded")).to_be_visible()
+    expect(row).to_contain_text("bundled llama.cpp")  # its engine (SPEC §11.1)
     # A request for it: the load fails at once, and the card says so, live.
     code, body = gw.gw.call_sync("POST", "/v1/chat/completions",
                                  {"model": "broken-m", "messages": [{"role": "user",
