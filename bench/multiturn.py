@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 STRATEGIES = ("oracle", "round-robin", "least-loaded", "cache-aware")
 RUN_DEADLINE_S = 900.0  # one strategy's whole load, bounded
 SMOKE = {"users": [2], "turns": [2], "strategies": ["oracle", "cache-aware"],
-         "max_tokens": 4, "negative": (2, 1), "hotspot": (2, 1, 2)}
-FULL = {"negative": (4, 6), "hotspot": (3, 1, 6)}  # (users, requests); (fan-out, others, turns)
+         "max_tokens": 4, "scale": 0.2, "negative": (2, 1), "hotspot": (2, 1, 2)}
+FULL = {"negative": (4, 3), "hotspot": (3, 1, 6)}  # (users, requests); (fan-out, others, turns)
 
 
 def _ints(text: str) -> list[int]:
@@ -64,10 +64,14 @@ def parser() -> argparse.ArgumentParser:
                     help="also the negative and hotspot controls")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="the texts' sizes, times the issue's (system ~350 words, document "
+                         "~250, turns ~40)")
     ap.add_argument("--context", type=int, default=4096, help="llama.cpp context, all slots")
     ap.add_argument("--smoke", action="store_true",
-                    help="tiny: 2 users, 2 turns, oracle and cache-aware, 4 tokens; exit 1 "
-                         "unless every turn was answered")
+                    help="tiny: 2 users, 2 turns, oracle and cache-aware, texts a fifth of "
+                         "the size, 4 tokens (the controls tiny too); exit 1 unless every "
+                         "request was answered")
     ap.add_argument("--gguf", type=Path, default=None, help="the SmolLM2 GGUF to serve")
     ap.add_argument("--json", type=Path, default=None,
                     help="where to write every figure (default bench/results/s12.json, "
@@ -99,11 +103,12 @@ def run_strategy(gguf: Path, opts: argparse.Namespace, strategy: str, users: int
         c.warm_up()
         if strategy == report.ORACLE:
             records = workload.conversations(c.node_target, c.node_label, users, turns,
-                                             opts.max_tokens, RUN_DEADLINE_S)
+                                             opts.max_tokens, RUN_DEADLINE_S, opts.scale)
             view: dict[str, Any] = {}
         else:
             records = workload.conversations(lambda u: c.target(), lambda u: "balancer",
-                                             users, turns, opts.max_tokens, RUN_DEADLINE_S)
+                                             users, turns, opts.max_tokens, RUN_DEADLINE_S,
+                                             opts.scale)
             view = c.gateway_view()
         return _lean(records, c.labels()), {"started_s": c.started_s, **view}
 
@@ -117,14 +122,14 @@ def run_controls(gguf: Path, opts: argparse.Namespace, shapes: dict[str, Any]
         with Cluster(gguf, strategy, opts.context) as c:
             c.warm_up()
             got = workload.negative(c.target(), n_users, n_requests, opts.max_tokens,
-                                    RUN_DEADLINE_S)
+                                    RUN_DEADLINE_S, opts.scale)
             negative["records"][strategy] = _lean(got, c.labels())
         print(f"S12 negative {strategy}: {len(got)} requests", file=sys.stderr)
     fan_out, others, turns = shapes["hotspot"]
     with Cluster(gguf, "cache-aware", opts.context) as c:
         c.warm_up()
         got, wall = workload.hotspot(c.target(), fan_out, others, turns, opts.max_tokens,
-                                     RUN_DEADLINE_S)
+                                     RUN_DEADLINE_S, opts.scale)
         hot_records = _lean(got, c.labels())
     print(f"S12 hotspot: {len(got)} requests in {wall:.1f} s", file=sys.stderr)
     return {"negative": negative,
@@ -176,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.smoke:
         opts.users, opts.turns = SMOKE["users"], SMOKE["turns"]
         opts.strategies, opts.max_tokens, opts.rounds = SMOKE["strategies"], 4, 1
+        opts.scale = SMOKE["scale"]
         shapes = {"negative": SMOKE["negative"], "hotspot": SMOKE["hotspot"]}
     else:
         opts.users, opts.turns = _ints(opts.users), _ints(opts.turns)

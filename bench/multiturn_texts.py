@@ -1,7 +1,8 @@
 """S12's conversation texts, deterministic (a seeded ``random.Random`` per text): a system
 prompt every conversation shares (~350 words), a private document per user (~250 words),
-turns of ~40 words; and the bodies of each turn, the history re-sent every time, as chat
-apps and agents do. Standard library only."""
+turns of ~40 words (each ``scale`` times that: the smoke run's are a fifth); and the bodies
+of each turn, the history re-sent every time, as chat apps and agents do. Standard library
+only."""
 
 from __future__ import annotations
 
@@ -52,21 +53,25 @@ def prose(seed: str, words: int) -> str:
     return " ".join(out)
 
 
-def system_prompt(seed: str = "shared") -> str:
+def _n(words: int, scale: float) -> int:
+    return max(8, round(words * scale))
+
+
+def system_prompt(seed: str = "shared", scale: float = 1.0) -> str:
     rules = ("You are the archivist of a small harbour town. Answer the user's questions "
              "about the town's records in one or two short sentences, using only what the "
              "records and the user's documents say. Background records follow. ")
-    return rules + prose(f"system-{seed}", SYSTEM_WORDS - len(rules.split()))
+    return rules + prose(f"system-{seed}", _n(SYSTEM_WORDS - len(rules.split()), scale))
 
 
-def document(user: int, seed: str = "doc") -> str:
-    return f"My notes, file {user}: " + prose(f"{seed}-{user}", DOC_WORDS)
+def document(user: int, seed: str = "doc", scale: float = 1.0) -> str:
+    return f"My notes, file {user}: " + prose(f"{seed}-{user}", _n(DOC_WORDS, scale))
 
 
-def question(user: int, turn: int, seed: str = "turn") -> str:
+def question(user: int, turn: int, seed: str = "turn", scale: float = 1.0) -> str:
     rng = random.Random(f"{seed}-{user}-{turn}")
     about = f"the {rng.choice(ADJECTIVES)} {rng.choice(NOUNS)}"
-    context = prose(f"{seed}-ctx-{user}-{turn}", TURN_WORDS - 12)
+    context = prose(f"{seed}-ctx-{user}-{turn}", _n(TURN_WORDS - 12, scale))
     return f"{context} {rng.choice(ASKS)} {about}, and why it matters for file {user}?"
 
 
@@ -75,9 +80,11 @@ class Conversation:
     question per turn; :meth:`body` is the request of the next turn (the whole history),
     :meth:`answered` appends the model's answer."""
 
-    def __init__(self, user: int, system: str, doc: str, seed: str = "turn") -> None:
+    def __init__(self, user: int, scale: float = 1.0, seed: str = "turn") -> None:
         self.user = user
         self.seed = seed
+        self.scale = scale
+        system, doc = system_prompt(scale=scale), document(user, scale=scale)
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system}]
         self.doc = doc
         self.turn = 0
@@ -89,7 +96,7 @@ class Conversation:
         """The messages of the next turn (a ``variant`` > 0 asks another question on the
         same history: the hotspot's fan-out)."""
         text = question(self.user, self.turn + 1, f"{self.seed}-v{variant}" if variant
-                        else self.seed)
+                        else self.seed, self.scale)
         if self.turn == 0:
             text = f"{self.doc}\n\n{text}"
         return [*self.messages, {"role": "user", "content": text}]
@@ -99,13 +106,13 @@ class Conversation:
         self.turn += 1
 
 
-def fresh(seed: str) -> list[dict[str, str]]:
+def fresh(seed: str, scale: float = 1.0) -> list[dict[str, str]]:
     """A conversation nobody has seen and that shares no prefix with any other: its own
-    system prompt and document (the negative control)."""
-    return [{"role": "system", "content": f"Case {seed}. " + prose(f"neg-sys-{seed}",
-                                                                   SYSTEM_WORDS)},
-            {"role": "user", "content": prose(f"neg-doc-{seed}", DOC_WORDS) + " "
-             + question(0, 1, f"neg-{seed}")}]
+    system prompt and document, of the usual sizes (the negative control)."""
+    system = prose(f"neg-sys-{seed}", _n(SYSTEM_WORDS, scale))
+    return [{"role": "system", "content": f"Case {seed}. {system}"},
+            {"role": "user", "content": prose(f"neg-doc-{seed}", _n(DOC_WORDS, scale)) + " "
+             + question(0, 1, f"neg-{seed}", scale)}]
 
 
 def body(messages: list[dict[str, str]], max_tokens: int) -> bytes:

@@ -77,6 +77,7 @@ def stream_turn(target: dict[str, str], name: str, messages: list[dict[str, str]
             data = line[5:].strip()
             if data == b"[DONE]":
                 turn["done"] = True
+                resp.read()  # the rest of the body, to its end, as the OpenAI SDK does
                 break
             event = json.loads(data)
             turn["events"] += 1
@@ -111,16 +112,16 @@ def _run_threads(work: list[Callable[[], None]], deadline_s: float) -> None:
 
 
 def conversations(target: Target, name_of: Callable[[int], str], users: int, turns: int,
-                  max_tokens: int, deadline_s: float) -> list[dict[str, Any]]:
+                  max_tokens: int, deadline_s: float, scale: float = 1.0
+                  ) -> list[dict[str, Any]]:
     """``users`` conversations at once, ``turns`` turns each, one after the other (the next
     turn right after the answer); every turn's record with ``user`` and ``turn`` (1-based)."""
-    system = texts.system_prompt()
     records: list[dict[str, Any]] = []
     lock = threading.Lock()
     t0 = time.monotonic()
 
     def user(u: int) -> None:
-        chat = texts.Conversation(u, system, texts.document(u))
+        chat = texts.Conversation(u, scale)
         for t in range(1, turns + 1):
             asked = chat.ask()
             rec = stream_turn(target(u), name_of(u), asked, max_tokens, t0)
@@ -135,7 +136,7 @@ def conversations(target: Target, name_of: Callable[[int], str], users: int, tur
 
 
 def negative(target: dict[str, str], users: int, requests: int, max_tokens: int,
-             deadline_s: float) -> list[dict[str, Any]]:
+             deadline_s: float, scale: float = 1.0) -> list[dict[str, Any]]:
     """The negative control: ``users`` clients at once, each sending ``requests`` requests one
     after the other, every one a new conversation sharing no prefix with any other."""
     records: list[dict[str, Any]] = []
@@ -144,7 +145,7 @@ def negative(target: dict[str, str], users: int, requests: int, max_tokens: int,
 
     def user(u: int) -> None:
         for n in range(1, requests + 1):
-            rec = stream_turn(target, "", texts.fresh(f"{u}-{n}"), max_tokens, t0)
+            rec = stream_turn(target, "", texts.fresh(f"{u}-{n}", scale), max_tokens, t0)
             with lock:
                 records.append({"user": u, "turn": n, **rec})
 
@@ -153,18 +154,17 @@ def negative(target: dict[str, str], users: int, requests: int, max_tokens: int,
 
 
 def hotspot(target: dict[str, str], fan_out: int, others: int, turns: int, max_tokens: int,
-            deadline_s: float) -> tuple[list[dict[str, Any]], float]:
+            deadline_s: float, scale: float = 1.0) -> tuple[list[dict[str, Any]], float]:
     """The hotspot control: one conversation (user 0) sends ``fan_out`` requests at once every
     turn (the same history, different last questions; its history goes on with the first
     one's answer, as an agent's does), while ``others`` conversations take normal turns.
     The records (``hot`` True for user 0's) and the load's wall time."""
-    system = texts.system_prompt()
     records: list[dict[str, Any]] = []
     lock = threading.Lock()
     t0 = time.monotonic()
 
     def hot() -> None:
-        chat = texts.Conversation(0, system, texts.document(0))
+        chat = texts.Conversation(0, scale)
         for t in range(1, turns + 1):
             asks = [chat.ask(v) for v in range(fan_out)]
             got: list[dict[str, Any]] = [{} for _ in asks]
@@ -181,7 +181,7 @@ def hotspot(target: dict[str, str], fan_out: int, others: int, turns: int, max_t
             chat.answered(asks[0], got[0]["answer"])
 
     def other(u: int) -> None:
-        chat = texts.Conversation(u, system, texts.document(u))
+        chat = texts.Conversation(u, scale)
         for t in range(1, turns + 1):
             asked = chat.ask()
             rec = stream_turn(target, "", asked, max_tokens, t0)
