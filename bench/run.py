@@ -767,7 +767,9 @@ def main(argv: list[str] | None = None) -> int:
                          "managed model, S10 idle RSS with 20 unloaded ones "
                          "(bench/ondemand.py; they need the llama extra); S11 an "
                          "Ollama /api/chat stream against /v1/chat/completions "
-                         "(bench/ollama.py)")
+                         "(bench/ollama.py); S12 (named alone) multi-turn conversations "
+                         "on two llama.cpp servers behind gateways, every strategy against "
+                         "an oracle, with both controls (bench/multiturn.py)")
     ap.add_argument("--transport", choices=("tcp", "unix", "both"), default="both")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny run of every scenario, 1 round, no nginx; exit 1 unless every "
@@ -790,6 +792,14 @@ def main(argv: list[str] | None = None) -> int:
                          "smoke.json for --smoke)")
     opts = ap.parse_args(argv)
     wanted = [s.strip().upper() for s in opts.scenarios.split(",") if s.strip()]
+    if "S12" in wanted:  # its own harness on real llama.cpp (bench/multiturn.py), alone
+        if wanted != ["S12"]:
+            ap.error("S12 runs alone: --scenarios S12")
+        from bench import multiturn
+
+        return multiturn.main(["--controls", "--rounds", str(max(1, opts.rounds))]
+                              + (["--smoke"] if opts.smoke else [])
+                              + (["--json", str(opts.json)] if opts.json else []))
     bad = [s for s in wanted if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S10", "S11")]
     if bad:
         ap.error(f"unknown scenario(s): {', '.join(bad)}")
