@@ -161,3 +161,33 @@ def test_the_launcher_needs_its_three_arguments(capsys: pytest.CaptureFixture[st
         launcher.main(["--alias", "m"])
     assert caught.value.code == 2
     assert "required: --model, --listen" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------- from config.yaml on
+
+
+def test_the_readme_s_example_reaches_llama_cpp() -> None:
+    """The YAML of the README's "GPU builds of the bundled llama.cpp", end to end."""
+    from pathlib import Path
+
+    from protocol.config import parse_config_text
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = next(b.split("\n", 1)[1] for b in readme.split("```yaml")[1:]
+                 if "gpu_layers: -1" in b.split("```")[0]).split("```")[0]
+    (model,) = parse_config_text(block).models
+    params = params_of(model)
+    assert params.n_gpu_layers == -1
+    assert params.flash_attn_type == xllamacpp.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    assert params.cache_type_k == params.cache_type_v == xllamacpp.ggml_type.GGML_TYPE_Q8_0
+    assert params.n_batch == 1024
+
+
+def test_a_bad_value_is_refused_with_its_path() -> None:
+    from protocol.config import parse_config_text
+    from protocol.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"models\[0\]\.cache_type_v: unknown cache type 'q2'"):
+        parse_config_text("models: [{name: m, path: m.gguf, cache_type_v: q2}]")
+    with pytest.raises(ConfigError, match=r"models\[0\]\.gpu_layers: is an option of the bundled"):
+        parse_config_text("models: [{name: m, command: [srv], memory: 1GiB, gpu_layers: 9}]")
