@@ -14,7 +14,9 @@ passed explicitly (no module-level singletons). Each part has its own owner:
   ``metrics``, what ``/metrics`` shows (:mod:`proxy.observe.metrics`), and ``events``, the
   live events subscribers (:mod:`proxy.observe.feed`), and ``reports``, the report phase
   of each request: its access-log line and its record (:mod:`proxy.observe.reports`);
-- ``notifications``, ``ondemand`` (managed models on demand, when there are any);
+- ``notifications``, ``ondemand`` (managed models on demand, when there are any), and
+  ``llama``, the compute backends of the installed llama.cpp, asked once when first wanted
+  (:mod:`proxy.models.llama_backends`);
 - ``key_grants``, the access keys' token buckets (:mod:`proxy.access.key_grants`, SPEC §13);
 - ``pairing``, the pairing code and the claims against it (:mod:`proxy.lan.pairing`, SPEC §14);
 - ``own_host``, our addresses for the Host guard (:mod:`proxy.lan.own_host`), and
@@ -36,6 +38,7 @@ from proxy.access.key_grants import KeyGrants
 from proxy.lan.identity import Identity
 from proxy.lan.own_host import OwnHost
 from proxy.lan.pairing import Pairing
+from proxy.models.llama_backends import LlamaBackends
 from proxy.notifications import Notifications
 from proxy.observe.access_log import AccessLog
 from proxy.observe.feed import EventFeed
@@ -156,6 +159,7 @@ class GatewayContext:
     discovery: DiscoverySwitch | None = None  # LAN discovery (SPEC §14)
     identity: Identity | None = None  # this gateway's certificate (SPEC §16)
     node_peers: NodePeers | None = None  # the paired peers (SPEC §16)
+    llama: LlamaBackends = attrs.field(factory=LlamaBackends)  # SPEC §11.1
 
     def __repr__(self) -> str:
         return f"GatewayContext({self.listening!r}, {self.clients!r}, {self.connections!r})"

@@ -37,7 +37,7 @@ from proxy import aliasing
 from proxy.access import auth
 from proxy.api.call import Body, Takeover
 from proxy.api.ollama_routes import TRANSLATED
-from proxy.api.routes import NEEDS_MODELS, AnyHandler, Call, access_level, route
+from proxy.api.routes import NEEDS_LLAMA, NEEDS_MODELS, AnyHandler, Call, access_level, route
 from proxy.errors import ClientGone
 from proxy.relay import Relay
 from proxy.routing.attempts import Outcome
@@ -269,6 +269,8 @@ class Exchange:
         backends = self.ctx.backends
         if handler in NEEDS_MODELS and not backends.ready.is_set():
             await backends.ready.wait()
+        if handler in NEEDS_LLAMA and not self.ctx.llama.known:
+            await self.ctx.llama.ask()
         query = target.partition(b"?")[2].decode("latin-1")
         reply = handler(Call(self.ctx, method, path, body, query, self.source.headers,
                              self.peer.transport, self.grant, self.peer.address))

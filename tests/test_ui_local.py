@@ -1,7 +1,7 @@
 """The console's Local models screen (SPEC §10) in real Chromium against real gateways:
 local backends (kind, online or not, models, last error) and managed model servers (state,
-address, restarts, last error), each change shown live from the feed's `model` events; axe
-on light, dark and 360 px."""
+address, restarts, last error), each change shown live from the feed's `model` events; the
+compute backends of the bundled llama.cpp (SPEC §11.1); axe on light, dark and 360 px."""
 
 from __future__ import annotations
 
@@ -115,6 +115,11 @@ def test_managed_models_show_their_state_and_errors(
     expect(row).to_contain_text("cannot read")  # found when the catalogue was made
     expect(row.get_by_text("unloaded")).to_be_visible()
     expect(row).to_contain_text("bundled llama.cpp")  # its engine (SPEC §11.1)
+    # What the bundled llama.cpp runs on (SPEC §11.1): these machines have no GPU.
+    assert "cpu" in gw.status()["llamaBackends"]
+    llama = managed.get_by_role("definition").filter(has_text="CPU")
+    expect(llama).to_have_text("CPU")
+    expect(managed.get_by_role("term").filter(has_text="llama.cpp backends")).to_be_visible()
     # A request for it: the load fails at once, and the card says so, live.
     code, body = gw.gw.call_sync("POST", "/v1/chat/completions",
                                  {"model": "broken-m", "messages": [{"role": "user",

@@ -21,7 +21,9 @@ ACTIONS = ("load", "unload")
 
 
 def local_models(ctx: GatewayContext) -> dict[str, Any]:
-    """The body of ``GET /api/v1/models/local``."""
+    """The body of ``GET /api/v1/models/local``; ``llamaBackends``: the compute backends of
+    the installed llama.cpp (SPEC §11.1; null when it is not installed), which the exchange
+    has asked for first (``NEEDS_LLAMA``)."""
     ondemand = ctx.ondemand
     if ondemand is None:  # no models and no folder to find them in
         from proxy.models.ondemand import physical_memory
@@ -29,8 +31,10 @@ def local_models(ctx: GatewayContext) -> dict[str, Any]:
         loading = ctx.config.model_loading
         return {"models": [], "memoryInUse": 0, "maxLoaded": loading.max_loaded,
                 "memoryBudget": memory_budget_bytes(loading.memory_budget,
-                                                    physical_memory())}
-    return {"models": ondemand.status(), **ondemand.budget()}
+                                                    physical_memory()),
+                "llamaBackends": ctx.llama.backends}
+    return {"models": ondemand.status(), **ondemand.budget(),
+            "llamaBackends": ctx.llama.backends}
 
 
 def list_local(call: Call) -> tuple[int, Any]:

@@ -47,8 +47,8 @@ from proxy.api.call import AnyHandler, AsyncHandler, Call, Endpoint, Handler
 from proxy.api.model_list import model_entries
 from proxy.routing.stats import routing_stats as stats_of
 
-__all__ = ["NEEDS_MODELS", "PREFIXES", "ROUTES", "AnyHandler", "AsyncHandler", "Call",
-           "Endpoint", "Handler", "access_level", "route", "unlisted"]
+__all__ = ["NEEDS_LLAMA", "NEEDS_MODELS", "PREFIXES", "ROUTES", "AnyHandler", "AsyncHandler",
+           "Call", "Endpoint", "Handler", "access_level", "route", "unlisted"]
 
 
 def health(call: Call) -> tuple[int, Any]:
@@ -79,8 +79,9 @@ def notifications(call: Call) -> tuple[int, Any]:
 
 def inference_status(call: Call) -> tuple[int, Any]:
     """SPEC §8 (the seed's example): counts of what is loaded and where the gateway
-    listens; beyond the contract, ``models`` (the ids), each local backend and each managed
-    model server (state, pid, address, restarts)."""
+    listens; beyond the contract, ``models`` (the ids), each local backend, each managed
+    model server (state, pid, address, restarts) and ``llamaBackends``, the compute
+    backends of the installed llama.cpp (SPEC §11.1; null when it is not installed)."""
     ctx = call.ctx
     kinds: dict[str, list[str]] = {"llm": [], "diffusion": [], "embedding": []}
     loaded: list[str] = []
@@ -112,6 +113,7 @@ def inference_status(call: Call) -> tuple[int, Any]:
     body["models"] = loaded
     body["backends"] = backends
     body["managedModels"] = ctx.ondemand.status() if ctx.ondemand else []
+    body["llamaBackends"] = ctx.llama.backends
     return 200, body
 
 
@@ -199,6 +201,10 @@ PREFIXES: dict[str, Endpoint] = {
 }
 
 NEEDS_MODELS: frozenset[AnyHandler] = frozenset({list_models, get_model})
+# The answers that say which backends llama.cpp has (SPEC §11.1; the events' hello holds two
+# of them): the exchange has ctx.llama ask first (once per gateway).
+NEEDS_LLAMA: frozenset[AnyHandler] = frozenset({inference_status, models_local.list_local,
+                                                models_local.rescan, live_events})
 
 _RELAYED: Mapping[bytes, AnyHandler | None] = {b"POST": None}  # an OpenAI call's methods
 

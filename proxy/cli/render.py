@@ -21,6 +21,8 @@ def show(status: dict[str, Any]) -> str:
         port = status.get("nodePort")
         lines.insert(1, f"identity: {status['identity']}"
                         + (f" (node port {port}, TLS 1.3)" if port else " (no node port)"))
+    if "llamaBackends" in status:  # SPEC §11.1: what the bundled llama.cpp can run on
+        lines.append(f"llama.cpp: {llama_backends(status['llamaBackends'])}")
     for backend in status.get("backends", []):
         state = "online" if backend["online"] else f"offline ({backend['lastError']})"
         lines.append(f"  backend {backend['name']}: {state}")
@@ -35,6 +37,13 @@ def show(status: dict[str, Any]) -> str:
     for note in status.get("notifications", []):
         lines.append(clean(f"{note.get('level', 'warning')}: {note.get('message')}"))
     return "\n".join(lines)
+
+
+def llama_backends(names: object) -> str:
+    """``llamaBackends`` (a list of names, or null) as the status line says it."""
+    if not isinstance(names, list):
+        return "not installed (or it cannot tell its backends: see the gateway's log)"
+    return ", ".join(map(str, names)) or "no backend"
 
 
 # ------------------------------------------------------------------------ the pool table

@@ -1,7 +1,8 @@
 // Local models (SPEC §10, §11): the managed models on demand — the memory the loaded ones
 // take against the budget (and the count against max_loaded), then each model with its
 // state, its memory (measured once loaded, else "~" its estimate), a live "unloads in …",
-// and Load / Unload — then the local backends (kind, online, models, last error).
+// and Load / Unload — then the local backends (kind, online, models, last error). Above
+// the budget: which compute backends the bundled llama.cpp has (SPEC §11.1: CPU, CUDA, …).
 // Read from GET /api/v1/models/local and /api/v1/inference/status (or the feed's hello),
 // kept current by the feed's `model` events. A managed model's idle clock moves without an
 // event (a request ends), and an event may reach the page after the answer of a later GET
@@ -16,6 +17,15 @@ const LOCAL = '/api/v1/models/local';
 const STATE_BADGE = { loaded: 'ok', loading: 'warn', unloading: 'warn', failed: 'bad', unloaded: '' };
 const REREAD_MS = 300; // the wait before reading the list again (see above)
 const NBSP = '\u00a0';
+// llama.cpp's compute backends as their makers write them (others: as the API names them).
+const BACKEND_NAMES = { cpu: 'CPU', cuda: 'CUDA', metal: 'Metal', vulkan: 'Vulkan', rocm: 'ROCm',
+  blas: 'BLAS', sycl: 'SYCL', opencl: 'OpenCL', cann: 'CANN', musa: 'MUSA' };
+
+/** `llamaBackends` of GET /api/v1/models/local as words: "CUDA, CPU"; null: not installed. */
+export function llamaBackends(list) {
+  if (!Array.isArray(list)) return null;
+  return list.map((name) => BACKEND_NAMES[name] ?? name).join(', ');
+}
 
 /** Bytes for people, binary units: "512 B", "98.4 MiB", "1.20 GiB". */
 export function bytes(n) {
@@ -71,6 +81,16 @@ function badge(text, kind) {
 function models(list) {
   if (!list?.length) return el('span', { class: 'muted', text: 'none' });
   return el('ul', { class: 'plain' }, list.map((m) => el('li', {}, el('code', { text: m }))));
+}
+
+/** The fact that says what the bundled llama.cpp runs on (hidden until known). */
+function llamaFact(node, list) {
+  const words = llamaBackends(list);
+  node.hidden = list === undefined;
+  fill(node, fact('llama.cpp backends', words
+    ? el('span', { class: 'llama-backends', text: words })
+    : el('span', { class: 'muted', text: 'none: llama.cpp is not installed (or could not say '
+      + 'which backends it has: see the gateway\'s log)' })));
 }
 
 function lastError(text) {
@@ -153,6 +173,7 @@ export function mount(root, app) {
   const bar = meter({ labelledBy: memoryLabel.id });
   const budgetBox = el('div', { class: 'card stack budget', role: 'group', 'aria-label': 'Memory budget' },
     el('div', { class: 'row wrap' }, memoryLabel, memoryText, countText), bar, pendingText);
+  const llamaFacts = el('dl', { class: 'facts llama', hidden: true });
   const list = el('ul', { class: 'plain models', 'aria-labelledby': 'local-managed' });
   const empty = el('p', { class: 'muted', text: 'None: no models: entries in config.yaml and no '
     + '.gguf file in the models folders (model_loading.dirs).' });
@@ -172,7 +193,7 @@ export function mount(root, app) {
     rescan.status,
     el('p', { class: 'muted' }, 'Each runs in its own llama.cpp server, started when a request '
       + 'needs it and stopped once idle for its keep alive; the loaded ones must fit the memory budget.'),
-    budgetBox, list, empty);
+    llamaFacts, budgetBox, list, empty);
   const backendSection = el('section', { class: 'stack', 'aria-labelledby': 'local-backends' });
   screen(root, 'Local models',
     readOnlyNote(app, 'loading or unloading a model'),
@@ -255,6 +276,7 @@ export function mount(root, app) {
     managed = Array.isArray(doc?.models) ? doc.models : [];
     known = true;
     budget = { memoryBudget: doc?.memoryBudget ?? null, maxLoaded: doc?.maxLoaded ?? 0 };
+    llamaFact(llamaFacts, doc?.llamaBackends);
     drawManaged();
     drawBackends();
   }
