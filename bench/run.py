@@ -9,7 +9,8 @@ run through two gateways (target ``forwarded``, A->B over loopback TCP). S8 hold
 the thousand (bench/held.py); S9 and S10 are models on demand (bench/ondemand.py): a managed
 model's cold start against llama.cpp started directly, and the idle RSS of 20 unloaded ones.
 S11 is the Ollama API (bench/ollama.py): S3's stream on /api/chat (NDJSON) against
-/v1/chat/completions (SSE) through the same gateway.
+/v1/chat/completions (SSE) through the same gateway. S7TLS (bench/s7tls.py, only when named;
+root) runs A -> B over SPEC §16's pinned TLS link against the plain one.
 Prints a Markdown table and writes every figure as JSON. Usage: ``scripts/bench --help``.
 Python standard library only; Linux only (reads /proc).
 """
@@ -38,7 +39,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: bench/ is not a package on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import aliases, held, keys, ollama, ondemand, watch
+from bench import aliases, held, keys, ollama, ondemand, s7tls, s7tls_report, watch
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -259,11 +260,14 @@ def tail(log: Path, lines: int = 20) -> str:
 
 # -- the targets -----------------------------------------------------------------------------
 
-def start_mock(kids: Children, tmp: Path) -> dict[str, Any]:
-    port, sock = free_port(), tmp / "mock.sock"
-    log = tmp / "mock.log"
-    proc = kids.start("mock", ["node", str(BENCH / "mock_upstream.js"), "--port", str(port),
-                               "--unix", str(sock)], log, stdout=subprocess.PIPE,
+def start_mock(kids: Children, tmp: Path, prefix: tuple[str, ...] = (),
+               name: str = "mock") -> dict[str, Any]:
+    """The Node mock (``tmp/name.sock``, a free port), run after ``prefix`` (e.g. ``ip netns
+    exec NS``)."""
+    port, sock = free_port(), tmp / f"{name}.sock"
+    log = tmp / f"{name}.log"
+    proc = kids.start(name, [*prefix, "node", str(BENCH / "mock_upstream.js"), "--port",
+                             str(port), "--unix", str(sock)], log, stdout=subprocess.PIPE,
                       stdin=subprocess.PIPE)
     stdout = proc.stdout
     assert stdout is not None
@@ -286,12 +290,13 @@ def mock_backends(mock: dict[str, Any]) -> str:
 
 
 def spawn_gateway(kids: Children, tmp: Path, name: str, rest: str, api_extra: str = "",
-                  secrets: str | None = None, prepare: Any = None) -> dict[str, Any]:
+                  secrets: str | None = None, prepare: Any = None,
+                  prefix: tuple[str, ...] = ()) -> dict[str, Any]:
     """``sluice serve`` on its own data dir ``tmp/name``, socket folder ``tmp/s<name>`` and
     a free port. config.yaml: ``api:`` (the port, then ``api_extra``), ``local:``, then
     ``rest``; ``secrets`` is written as secrets.yaml (0600) when given; ``prepare(data)``
-    runs once the data dir exists, before the start. Returns its addresses, process and log
-    (not waited on)."""
+    runs once the data dir exists, before the start; ``prefix`` comes before the command
+    (e.g. ``ip netns exec NS``). Returns its addresses, process and log (not waited on)."""
     data, sockdir, port = tmp / name, tmp / f"s{name}", free_port()
     data.mkdir(mode=0o700)
     sockdir.mkdir(mode=0o700)
@@ -305,7 +310,7 @@ def spawn_gateway(kids: Children, tmp: Path, name: str, rest: str, api_extra: st
         path.write_text(secrets)
     log = tmp / f"{name}.log"
     sluice = Path(sys.executable).parent / "sluice"
-    proc = kids.start(name, [str(sluice), "serve", "--data-dir", str(data)], log,
+    proc = kids.start(name, [*prefix, str(sluice), "serve", "--data-dir", str(data)], log,
                       env=tree_env())
     return {"pid": proc.pid, "proc": proc, "log": log, "data": data,
             "tcp": f"127.0.0.1:{port}", "unix": str(sockdir / "sluice.sock")}
@@ -446,11 +451,12 @@ def start_nginx(kids: Children, tmp: Path, mock: dict[str, Any], name: str = "ng
 # -- measuring -------------------------------------------------------------------------------
 
 def run_load(target: dict[str, str], model: str, params: dict[str, Any],
-             headers: dict[str, str] | None = None) -> dict[str, Any]:
+             headers: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+             ) -> dict[str, Any]:
     limit = params["duration_s"] + 20 if "duration_s" in params else 50
     args = {"target": target, "model": model, "time_limit_s": limit, **params,
             **({"headers": headers} if headers else {})}
-    proc = subprocess.run(["node", str(BENCH / "load.js"), json.dumps(args)],
+    proc = subprocess.run([*prefix, "node", str(BENCH / "load.js"), json.dumps(args)],
                           capture_output=True, text=True, timeout=limit + 20,
                           preexec_fn=_die_with_parent)
     lines = proc.stdout.strip().splitlines()
@@ -767,9 +773,11 @@ def main(argv: list[str] | None = None) -> int:
                          "managed model, S10 idle RSS with 20 unloaded ones "
                          "(bench/ondemand.py; they need the llama extra); S11 an "
                          "Ollama /api/chat stream against /v1/chat/completions "
-                         "(bench/ollama.py); S12 (named alone) multi-turn conversations "
-                         "on two llama.cpp servers behind gateways, every strategy against "
-                         "an oracle, with both controls (bench/multiturn.py)")
+                         "(bench/ollama.py); S7TLS (only when named; needs root) S1's and "
+                         "S3's loads through A -> B over the pinned TLS link against the "
+                         "plain one (bench/s7tls.py); S12 (named alone) multi-turn "
+                         "conversations on two llama.cpp servers behind gateways, every "
+                         "strategy against an oracle, with both controls (bench/multiturn.py)")
     ap.add_argument("--transport", choices=("tcp", "unix", "both"), default="both")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny run of every scenario, 1 round, no nginx; exit 1 unless every "
@@ -800,7 +808,8 @@ def main(argv: list[str] | None = None) -> int:
         return multiturn.main(["--controls", "--rounds", str(max(1, opts.rounds))]
                               + (["--smoke"] if opts.smoke else [])
                               + (["--json", str(opts.json)] if opts.json else []))
-    bad = [s for s in wanted if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S10", "S11")]
+    bad = [s for s in wanted if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S10", "S11",
+                                          "S7TLS")]
     if bad:
         ap.error(f"unknown scenario(s): {', '.join(bad)}")
     every = wanted == ["S6"]
@@ -808,6 +817,7 @@ def main(argv: list[str] | None = None) -> int:
     s8 = every or "S8" in wanted
     s9, s10 = every or "S9" in wanted, every or "S10" in wanted
     s11 = every or "S11" in wanted
+    s7tls_on = "S7TLS" in wanted
     scenarios = [s for s in SCENARIOS if s in wanted or every or (s7 and s in S7_SHAPES)]
     rounds = 1 if opts.smoke else max(1, opts.rounds)
     transports = ["tcp", "unix"] if opts.transport == "both" else [opts.transport]
@@ -892,6 +902,12 @@ def main(argv: list[str] | None = None) -> int:
                 s9_result = ondemand.run_s9(kids, tmp, transports, rounds)
             if s10:
                 s10_result = ondemand.run_s10(kids, tmp, rounds, opts.smoke)
+        s7tls_result: dict[str, Any] | None = None
+        s7tls_skipped = s7tls.unavailable() if s7tls_on else None
+        if s7tls_skipped is not None:
+            print(f"S7TLS skipped: {s7tls_skipped}", file=sys.stderr)
+        elif s7tls_on:
+            s7tls_result = s7tls.run_s7tls(transports, rounds, opts.smoke)
         summary = summarise(runs, scenarios, transports, targets)
         s6 = bodies_check(runs)
         problems = [f"{r['scenario']} {r['transport']} {r['target']} round {r['round'] + 1}: "
@@ -936,6 +952,9 @@ def main(argv: list[str] | None = None) -> int:
         if s11_result is not None:
             problems += s11_result["problems"]
             md += ("\n\n" if md else "") + ollama.table(s11_result, opts.smoke)
+        if s7tls_result is not None:
+            problems += s7tls_result["problems"]
+            md += ("\n\n" if md else "") + s7tls_report.tables(s7tls_result, opts.smoke)
         for part in (s9_result, s10_result):
             problems += part["problems"] if part is not None else []
         if s9_result is not None or s10_result is not None:
@@ -945,7 +964,7 @@ def main(argv: list[str] | None = None) -> int:
                      "rounds": rounds,
                      "scenarios": scenarios + [name for name, on in
                                                (("S8", s8), ("S9", s9), ("S10", s10),
-                                                ("S11", s11)) if on],
+                                                ("S11", s11), ("S7TLS", s7tls_on)) if on],
                      "transports": transports,
                      "targets": targets, "cpus": os.cpu_count(), "machine": platform.platform(),
                      "python": platform.python_version(),
@@ -962,6 +981,8 @@ def main(argv: list[str] | None = None) -> int:
             "s9": s9_result,
             "s10": s10_result,
             "s11": s11_result,
+            "s7tls": s7tls_result,
+            "s7tls_skipped": s7tls_skipped,
             "ondemand_skipped": skipped,
             "checks": {"all_complete": not any(p for p in problems if not p.startswith("S6")),
                        "problems": problems},

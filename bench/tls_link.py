@@ -11,8 +11,10 @@ is what TLS adds to both gateways together.
   connect, and for TLS the whole TLS 1.3 handshake with both certificates, the pin check and
   the wait for the ticket), so the difference is one handshake.
 
-Rounds interleave the cases (ABBA); the figure is the median of the rounds' CPU time per
-request (``time.process_time``).
+Rounds interleave the cases (ABBA); the figures are the medians of the rounds' CPU time per
+request (``time.process_time``) and wall time per request (``time.perf_counter``; one
+process, so both ends' work is in it, one after the other). ``--json PATH`` writes them
+(S7TLS in bench/run.py takes its handshake figures from there).
 
     .venv/bin/python bench/tls_link.py --rounds 7 --requests 2000
 """
@@ -20,6 +22,7 @@ request (``time.process_time``).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -47,7 +50,9 @@ Case = Callable[[], Awaitable[None]]
 
 
 async def run(rounds: int, requests: int, handshakes: int, stream: bool
-              ) -> tuple[dict[str, float], dict[str, int]]:
+              ) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+    """CPU µs per request by case, wall µs per request by case (medians over rounds), and the
+    connections the reused pools made."""
     real = listeners.open_api_listeners
 
     async def loopback(port: int, *, external: bool) -> list[trio.SocketListener]:
@@ -55,6 +60,7 @@ async def run(rounds: int, requests: int, handshakes: int, stream: bool
 
     setattr(binding, "open_api_listeners", loopback)  # noqa: B010
     figures: dict[str, list[float]] = {}
+    walls: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="sl-tls-", dir="/tmp") as tmp:
         folder = Path(tmp)
         own, peer = identities(folder / "ids", "b", "a")
@@ -116,21 +122,23 @@ async def run(rounds: int, requests: int, handshakes: int, stream: bool
                      "pinned fresh": (fresh(pinned_at), handshakes)}
             for name, (case, _) in cases.items():  # warm up
                 await case()
-                figures[name] = []
+                figures[name], walls[name] = [], []
             order = list(cases)
             for n in range(rounds):
                 for name in order if n % 2 == 0 else reversed(order):
                     case, count = cases[name]
-                    began = time.process_time()
+                    began, wall = time.process_time(), time.perf_counter()
                     await case()
                     figures[name].append((time.process_time() - began) / count * 1e6)
+                    walls[name].append((time.perf_counter() - wall) / count * 1e6)
             connects = {"plain": pools[plain_at.key].connects,
                         "pinned": pools[pinned_at.key].connects}
             gateway.shutdown()
             nursery.cancel_scope.cancel()
     setattr(binding, "open_api_listeners", real)  # noqa: B010
     medians = {name: statistics.median(values) for name, values in figures.items()}
-    return medians, connects
+    wall_medians = {name: statistics.median(values) for name, values in walls.items()}
+    return medians, wall_medians, connects
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,17 +147,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--handshakes", type=int, default=300)
     ap.add_argument("--stream", action="store_true", help="a 20-event streamed chat")
+    ap.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = ap.parse_args(argv)
-    got, connects = trio.run(run, args.rounds, args.requests, args.handshakes, args.stream)
+    got, walls, connects = trio.run(run, args.rounds, args.requests, args.handshakes,
+                                    args.stream)
     kind = "streamed chat (20 events)" if args.stream else "chat completion"
     print(f"CPU µs per request, {kind}, both ends and the fake model server, "
           f"median of {args.rounds} rounds:")
     for name, value in got.items():
-        print(f"  {name:13s} {value:8.1f}")
+        print(f"  {name:13s} {value:8.1f}   (wall {walls[name]:8.1f})")
     print(f"  TLS on a reused connection: +{got['pinned'] - got['plain']:.1f} µs "
           f"({got['pinned'] / got['plain']:.3f}x)")
     print(f"  one handshake (both ends):  +{got['pinned fresh'] - got['plain fresh']:.1f} µs")
     print(f"  connections made by the reused pools: {connects}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "rounds": args.rounds, "requests": args.requests, "handshakes": args.handshakes,
+            "stream": args.stream, "cpu_us": got, "wall_us": walls,
+            "connects": connects}, indent=1) + "\n")
     return 0
 
 

@@ -5,13 +5,16 @@ and stream delivered whole; S7: S3's and S5's loads went through gateway A to ga
 nowhere else; S8: its held streams all delivered and every figure there; S9 and S10, where
 the llama extra is installed: cold requests answered by the managed model and by its floor,
 and the idle gateways' catalogues; S11: the Ollama chat streams and their SSE twins all
-whole, and their figures there), never a wall-clock figure.
+whole, and their figures there; S7TLS, run on its own: S1's and S3's loads through gateway
+A -> gateway B over the plain link and over the pinned TLS link, every answer B's, the
+pinned one on B's node port), never a wall-clock figure.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -55,6 +58,71 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert result["ondemand_skipped"] is None
         check_s9(result)
         check_s10(result)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("node") is None, reason="the benchmark needs node")
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                    reason="S7TLS needs root and iproute2 (network namespaces)")
+def test_bench_smoke_s7tls(tmp_path: Path) -> None:
+    """S7TLS (issue 34) at smoke size: A -> B twice, plain and pinned, both transports."""
+    out = tmp_path / "smoke.json"
+    proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--smoke", "--scenarios", "S7TLS",
+                           "--json", str(out)], capture_output=True, text=True, timeout=180,
+                          check=False, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["meta"]["scenarios"] == ["S7TLS"]
+    assert result["checks"]["problems"] == []
+    assert result["s7tls_skipped"] is None
+    s7 = result["s7tls"]
+    node_b = s7["node_b"]
+    # A "pinned" holds B by its certificate; A "plain" by URL and key.
+    assert s7["nodes_a"]["plain"] == [{"fingerprint": node_b, "link": "plain", "pin": None}]
+    [pinned] = s7["nodes_a"]["pinned"]
+    assert (pinned["fingerprint"], pinned["link"]) == (node_b, "pinned")
+    assert pinned["pin"].startswith("sha256:")
+    runs = s7["runs"]
+    assert {(r["shape"], r["transport"], r["link"]) for r in runs} == {
+        (sh, tr, link) for sh in ("S1", "S3", "S3 paced") for tr in ("tcp", "unix")
+        for link in ("plain", "pinned")}
+    for r in runs:
+        load = r["load"]
+        assert load["completed"] == load["started"] > 0, (r["shape"], r["link"], load)
+        assert load["missing_streams"] == 0
+        assert load["served_by"] == {f"node:{node_b}": load["completed"]}
+        assert r["a_cpu_s"] > 0
+        assert r["b_cpu_s"] > 0
+        # B received the requests on the port of the link: TLS on its node port for the
+        # pinned A, its API port for the plain one; over connections already open.
+        got = r["b_bytes_in"]
+        port, other = ("node_port", "api_port") if r["link"] == "pinned" else \
+            ("api_port", "node_port")
+        assert got[port] >= 100 * load["completed"], (r["link"], got)
+        assert got[other] < got[port], (r["link"], got)
+    assert set(s7["by_load"]) == {f"{sh}/{tr}" for sh in ("S1", "S3", "S3 paced")
+                                  for tr in ("tcp", "unix")}
+    for entry in s7["by_load"].values():
+        assert entry["complete"] is True
+        assert entry["bodies_equal"] is True  # plain's and pinned's bodies: one digest
+        assert entry["served_by_b"] is True
+        assert entry["through_link_port"] is True
+        assert entry["rounds"] == 1
+        for name in ("cpu_ratio", "cpu_ratio_a", "cpu_ratio_b"):
+            assert entry[name] > 0, (name, entry)
+        assert entry["added_ms"]["lat_p50"] is not None
+        for link in ("plain", "pinned"):
+            assert entry["median"][link]["cpu_us"] > 0
+    assert s7["by_load"]["S3/tcp"]["median"]["pinned"]["cpu_us_per_chunk"] > 0
+    assert s7["by_load"]["S1/tcp"]["median"]["pinned"]["cpu_us_per_chunk"] is None
+    assert isinstance(s7["target_met"], bool)
+    hs = s7["handshake"]
+    assert set(hs["cpu_us"]) == set(hs["wall_us"]) == {
+        "plain", "pinned", "plain fresh", "pinned fresh"}
+    assert all(v > 0 for v in [*hs["cpu_us"].values(), *hs["wall_us"].values()])
+    assert hs["connects"] == {"plain": 1, "pinned": 1}  # the reused pools kept one each
+    assert hs["handshake_cpu_us"] is not None
+    assert "| S1 | tcp |" in result["table"]
 
 
 def check_s7(result: dict[str, Any]) -> None:
