@@ -29,6 +29,7 @@ from proxy.lan.node_listener import NodeListener
 from proxy.lan.node_peers import NodePeers, peers_of
 from proxy.lan.own_host import OwnHost
 from proxy.models.launcher import INSTALL_HINT, llama_available
+from proxy.models.llama_backends import LlamaBackends
 from proxy.notifications import Notifications
 from proxy.observe.access_log import AccessLog
 from proxy.observe.hub import Hub
@@ -70,9 +71,11 @@ class Gateway:
 
     def __init__(self, settings: Settings, *, drain_timeout: float = DRAIN_TIMEOUT,
                  extra_models: Sequence[ModelConfig] = (), identity: Identity | None = None,
-                 node_peers: NodePeers | None = None) -> None:
+                 node_peers: NodePeers | None = None, llama: LlamaBackends | None = None) -> None:
         self.settings = settings
+        self.llama = llama or LlamaBackends()  # SPEC §11.1; given: already known (tests)
         self.drain_timeout = drain_timeout
+        self._max_connections = lambda: settings.config.api.max_connections
         self.identity = identity
         self.node_peers = node_peers if node_peers is not None or identity is None \
             else NodePeers()
@@ -178,7 +181,7 @@ class Gateway:
             request_log=self.request_log, metrics=self.metrics, ondemand=self._ondemand,
             reports=Reports(AccessLog(logsetup.line_sink()), self.hub),
             own_host=self.discovery.own_host, discovery=self.discovery,
-            identity=self.identity, node_peers=self.node_peers)
+            identity=self.identity, node_peers=self.node_peers, llama=self.llama)
         self.settings.subscribe(Follower(self._follow, self.settings.config))
         self.settings.subscribe(PlainLinks(self.notifications, self.settings.config))
         self.nodes.changes.subscribe(IdentityChanges(self.notifications))
@@ -202,9 +205,6 @@ class Gateway:
     async def _stop_listening(self) -> None:
         await self.discovery.withdraw()  # goodbyes while we still listen
         self.binding.close()
-
-    def _max_connections(self) -> int:
-        return self.settings.config.api.max_connections
 
     async def _on_demand(self, config: Config) -> OnDemand | None:
         """The managed models (SPEC §11), or None when there can be none: no ``models:``

@@ -18,6 +18,7 @@ markers below, set by ``pytest_collection_modifyitems``):
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -42,6 +43,7 @@ from protocol.config import (
     rebuild_health_check,
 )
 from proxy.access import auth
+from proxy.models.llama_backends import LlamaBackends
 from proxy.server import Gateway
 from proxy.settings.store import Settings
 from tests.client import Reply, request
@@ -185,6 +187,16 @@ class RunningGateway:
 StartGateway = Callable[..., Awaitable[RunningGateway]]
 
 
+@functools.cache
+def llama_answer() -> list[str] | None:
+    """The installed llama.cpp's compute backends (SPEC §11.1), asked of the real child once
+    for the run: the gateways of ``start_gateway`` are told it, so that no test waits for
+    a child of its own at its first status (a MockClock would jump meanwhile).
+    tests/test_llama_backends.py asks through a gateway of its own."""
+    llama = LlamaBackends()
+    return llama.run_child() if llama.installed() else None
+
+
 @pytest.fixture
 async def start_gateway(nursery: trio.Nursery, short_tmp: Path) -> StartGateway:
     count = 0
@@ -197,7 +209,7 @@ async def start_gateway(nursery: trio.Nursery, short_tmp: Path) -> StartGateway:
         folder = short_tmp / f"g{count}"
         cfg = gateway_config(backends, socket_dir=folder / "s", **options)
         gateway = Gateway(open_settings(folder / "data", cfg), drain_timeout=drain,
-                          identity=identity)
+                          identity=identity, llama=LlamaBackends.answered(llama_answer()))
         await nursery.start(gateway.run)
         await gateway.backends.ready.wait()  # every backend checked once
         return RunningGateway(gateway)

@@ -5,10 +5,10 @@
 Importing ``xllamacpp`` loads llama.cpp (and, in a GPU build, the GPU's driver), which a
 gateway should not hold for a question asked once: a child process answers it
 (``python -m proxy.models.launcher --backends``), asked the first time somebody wants to
-know and remembered for the gateway's life. The ask runs in a task of its own, so a request
-that goes away does not cancel it for the others; nothing is run when llama.cpp is not
-installed (None). Whatever fails (the child, its answer, :data:`ASK_TIMEOUT`) is logged and
-answers None too: it is not asked again.
+know and remembered for the gateway's life. The ask runs in a task of its own (the child
+waited for in a worker thread), so a request that goes away does not cancel it for the
+others; nothing is run when llama.cpp is not installed (None). Whatever fails (the child,
+its answer, :data:`ASK_TIMEOUT`) is logged and answers None too: it is not asked again.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ log = logging.getLogger("sluice.models")
 
 ASK_TIMEOUT = 30.0  # seconds the child may take (a GPU driver's start can be slow)
 COMMAND = (sys.executable, "-m", "proxy.models.launcher", "--backends")
-_ANSWERED: dict[tuple[str, ...], list[str] | None] = {}  # a command's answer, for the process
 
 
 def parse_answer(text: str) -> list[str] | None:
@@ -47,14 +46,20 @@ class LlamaBackends:
         self._installed = installed  # None: look (find_spec) when first asked
         self.timeout = timeout
         self.backends: list[str] | None = None
+        self.known = False
         self._done: trio.Event | None = None  # made by the first ask; set once answered
 
     def __repr__(self) -> str:
         return f"LlamaBackends({self.backends if self.known else 'not asked'})"
 
-    @property
-    def known(self) -> bool:
-        return self._done is not None and self._done.is_set()
+    @classmethod
+    def answered(cls, backends: list[str] | None) -> LlamaBackends:
+        """One that knows already (asked by somebody else: the tests ask once for all
+        their gateways)."""
+        llama = cls(installed=backends is not None)
+        llama.backends = backends
+        llama.known = True
+        return llama
 
     def installed(self) -> bool:
         if self._installed is None:
@@ -65,39 +70,41 @@ class LlamaBackends:
 
     async def ask(self) -> list[str] | None:
         """The backends, asking the child the first time (later callers wait for that
-        answer); None when llama.cpp is not installed or the answer could not be had. An
-        answer is remembered for the process (the installed wheel does not change under
-        it): a second gateway in the same process does not ask again."""
+        answer); None when llama.cpp is not installed or the answer could not be had."""
+        if self.known:
+            return self.backends
         if self._done is None:
-            self._done = trio.Event()
-            if self.command in _ANSWERED:
-                self.backends = _ANSWERED[self.command]
-                self._done.set()
-            elif not self.installed():
-                self._done.set()
+            if not self.installed():
+                self.known = True
                 return None
-            else:
-                trio.lowlevel.spawn_system_task(self._ask_child, name="llama-backends")
+            self._done = trio.Event()
+            trio.lowlevel.spawn_system_task(self._ask_child, name="llama-backends")
         await self._done.wait()
         return self.backends
 
     async def _ask_child(self) -> None:
         assert self._done is not None
         try:
-            with trio.fail_after(self.timeout):
-                done = await trio.run_process(self.command, stdin=subprocess.DEVNULL,
-                                              capture_stdout=True, capture_stderr=True,
-                                              check=False)
-            out = done.stdout.decode("utf-8", "replace").strip().splitlines()
-            if done.returncode != 0 or not out:
-                last = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
-                raise ValueError(f"it exited with status {done.returncode}"
-                                 + (f": {last[0]}" if last else ""))
-            self.backends = _ANSWERED[self.command] = parse_answer(out[-1])
-        except trio.TooSlowError:
+            # A worker thread and the wall clock's timeout: the child takes real time
+            # whatever clock trio runs on (a test's MockClock would time it out at once).
+            self.backends = await trio.to_thread.run_sync(self.run_child, abandon_on_cancel=True)
+        except subprocess.TimeoutExpired:
             log.warning("llama.cpp did not say which backends it has within %g s",
                         self.timeout)
         except (OSError, ValueError) as exc:  # a JSONDecodeError is a ValueError
             log.warning("cannot tell which backends llama.cpp has: %s", exc)
         finally:
+            self.known = True
             self._done.set()
+
+    def run_child(self) -> list[str] | None:
+        """The child's answer (blocking: run in a worker thread). Raises OSError, ValueError,
+        subprocess.TimeoutExpired."""
+        done = subprocess.run(self.command, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=self.timeout, check=False)
+        out = done.stdout.decode("utf-8", "replace").strip().splitlines()
+        if done.returncode != 0 or not out:
+            last = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+            raise ValueError(f"it exited with status {done.returncode}"
+                             + (f": {last[0]}" if last else ""))
+        return parse_answer(out[-1])
