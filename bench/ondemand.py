@@ -423,18 +423,21 @@ def run_s9(kids: Any, tmp: Path, transports: list[str], rounds: int) -> dict[str
 
 
 def summarise_s9(runs: list[dict[str, Any]], transports: list[str], argv: list[str],
-                 gguf: Path) -> dict[str, Any]:
+                 gguf: Path, *, max_added_ms: float = COLD_MAX_ADDED_MS,
+                 floor_key: str = "listening_ms") -> dict[str, Any]:
+    """Medians over rounds (S9's, and S9CMD's: bench/ondemand_command.py, whose floor's own
+    figure is ``floor_key`` and whose target is ``max_added_ms``)."""
     median = _base().median
     floor = {r["round"]: r for r in runs if r["target"] == "floor"}
     summary: dict[str, Any] = {}
-    problems = [f"S9 round {r['round'] + 1} {r['target']} {r['transport']}: status "
-                f"{r['status']}, first token {r['first_token_ms']}, [DONE] {r['done']} "
-                f"{r.get('error', '')[:200]}" for r in runs
+    problems = [f"{r['scenario']} round {r['round'] + 1} {r['target']} {r['transport']}: "
+                f"status {r['status']}, first token {r['first_token_ms']}, [DONE] "
+                f"{r['done']} {r.get('error', '')[:200]}" for r in runs
                 if r["status"] != 200 or r["first_token_ms"] is None or not r["done"]]
-    problems += [f"S9 round {r['round'] + 1} sluice {r['transport']}: served by "
-                 f"{r['served_by']}" for r in runs
+    problems += [f"{r['scenario']} round {r['round'] + 1} sluice {r['transport']}: served "
+                 f"by {r['served_by']}" for r in runs
                  if r["target"] == "sluice" and r["served_by"] != f"local:{MODEL}"]
-    keys = ("first_token_ms", "head_ms", "spawn_ms", "from_spawn_ms", "listening_ms",
+    keys = ("first_token_ms", "head_ms", "spawn_ms", "from_spawn_ms", floor_key,
             "gateway_load_ms", "gateway_cpu_ms")
     fl = {k: median([r.get(k) for r in floor.values()]) for k in keys}
     summary["floor"] = {**fl, "rounds": len(floor)}
@@ -452,7 +455,7 @@ def summarise_s9(runs: list[dict[str, Any]], transports: list[str], argv: list[s
         for key in ("spawn_ms", "from_spawn_ms"):
             s[f"added_{key}"] = None if s[key] is None or fl[key] is None else \
                 round(s[key] - fl[key], 2)
-        s["met"] = s["added_ms"] is not None and s["added_ms"] <= COLD_MAX_ADDED_MS
+        s["met"] = s["added_ms"] is not None and s["added_ms"] <= max_added_ms
         summary[f"sluice/{tr}"] = s
     return {"model": MODEL, "gguf": os.fspath(gguf), "max_tokens": MAX_TOKENS,
             "server_argv": argv, "summary": summary, "problems": problems, "runs": runs}

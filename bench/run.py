@@ -7,7 +7,8 @@ S7 adds a second pair of gateways: A (no backends, load balancing on, one networ
 front of B (the mock as its backends, like ``sluice``), so that S3's and S5's loads also
 run through two gateways (target ``forwarded``, A->B over loopback TCP). S8 holds streams by
 the thousand (bench/held.py); S9 and S10 are models on demand (bench/ondemand.py): a managed
-model's cold start against llama.cpp started directly, and the idle RSS of 20 unloaded ones.
+model's cold start against llama.cpp started directly, and the idle RSS of 20 unloaded ones;
+S9CMD is S9 for a model served by a command of the user's own (bench/ondemand_command.py).
 S11 is the Ollama API (bench/ollama.py): S3's stream on /api/chat (NDJSON) against
 /v1/chat/completions (SSE) through the same gateway. S7TLS (bench/s7tls.py, only when named;
 root) runs A -> B over SPEC §16's pinned TLS link against the plain one.
@@ -39,7 +40,17 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: bench/ is not a package on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import aliases, held, keys, ollama, ondemand, s7tls, s7tls_report, watch
+from bench import (
+    aliases,
+    held,
+    keys,
+    ollama,
+    ondemand,
+    ondemand_command,
+    s7tls,
+    s7tls_report,
+    watch,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -69,6 +80,7 @@ TARGET_TEXT = {
     "S7": "forwarded (A+B): CPU/stream and added TTFB p50 each ≤ twice one gateway's",
     "S8": held.TARGET_TEXT,
     "S9": ondemand.S9_TARGET,
+    "S9CMD": ondemand_command.TARGET,
     "S10": ondemand.S10_TARGET,
     "S11": ollama.TARGET_TEXT,
 }
@@ -766,12 +778,14 @@ def s7_table(s7: dict[str, Any], smoke: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7,S8,S9,S10,S11",
+    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7,S8,S9,S9CMD,S10,S11",
                     help="S6 alone means every scenario; S7 runs S3's and S5's loads "
                          "(which it adds) also through gateway A -> gateway B; S8 holds "
                          "250..4000 streams at once (bench/held.py); S9 cold start of a "
-                         "managed model, S10 idle RSS with 20 unloaded ones "
-                         "(bench/ondemand.py; they need the llama extra); S11 an "
+                         "managed model, S9CMD the same for a model whose server is a "
+                         "command (bench/ondemand_command.py), S10 idle RSS with 20 "
+                         "unloaded ones (bench/ondemand.py; they need the llama extra); "
+                         "S11 an "
                          "Ollama /api/chat stream against /v1/chat/completions "
                          "(bench/ollama.py); S7TLS (only when named; needs root) S1's and "
                          "S3's loads through A -> B over the pinned TLS link against the "
@@ -808,14 +822,15 @@ def main(argv: list[str] | None = None) -> int:
         return multiturn.main(["--controls", "--rounds", str(max(1, opts.rounds))]
                               + (["--smoke"] if opts.smoke else [])
                               + (["--json", str(opts.json)] if opts.json else []))
-    bad = [s for s in wanted if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S10", "S11",
-                                          "S7TLS")]
+    bad = [s for s in wanted
+           if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S9CMD", "S10", "S11", "S7TLS")]
     if bad:
         ap.error(f"unknown scenario(s): {', '.join(bad)}")
     every = wanted == ["S6"]
     s7 = every or "S7" in wanted
     s8 = every or "S8" in wanted
     s9, s10 = every or "S9" in wanted, every or "S10" in wanted
+    s9cmd = every or "S9CMD" in wanted
     s11 = every or "S11" in wanted
     s7tls_on = "S7TLS" in wanted
     scenarios = [s for s in SCENARIOS if s in wanted or every or (s7 and s in S7_SHAPES)]
@@ -894,12 +909,15 @@ def main(argv: list[str] | None = None) -> int:
                                     nginx="nginx" in env)
         s9_result: dict[str, Any] | None = None
         s10_result: dict[str, Any] | None = None
-        skipped = ondemand.unavailable() if s9 or s10 else None
+        s9cmd_result: dict[str, Any] | None = None
+        skipped = ondemand.unavailable() if s9 or s9cmd or s10 else None
         if skipped is not None:
-            print(f"S9, S10 skipped: {skipped}", file=sys.stderr)
+            print(f"S9, S9CMD, S10 skipped: {skipped}", file=sys.stderr)
         else:
             if s9:
                 s9_result = ondemand.run_s9(kids, tmp, transports, rounds)
+            if s9cmd:
+                s9cmd_result = ondemand_command.run_s9cmd(kids, tmp, transports, rounds)
             if s10:
                 s10_result = ondemand.run_s10(kids, tmp, rounds, opts.smoke)
         s7tls_result: dict[str, Any] | None = None
@@ -955,15 +973,18 @@ def main(argv: list[str] | None = None) -> int:
         if s7tls_result is not None:
             problems += s7tls_result["problems"]
             md += ("\n\n" if md else "") + s7tls_report.tables(s7tls_result, opts.smoke)
-        for part in (s9_result, s10_result):
+        for part in (s9_result, s9cmd_result, s10_result):
             problems += part["problems"] if part is not None else []
         if s9_result is not None or s10_result is not None:
             md += ("\n\n" if md else "") + ondemand.tables(s9_result, s10_result, opts.smoke)
+        if s9cmd_result is not None:
+            md += ("\n\n" if md else "") + ondemand_command.table(s9cmd_result, opts.smoke)
         result = {
             "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "smoke": opts.smoke,
                      "rounds": rounds,
                      "scenarios": scenarios + [name for name, on in
-                                               (("S8", s8), ("S9", s9), ("S10", s10),
+                                               (("S8", s8), ("S9", s9),
+                                                ("S9CMD", s9cmd), ("S10", s10),
                                                 ("S11", s11), ("S7TLS", s7tls_on)) if on],
                      "transports": transports,
                      "targets": targets, "cpus": os.cpu_count(), "machine": platform.platform(),
@@ -979,6 +1000,7 @@ def main(argv: list[str] | None = None) -> int:
             "keyed": key_result,
             "s8": s8_result,
             "s9": s9_result,
+            "s9cmd": s9cmd_result,
             "s10": s10_result,
             "s11": s11_result,
             "s7tls": s7tls_result,

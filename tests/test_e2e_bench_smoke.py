@@ -4,10 +4,10 @@ It checks correctness only (S6: every body byte-identical to the direct one; eve
 and stream delivered whole; S7: S3's and S5's loads went through gateway A to gateway B and
 nowhere else; S8: its held streams all delivered and every figure there; S9 and S10, where
 the llama extra is installed: cold requests answered by the managed model and by its floor,
-and the idle gateways' catalogues; S11: the Ollama chat streams and their SSE twins all
-whole, and their figures there; S7TLS, run on its own: S1's and S3's loads through gateway
-A -> gateway B over the plain link and over the pinned TLS link, every answer B's, the
-pinned one on B's node port), never a wall-clock figure.
+for the bundled engine and for S9CMD's command, and the idle gateways' catalogues; S11: the
+Ollama chat streams and their SSE twins all whole, and their figures there; S7TLS, run on its
+own: S1's and S3's loads through gateway A -> gateway B over the plain link and over the
+pinned TLS link, every answer B's, the pinned one on B's node port), never a wall-clock figure.
 """
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ def test_bench_smoke(tmp_path: Path) -> None:
     if importlib.util.find_spec("xllamacpp") is None:
         assert result["ondemand_skipped"]
         assert result["s9"] is None
+        assert result["s9cmd"] is None
         assert result["s10"] is None
     else:
         assert result["ondemand_skipped"] is None
         check_s9(result)
+        check_s9cmd(result)
         check_s10(result)
 
 
@@ -218,6 +220,42 @@ def check_s9(result: dict[str, Any]) -> None:
     assert set(s9["summary"]) == {"floor", "sluice/tcp", "sluice/unix"}
     for key in ("sluice/tcp", "sluice/unix"):
         assert s9["summary"][key]["added_ms"] is not None
+    assert s9["problems"] == []
+
+
+def check_s9cmd(result: dict[str, Any]) -> None:
+    """S9CMD (cold start of a command model): the floor ran the gateway's own child's command
+    line (the configured command with its placeholders filled in, only the port its own),
+    waited for /health and answered; the gateway over each transport answered from the
+    managed model; every figure is there."""
+    s9 = result["s9cmd"]
+    argv, cmd = s9["server_argv"], s9["command"]
+    assert "${MODEL}" in cmd, cmd
+    assert "${PORT}" not in " ".join(argv), argv
+    port = argv.index("--listen") + 1
+    assert argv[:port] + argv[port + 1:] == [
+        s9["gguf"] if a == "${MODEL}" else s9["model"] if a == "${NAME}" else a
+        for i, a in enumerate(cmd) if i != port], (cmd, argv)
+    assert argv[port].startswith("127.0.0.1:")
+    runs = s9["runs"]
+    assert {(r["target"], r["transport"]) for r in runs} == {
+        ("floor", "tcp"), ("sluice", "tcp"), ("sluice", "unix")}
+    for r in runs:
+        assert (r["status"], r["done"]) == (200, True), r
+        assert r["events"] >= 1, r
+        needed = ["first_token_ms", "spawn_ms", "from_spawn_ms"]
+        if r["target"] == "sluice":
+            assert r["served_by"] == f"local:{s9['model']}", r
+            needed += ["gateway_load_ms", "gateway_cpu_ms"]
+        else:
+            assert r["health_polls"] >= 1, r
+            assert 0 < r["healthy_ms"] <= r["first_token_ms"], r
+            needed += ["healthy_ms"]
+        assert all(r[key] is not None for key in needed), r
+    assert set(s9["summary"]) == {"floor", "sluice/tcp", "sluice/unix"}
+    for key in ("sluice/tcp", "sluice/unix"):
+        assert s9["summary"][key]["added_ms"] is not None
+        assert s9["summary"][key]["added_paired_ms"] is not None
     assert s9["problems"] == []
 
 
