@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import os
 import platform
 import signal
@@ -41,6 +40,7 @@ if __package__ in (None, ""):  # run as a script: bench/ is not a package on sys
 from bench import multiturn_report as report
 from bench import multiturn_workload as workload
 from bench.multiturn_cluster import Cluster
+from bench.run import write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 STRATEGIES = ("oracle", "round-robin", "least-loaded", "cache-aware")
@@ -242,13 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                        "wall_s": round(time.monotonic() - began, 1)},
               "tables": tables, "controls": controls, "met": met, "problems": problems,
               "table": md, "runs": runs, "control_records": raw_controls}
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=1) + "\n")
-    print(md)
-    print(f"\nJSON: {out_path}", file=sys.stderr)
-    if problems:
-        print("problems:\n  " + "\n  ".join(problems), file=sys.stderr)
-    return 1 if (opts.smoke and problems) else 0
+    return write_result(out_path, result, md, problems, opts.smoke)
 
 
 if __name__ == "__main__":

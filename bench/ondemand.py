@@ -566,6 +566,29 @@ def summarise_s10(runs: list[dict[str, Any]], configs: tuple[str, ...]) -> dict[
 
 # -- the report ------------------------------------------------------------------------------
 
+def cold_rows(summary: dict[str, Any], smoke: bool, target: str, floor: tuple[str, str],
+              ready: Any) -> list[list[str]]:
+    """S9's and S9CMD's table rows: the floor (``floor``: its label and transport, ``ready``
+    its ready column) and the gateway over each transport."""
+    fmt = _base().fmt
+    rows = []
+    for key, e in summary.items():
+        is_floor = key == "floor"
+        rows.append([
+            floor[0] if is_floor else "sluice", floor[1] if is_floor else key.split("/")[1],
+            f"{fmt(e['first_token_ms'])} ms",
+            "" if is_floor else f"{fmt(e['added_ms'], sign='+')} ms (paired "
+            f"{fmt(e['added_paired_ms'], sign='+')} ms, x{fmt(e['ratio'])})",
+            f"{fmt(e['spawn_ms'], sign='+')} ms",
+            f"{fmt(e['from_spawn_ms'])} ms" + ("" if is_floor else
+                                               f" ({fmt(e['added_from_spawn_ms'], sign='+')})"),
+            ready(e) if is_floor else f"loaded in {fmt(e['gateway_load_ms'])} ms (its log)",
+            "" if is_floor else f"{fmt(e['gateway_cpu_ms'])} ms", str(e["rounds"]),
+            "" if is_floor else target,
+            "—" if is_floor or smoke else ("met" if e["met"] else "not met")])
+    return rows
+
+
 def tables(s9: dict[str, Any] | None, s10: dict[str, Any] | None, smoke: bool) -> str:
     base = _base()
     fmt, markdown = base.fmt, base.markdown
@@ -574,23 +597,9 @@ def tables(s9: dict[str, Any] | None, s10: dict[str, Any] | None, smoke: bool) -
         head = ["S9 cold start", "Transport", "First token (median)", "vs floor",
                 "Server process started", "First token after it started",
                 "Listening / loaded", "Gateway CPU", "Rounds", "Issue target", "Met"]
-        rows = []
-        for key, s in s9["summary"].items():
-            floor = key == "floor"
-            tr = "its socket" if floor else key.split("/")[1]
-            met = "—" if floor or smoke else ("met" if s["met"] else "not met")
-            rows.append([
-                "floor (llama.cpp direct)" if floor else "sluice", tr,
-                f"{fmt(s['first_token_ms'])} ms",
-                "" if floor else f"{fmt(s['added_ms'], sign='+')} ms (paired "
-                f"{fmt(s['added_paired_ms'], sign='+')} ms, x{fmt(s['ratio'])})",
-                f"{fmt(s['spawn_ms'], sign='+')} ms",
-                f"{fmt(s['from_spawn_ms'])} ms" + ("" if floor else
-                                                   f" ({fmt(s['added_from_spawn_ms'], sign='+')})"),
-                f"listening {fmt(s['listening_ms'])} ms" if floor else
-                f"loaded in {fmt(s['gateway_load_ms'])} ms (its log)",
-                "" if floor else f"{fmt(s['gateway_cpu_ms'])} ms",
-                str(s["rounds"]), "" if floor else S9_TARGET, met])
+        rows = cold_rows(s9["summary"], smoke, S9_TARGET, floor=("floor (llama.cpp direct)",
+                                                               "its socket"),
+                         ready=lambda e: f"listening {fmt(e['listening_ms'])} ms")
         parts.append(markdown(head, rows))
     if s10 is not None:
         configs, big = s10["configs"], s10["big"]

@@ -167,20 +167,7 @@ def table(s: dict[str, Any], smoke: bool) -> str:
     head = ["S9CMD cold start", "Transport", "First token (median)", "vs floor",
             "Server process started", "First token after it started", "Ready",
             "Gateway CPU", "Rounds", "Issue target", "Met"]
-    rows = []
-    for key, e in s["summary"].items():
-        floor = key == "floor"
-        rows.append([
-            "floor (the command by hand)" if floor else "sluice",
-            "tcp" if floor else key.split("/")[1], f"{fmt(e['first_token_ms'])} ms",
-            "" if floor else f"{fmt(e['added_ms'], sign='+')} ms (paired "
-            f"{fmt(e['added_paired_ms'], sign='+')} ms, x{fmt(e['ratio'])})",
-            f"{fmt(e['spawn_ms'], sign='+')} ms",
-            f"{fmt(e['from_spawn_ms'])} ms" + ("" if floor else
-                                               f" ({fmt(e['added_from_spawn_ms'], sign='+')})"),
-            f"/health 200 at {fmt(e['healthy_ms'])} ms" if floor else
-            f"loaded in {fmt(e['gateway_load_ms'])} ms (its log)",
-            "" if floor else f"{fmt(e['gateway_cpu_ms'])} ms", str(e["rounds"]),
-            "" if floor else TARGET,
-            "—" if floor or smoke else ("met" if e["met"] else "not met")])
+    rows = ondemand.cold_rows(s["summary"], smoke, TARGET,
+                              floor=("floor (the command by hand)", "tcp"),
+                              ready=lambda e: f"/health 200 at {fmt(e['healthy_ms'])} ms")
     return base.markdown(head, rows)  # type: ignore[no-any-return]

@@ -328,6 +328,19 @@ def spawn_gateway(kids: Children, tmp: Path, name: str, rest: str, api_extra: st
             "tcp": f"127.0.0.1:{port}", "unix": str(sockdir / "sluice.sock")}
 
 
+def write_result(out_path: Path, result: dict[str, Any], md: str, problems: list[str],
+                 smoke: bool) -> int:
+    """A run's JSON written, its tables printed, its problems listed; the exit code (a
+    smoke run with problems fails)."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=1) + "\n")
+    print(md)
+    print(f"\nJSON: {out_path}", file=sys.stderr)
+    if problems:
+        print("problems:\n  " + "\n  ".join(problems), file=sys.stderr)
+    return 1 if (smoke and problems) else 0
+
+
 def tree_env() -> dict[str, str]:
     """The environment for a ``sluice`` child: this tree's ``proxy``/``protocol`` first on
     PYTHONPATH, so that a venv's editable install of another checkout (a git worktree's
@@ -1011,13 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
             "table": md,
             "runs": runs,
         }
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=1) + "\n")
-        print(md)
-        print(f"\nJSON: {out_path}", file=sys.stderr)
-        if problems:
-            print("problems:\n  " + "\n  ".join(problems), file=sys.stderr)
-        return 1 if (opts.smoke and problems) else 0
+        return write_result(out_path, result, md, problems, opts.smoke)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -203,9 +203,20 @@ def check_s9(result: dict[str, Any]) -> None:
     s9 = result["s9"]
     argv = s9["server_argv"]
     assert {"proxy.models.launcher", "--listen", "--parent"} <= set(argv), argv
+    check_cold_runs(s9, "unix", ["listening_ms"])
+    for r in s9["runs"]:
+        if r["target"] == "floor":
+            assert r["retries"] == 0, r
+
+
+def check_cold_runs(s9: dict[str, Any], floor_transport: str, floor_needs: list[str]
+                    ) -> None:
+    """S9's and S9CMD's runs: the floor over ``floor_transport`` and the gateway over each
+    transport each answered a cold streamed request whole, with a first token and every
+    figure (``floor_needs`` the floor's own); the gateway's from the managed model."""
     runs = s9["runs"]
     assert {(r["target"], r["transport"]) for r in runs} == {
-        ("floor", "unix"), ("sluice", "tcp"), ("sluice", "unix")}
+        ("floor", floor_transport), ("sluice", "tcp"), ("sluice", "unix")}
     for r in runs:
         assert (r["status"], r["done"]) == (200, True), r
         assert r["events"] >= 1, r
@@ -214,12 +225,12 @@ def check_s9(result: dict[str, Any]) -> None:
             assert r["served_by"] == f"local:{s9['model']}", r
             needed += ["gateway_load_ms", "gateway_cpu_ms"]
         else:
-            assert r["retries"] == 0, r
-            needed += ["listening_ms"]
+            needed += floor_needs
         assert all(r[key] is not None for key in needed), r
     assert set(s9["summary"]) == {"floor", "sluice/tcp", "sluice/unix"}
     for key in ("sluice/tcp", "sluice/unix"):
         assert s9["summary"][key]["added_ms"] is not None
+        assert s9["summary"][key]["added_paired_ms"] is not None
     assert s9["problems"] == []
 
 
@@ -237,26 +248,11 @@ def check_s9cmd(result: dict[str, Any]) -> None:
         s9["gguf"] if a == "${MODEL}" else s9["model"] if a == "${NAME}" else a
         for i, a in enumerate(cmd) if i != port], (cmd, argv)
     assert argv[port].startswith("127.0.0.1:")
-    runs = s9["runs"]
-    assert {(r["target"], r["transport"]) for r in runs} == {
-        ("floor", "tcp"), ("sluice", "tcp"), ("sluice", "unix")}
-    for r in runs:
-        assert (r["status"], r["done"]) == (200, True), r
-        assert r["events"] >= 1, r
-        needed = ["first_token_ms", "spawn_ms", "from_spawn_ms"]
-        if r["target"] == "sluice":
-            assert r["served_by"] == f"local:{s9['model']}", r
-            needed += ["gateway_load_ms", "gateway_cpu_ms"]
-        else:
+    check_cold_runs(s9, "tcp", ["healthy_ms"])
+    for r in s9["runs"]:
+        if r["target"] == "floor":
             assert r["health_polls"] >= 1, r
             assert 0 < r["healthy_ms"] <= r["first_token_ms"], r
-            needed += ["healthy_ms"]
-        assert all(r[key] is not None for key in needed), r
-    assert set(s9["summary"]) == {"floor", "sluice/tcp", "sluice/unix"}
-    for key in ("sluice/tcp", "sluice/unix"):
-        assert s9["summary"][key]["added_ms"] is not None
-        assert s9["summary"][key]["added_paired_ms"] is not None
-    assert s9["problems"] == []
 
 
 def check_s10(result: dict[str, Any]) -> None:
