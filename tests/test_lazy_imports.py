@@ -8,6 +8,7 @@ switches of `discovery:` off the modules of LAN discovery (SPEC §14)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -173,9 +174,14 @@ trio.run(main)
 
 
 def test_discovery_is_loaded_only_when_turned_on(short_tmp: Path) -> None:
+    """Browsing is turned on in a child gateway, but no mDNS can reach this machine's real
+    interfaces: its link is a fake with no socket (NoLink above), and the child is told
+    SLUICE_NO_MDNS as every gateway of the suite is (tests/conftest.py), so even a real
+    link would refuse to open the mDNS socket."""
+    env = {**os.environ, "SLUICE_NO_MDNS": "1"}  # proxy.lan.discovery.link NO_MDNS
     done = subprocess.run([sys.executable, "-c", DISCOVERY_GATEWAY.format(wanted=DISCOVERY),
                            str(short_tmp)], capture_output=True, text=True, timeout=60,
-                          check=False)
+                          check=False, env=env)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     before, after = done.stdout.strip().splitlines()
     assert before == "[]"

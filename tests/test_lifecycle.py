@@ -48,6 +48,12 @@ class FakeServers:
         self.broken: set[str] = set()
         self.pids = 100
 
+    def waited_for(self, spec: ModelSpec) -> str:
+        return ""
+
+    def last_line(self, spec: ModelSpec) -> str:
+        return ""
+
     async def start(self, spec: ModelSpec) -> FakeServer:
         self.started.append(spec.name)
         if spec.problem is not None:  # as the real servers refuse a file known to be bad

@@ -39,8 +39,6 @@ from proxy.upstream.pool import ConnectionPool
 def find_program(name: str, env: dict[str, str]) -> str | None:
     """The executable a command's first argument names: a path (absolute, or relative to
     the working directory) as it is, a bare name looked up on the command's PATH."""
-    if os.sep in name:
-        return name if os.path.isfile(name) and os.access(name, os.X_OK) else None
     return shutil.which(name, path=env.get("PATH", os.defpath))
 
 

@@ -208,14 +208,15 @@ class Lifecycle:
 
     def _too_slow(self, spec: ModelSpec) -> str:
         """Why a load timed out (its lastError)."""
+        waited = self._waited(spec)
         return (f"it did not answer within timeouts.model_load ({self.load_timeout():g}s)"
-                + (f": {self._waited(spec)}" if self._waited(spec) else ""))
+                + (f": {waited}" if waited else ""))
 
     def _waited(self, spec: ModelSpec) -> str:
         """What a load of ``spec`` waited for and its server's last log line, as far as the
         servers tell (a server that never answered where it was looked for says so)."""
-        waited = getattr(self.servers, "waited_for", lambda spec: "")(spec)
-        last = getattr(self.servers, "last_line", lambda spec: "")(spec)
+        waited = self.servers.waited_for(spec)
+        last = self.servers.last_line(spec)
         words = [f"waited for {waited}" if waited else "",
                  f"its last log line: {last}" if last else ""]
         return "; ".join(w for w in words if w)

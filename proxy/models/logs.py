@@ -39,13 +39,7 @@ class RotatingLog:
 
     def tail(self, lines: int = 5) -> str:
         """The last lines written (for error messages)."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(max(0, self._size - 4096))
-                text = f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
+        return tail_of(self.path, lines)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -53,13 +47,12 @@ class RotatingLog:
             self._fd = -1
 
 
-def last_line(path: Path) -> str:
-    """The last line of a log file ("" when there is none)."""
+def tail_of(path: Path, lines: int = 1) -> str:
+    """The last ``lines`` lines of a log file (of its last 4 KiB; "" when there are none)."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    lines = text.strip().splitlines()
-    return lines[-1].strip() if lines else ""
+    return "\n".join(line.strip() for line in text.strip().splitlines()[-lines:])

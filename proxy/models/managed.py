@@ -52,6 +52,14 @@ class Servers(Protocol):
         LoadFailed."""
         ...
 
+    def waited_for(self, spec: ModelSpec) -> str:
+        """What a start of ``spec`` waits for ("" when it cannot say), for a timeout."""
+        ...
+
+    def last_line(self, spec: ModelSpec) -> str:
+        """The last line of ``spec``'s server's log ("" when there is none)."""
+        ...
+
 
 @attrs.frozen
 class ModelSpec:

@@ -85,16 +85,7 @@ def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path,
         keep_alive = cfg.model_loading.keep_alive if model.keep_alive is None \
             else model.keep_alive
         field = fields.get(entry.name, "")
-        if model.memory is not None and model.command:
-            estimate, problem = model.memory, None  # its server reads the file, not us
-        elif model.command and not entry.path:
-            estimate, problem = 0, memory_required(field, "path names no GGUF file")
-        else:
-            estimate, problem = _estimate(entry.path, model.context, cache)
-            if problem is not None and model.command:
-                problem = memory_required(field, problem)
-            elif model.memory is not None:
-                estimate = model.memory
+        estimate, problem = _size(model, entry.path, field, cache)
         if entry.missing:
             problem = f"parts {', '.join(map(str, entry.missing))} of {entry.parts} are missing"
         out.append((ModelSpec(
@@ -107,18 +98,26 @@ def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path,
     return out
 
 
-def memory_required(field: str, why: str) -> str:
-    """A command model with no ``memory`` whose path is not a GGUF sluice can read."""
-    return (f"{field}.memory is required: sluice cannot tell the size of this model "
-            f"({why}); give its size, e.g. memory: 6GiB")
+def _size(model: ModelConfig, path: str, field: str, cache: Estimates | None
+          ) -> tuple[int, str | None]:
+    """A model's size for the budget and why its file cannot be used: a declared ``memory``
+    wins; else the GGUF's estimate. A command model's own server reads its file, so only
+    its size is asked of it: with no ``memory`` and no readable GGUF it is required."""
+    if model.command and model.memory is not None:
+        return model.memory, None
+    estimate, problem = (0, "path names no GGUF file") if not path else \
+        _estimate(path, model.context, cache)
+    if problem is not None and model.command:
+        return estimate, (f"{field}.memory is required: sluice cannot tell the size of this "
+                          f"model ({problem}); give its size, e.g. memory: 6GiB")
+    return (estimate if model.memory is None else model.memory), problem
 
 
 def config_problems(prepared: Prepared) -> list[str]:
     """The problems that make a config invalid (SPEC §3: serve exits 2), not only a model
-    that cannot load: a command model whose size is unknown."""
+    that cannot load: a command model whose size is unknown (no ``memory``, no GGUF)."""
     return [spec.problem for spec, _ in prepared
-            if spec.problem is not None and spec.command and ".memory is required" in
-            spec.problem]
+            if spec.command and not spec.declared and spec.problem is not None]
 
 
 def llama_args(model: ModelConfig) -> list[str]:

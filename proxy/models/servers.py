@@ -24,7 +24,7 @@ import trio
 from protocol.gguf import GgufError, kv_cache_bytes, parse_gguf_header
 from proxy.listeners import MAX_SOCKET_PATH
 from proxy.models.command import start_command
-from proxy.models.logs import RotatingLog, last_line
+from proxy.models.logs import RotatingLog, tail_of
 from proxy.models.managed import LoadFailed, ModelSpec
 from proxy.models.process import (
     ServerProcess,
@@ -92,7 +92,7 @@ class ModelServers:
 
     def last_line(self, spec: ModelSpec) -> str:
         """The last line of a model server's log (for a load that timed out)."""
-        return last_line(self.data_dir / "logs" / f"{file_safe(spec.name)}.log")
+        return tail_of(self.data_dir / "logs" / f"{file_safe(spec.name)}.log")
 
     def waited_for(self, spec: ModelSpec) -> str:
         """What a load of ``spec`` waits for: a 200 from its health path."""
