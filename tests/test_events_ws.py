@@ -192,14 +192,14 @@ async def test_hello_comes_first_with_every_field(start_gateway: StartGateway,
         "/api/v1/node/identity", "/api/v1/inference/status", "/api/v1/pool/distributed-status",
         "/api/v1/pool/routing-stats", "/api/v1/settings/load-balancing",
         "/api/v1/settings/timeouts", "/api/v1/settings/api", "/api/v1/settings/aliases",
-        "/api/v1/settings/discovery", "/api/v1/notifications")}
+        "/api/v1/settings/discovery", "/api/v1/notifications", "/api/v1/models/local")}
     async with subscribe(gw, transport) as ws:
         hello = await frame(ws)
         assert hello["type"] == "hello", hello
         assert ISO.match(hello["at"])
         data = hello["data"]
         assert set(data) == {"fingerprint", "version", "identity", "status", "pool", "stats",
-                             "settings", "notifications"}
+                             "settings", "notifications", "localModels"}
         assert {"fingerprint": data["fingerprint"], "version": data["version"],
                 "identity": data["identity"]} == gets["/api/v1/node/identity"]
         assert data["status"] == gets["/api/v1/inference/status"]
@@ -212,6 +212,9 @@ async def test_hello_comes_first_with_every_field(start_gateway: StartGateway,
                                     "api": gets["/api/v1/settings/api"],
                                     "discovery": gets["/api/v1/settings/discovery"]}
         assert data["notifications"] == gets["/api/v1/notifications"]["notifications"]
+        # SPEC §9.3: the Local models screen draws from the hello after every reconnect.
+        assert data["localModels"] == gets["/api/v1/models/local"]
+        assert set(data["localModels"]) >= {"models", "memoryBudget", "memoryInUse"}
         assert any(name == b"x-sluice-request-id" for name, _ in ws.handshake_headers)
         gw.gateway.hub.drain()  # access lines are written in the hub's batches
         assert any("GET /api/v1/events" in line and "status=101" in line

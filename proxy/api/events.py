@@ -119,7 +119,8 @@ def hello_frame(ctx: GatewayContext, route: Router) -> str:
             "identity": identity["identity"], "status": bodies["status"],
             "pool": bodies["pool"], "stats": bodies["stats"],
             "settings": {name: bodies[name] for name in _SETTINGS},
-            "notifications": bodies["notifications"]["notifications"]}
+            "notifications": bodies["notifications"]["notifications"],
+            "localModels": bodies["localModels"]}
     return compact_json({"type": "hello", "at": iso_utc(wall()), "data": data})
 
 
