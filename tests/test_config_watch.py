@@ -187,6 +187,8 @@ async def test_a_comment_only_edit_applies_nothing(autojump_clock: trio.testing.
     ("api:\n  port: 1\n  port: 2\n", "duplicate key 'port'"),
     ("api:\n  port: fast\n", "api.port"),
     ("timeouts:\n  connection: 99s\n", "timeouts.connection"),
+    # SPEC §3.1, §11.1: a command model whose size cannot be read (no such file here)
+    ("models:\n  - {name: big, path: weights.bin, command: [prog, x]}\n", "models[0].memory"),
 ])
 async def test_an_invalid_file_keeps_the_running_settings(
         autojump_clock: trio.testing.MockClock, world: World, caplog: pytest.LogCaptureFixture,

@@ -18,8 +18,9 @@ import pytest
 import trio
 
 from protocol.config import ModelConfig
+from protocol.errors import ConfigError
 from proxy.models import process
-from proxy.server import Gateway, StartupError
+from proxy.server import Gateway
 from tests.client import chat_body, error_of, request
 from tests.conftest import RunningGateway, admin, alive, gateway_config, open_settings
 
@@ -264,15 +265,15 @@ async def test_a_command_model_without_a_size_stops_the_start(short_tmp: Path) -
     model = ModelConfig(name="big", path=str(short_tmp / "weights.bin"),
                         command=fake("--weights", "${MODEL}"))
     cfg = attrs.evolve(gateway_config([], socket_dir=short_tmp / "s"), models=(model,))
-    gateway = Gateway(open_settings(short_tmp / "data", cfg))
-    with pytest.raises(StartupError, match=r"models\[0\]\.memory is required"):
-        await gateway.run()
+    # The settings refuse it as they open (SPEC §3.1: as check-config and every write do).
+    with pytest.raises(ConfigError, match=r"models\[0\]\.memory: required"):
+        open_settings(short_tmp / "data", cfg)
     # sluice serve says so and exits 2 (SPEC §3), with nothing left listening.
     done = await trio.run_process(
         [sys.executable, "-m", "proxy", "serve", "--data-dir", str(short_tmp / "data")],
         capture_stdout=True, capture_stderr=True, check=False)
     assert done.returncode == 2
-    assert b"models[0].memory is required" in done.stderr
+    assert b"models[0].memory: required" in done.stderr
 
 
 async def test_the_bundled_llama_cpp_run_as_a_command(

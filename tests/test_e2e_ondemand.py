@@ -13,9 +13,10 @@ import trio
 
 from protocol.errors import SluiceError
 from protocol.model_state import ModelState
+from proxy.models.gguf_file import read_estimate
 from proxy.models.lifecycle import Lifecycle, ModelSpec
 from proxy.models.scan import scan_models
-from proxy.models.servers import ModelServers, read_estimate
+from proxy.models.servers import ModelServers
 from proxy.upstream.pool import ConnectionPool
 from tests.client import chat_body, request
 from tests.conftest import alive

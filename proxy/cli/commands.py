@@ -26,6 +26,7 @@ from proxy.cli.pair import pair_main
 from proxy.cli.render import show, show_nodes
 from proxy.datadir import CONFIG_FILE, resolve_data_dir
 from proxy.files import read_text
+from proxy.settings.model_files import check_files
 
 __all__ = ["check_config", "nodes_main", "run", "status_main"]
 
@@ -36,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the command ``args`` names (every one but ``serve``)."""
     data_dir = resolve_data_dir(getattr(args, "data_dir", None))
     if args.command == "check-config":
-        return check_config(Path(args.config) if args.config else data_dir / CONFIG_FILE)
+        return check_config(Path(args.config) if args.config else data_dir / CONFIG_FILE,
+                            data_dir)
     if args.command == "status" and args.watch:
         from proxy.cli.live import watch_main  # trio and trio-websocket: only when watching
 
@@ -70,15 +72,18 @@ def run(args: argparse.Namespace) -> int:
     raise ValueError(f"not a CLI command: {args.command!r}")
 
 
-def check_config(config_path: Path) -> int:
-    """``sluice check-config``: print ``ok: <path>`` and return 0, or the error and 2."""
+def check_config(config_path: Path, data_dir: Path | None = None) -> int:
+    """``sluice check-config``: print ``ok: <path>`` and return 0, or the error and 2. The
+    checks are serve's (SPEC §3.1), those that read the model files it names too (relative
+    paths from ``data_dir``, by default the config file's folder)."""
     try:
         text = read_text(Path(config_path))  # its errors already name the file
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     try:
-        parse_config_text(text)
+        check_files(parse_config_text(text),
+                    Path(config_path).parent if data_dir is None else data_dir)
     except ConfigError as exc:
         print(f"error: {config_path}: {exc.message}", file=sys.stderr)
         return 2

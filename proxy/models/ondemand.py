@@ -25,11 +25,12 @@ from protocol.config import BackendConfig, Config, ModelConfig
 from protocol.model_room import memory_budget_bytes
 from protocol.model_state import ModelState
 from protocol.request_record import iso_utc
+from proxy.models.gguf_file import memory_required, read_estimate
 from proxy.models.lifecycle import Lifecycle
 from proxy.models.managed import Managed, ModelSpec
 from proxy.models.process import file_safe
 from proxy.models.scan import build
-from proxy.models.servers import ModelServers, read_estimate
+from proxy.models.servers import ModelServers
 from proxy.observe.hub import Hub
 from proxy.registry.backends import BackendRegistry, LocalBackend
 from proxy.timestamps import wall
@@ -108,8 +109,7 @@ def _size(model: ModelConfig, path: str, field: str, cache: Estimates | None
     estimate, problem = (0, "path names no GGUF file") if not path else \
         _estimate(path, model.context, cache)
     if problem is not None and model.command:
-        return estimate, (f"{field}.memory is required: sluice cannot tell the size of this "
-                          f"model ({problem}); give its size, e.g. memory: 6GiB")
+        return estimate, f"{field}.memory: {memory_required(problem)}"
     return (estimate if model.memory is None else model.memory), problem
 
 

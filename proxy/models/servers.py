@@ -12,18 +12,16 @@ the process is stopped (SIGTERM, then SIGKILL) before the cancel goes on.
 
 from __future__ import annotations
 
-import mmap
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import cast
 
 import trio
 
-from protocol.gguf import GgufError, kv_cache_bytes, parse_gguf_header
 from proxy.listeners import MAX_SOCKET_PATH
 from proxy.models.command import start_command
+from proxy.models.gguf_file import read_estimate
 from proxy.models.logs import RotatingLog, tail_of
 from proxy.models.managed import LoadFailed, ModelSpec
 from proxy.models.process import (
@@ -37,35 +35,6 @@ from proxy.models.process import (
 )
 from proxy.tasks import TaskHolder
 from proxy.upstream.pool import ConnectionPool
-
-HEADER_READS = (2 << 20, 64 << 20)  # bytes of a GGUF read for its header: first, at most
-
-
-def read_estimate(path: str, context: int) -> tuple[int, str | None]:
-    """A model's memory before it is loaded: file size + KV cache for ``context`` tokens,
-    and the reason when the file cannot be used (blocking: run in a worker thread)."""
-    try:
-        size = os.stat(path).st_size
-        with open(path, "rb") as file:
-            for cap in HEADER_READS:
-                want = min(cap, size)
-                # Read into an anonymous mapping, unmapped once parsed: a bytes object this
-                # large, once freed, would stay resident in the heap (glibc raises its mmap
-                # threshold to the size of the first big block freed; docs/performance.md,
-                # S10). Its slices are bytes, all the parser takes of it.
-                with mmap.mmap(-1, max(want, 1)) as buf:
-                    file.seek(0)
-                    got = file.readinto(buf)
-                    head = buf if got == want > 0 else buf[:got]
-                    try:
-                        info = parse_gguf_header(cast(bytes, head), size)
-                        return size + kv_cache_bytes(info, context), None
-                    except GgufError as exc:
-                        if not exc.truncated or cap == HEADER_READS[-1]:
-                            return size, f"{path}: {exc}"
-    except OSError as exc:
-        return 0, f"cannot read {path}: {exc.strerror or exc}"
-    return size, None  # pragma: no cover (the loop always returns)
 
 
 class ModelServers:

@@ -50,6 +50,7 @@ from proxy.files import atomic_write, read_text
 from proxy.publish import Subscribers
 from proxy.settings.config_file import ConfigFile, Reload
 from proxy.settings.config_history import HISTORY_DIR, ConfigHistory
+from proxy.settings.model_files import check_files, unsized
 
 __all__ = ["NodesChange", "Reload", "Settings"]
 
@@ -110,6 +111,7 @@ class Settings:
                 atomic_write(config_path, dump_config_yaml(default_config()).encode(), 0o600)
         text = read_text(config_path)
         config = parse_config_text(text)
+        check_files(config, data_dir)
         secrets_file = data_dir / SECRETS_FILE
         if secrets_file.exists():
             loaded = Secrets.from_text(read_text(secrets_file), str(secrets_file))
@@ -144,7 +146,7 @@ class Settings:
         """
         async with self._writer:
             await self._take_in_hand_edit()
-            cfg = _checked(change(self.config))
+            cfg = await self._checked(change(self.config))
             await self.in_thread(self._write_config, cfg, source,
                                           changed_sections(self.config, cfg))
             self._publish(cfg)
@@ -157,7 +159,7 @@ class Settings:
         async with self._writer:
             await self._take_in_hand_edit()
             new, keys = change(self.config, dict(self.secrets.node_keys))
-            cfg = _checked(new)
+            cfg = await self._checked(new)
             keys = dict(keys)
             sections = changed_sections(self.config, cfg)
             if keys == self.secrets.node_keys:
@@ -188,6 +190,7 @@ class Settings:
             if text is None:
                 return None
             cfg = parse_config_text(text)
+            await self._check_files(cfg)
             await self.in_thread(self.file.write, text, "restore",
                                           changed_sections(self.config, cfg))
             self._publish(cfg)
@@ -198,6 +201,11 @@ class Settings:
         found: Reload = await self.in_thread(file.read)
         if found.outcome == "read":
             found, cfg = file.parse(found, self.config)
+            if cfg is not None and found.outcome == "applied":
+                try:
+                    await self._check_files(cfg)
+                except ConfigError as exc:
+                    found, cfg = attrs.evolve(found, outcome="invalid", error=exc), None
             if cfg is not None:
                 await self.in_thread(file.adopt, found, "file")
                 if found.outcome == "applied":  # the watcher's notification tells it
@@ -205,6 +213,19 @@ class Settings:
         if self.on_reload is not None and found.outcome != "unsettled":
             self.on_reload(found)
         return found
+
+    async def _checked(self, new: Config) -> Config:
+        """``new`` with its health_check block derived, validated, the files it names
+        checked (ConfigError otherwise)."""
+        cfg = _checked(new)
+        await self._check_files(cfg)
+        return cfg
+
+    async def _check_files(self, cfg: Config) -> None:
+        """The checks of SPEC §3.1 that read the files a config names (GGUF headers, in a
+        worker thread, only when a command model has no ``memory``)."""
+        if unsized(cfg):
+            await self.in_thread(check_files, cfg, self.data_dir)
 
     async def _take_in_hand_edit(self) -> None:
         """Before a write: apply a hand edit of config.yaml not seen yet, so the write does
