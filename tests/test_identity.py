@@ -368,3 +368,17 @@ async def test_a_certificate_a_paired_peer_signed_is_refused(
     server, _ = await connect(server_context(b, a), client_context(minted))
     assert isinstance(server.error, ssl.SSLCertVerificationError)
     assert "invalid CA certificate" in str(server.error)
+
+
+def test_a_maker_that_fails_is_an_oserror(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child that makes the identity (proxy.lan.identity_make) cannot run, or dies:
+    an OSError (serve then runs without pinned links), and nothing half-written."""
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    with pytest.raises(OSError, match="the identity maker failed"):
+        ensure_identity(tmp_path)
+    assert load_identity(tmp_path) is None
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    with pytest.raises(OSError, match="cannot run the identity maker"):
+        ensure_identity(tmp_path)
+    assert not (tmp_path / "identity" / "key.pem").exists()

@@ -14,11 +14,13 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.x509.oid import NameOID
 
 from proxy.lan.identity import Identity, ensure_identity, load_identity
+from proxy.lan.identity_make import make_here
 
 
 def identities(folder: Path, *names: str) -> list[Identity]:
-    """One identity per name, each in ``folder/<name>`` (made there once)."""
-    return [ensure_identity(folder / name) for name in names]
+    """One identity per name, each in ``folder/<name>`` (made there once, in this process:
+    the gateway's own child process is tests/test_identity.py's and test_lazy_imports's)."""
+    return [ensure_identity(folder / name, make_here) for name in names]
 
 
 def _write(folder: Path, cert: x509.Certificate, key_pem: bytes) -> Identity:

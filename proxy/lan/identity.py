@@ -5,7 +5,8 @@ data dir, ``identity/key.pem`` (0600) and ``identity/cert.pem`` (0644) in a fold
 
 Reading needs only the standard library (:func:`load_identity`; ``ssl`` checks that the key
 is the certificate's). Making them (:func:`ensure_identity`, when a file is missing or
-unreadable) imports ``cryptography``, inside the function: importing this module does not.
+unreadable) takes ``cryptography`` (:mod:`proxy.lan.identity_make`), in a child process by
+default, so that no gateway keeps it loaded; importing this module does not import it.
 
 The key is never read into a value of this module: no ``repr()``, log line or error can show
 it. Errors name the file, never its content.
@@ -22,6 +23,7 @@ import attrs
 
 from protocol.lan.pinning import fingerprint_of
 from proxy.files import atomic_write, remove_leftovers
+from proxy.lan.identity_make import Maker, make_in_child
 
 __all__ = [
     "CERT_FILE",
@@ -38,9 +40,6 @@ KEY_FILE = "key.pem"
 DIR_MODE = 0o700
 KEY_MODE = 0o600
 CERT_MODE = 0o644
-COMMON_NAME = "sluice"
-VALID_BEFORE_DAYS = 1  # not_valid_before = now - 1 day: a peer whose clock is behind
-VALID_DAYS = 36525  # 100 years: a pin is for good; a new identity needs a new pairing
 
 
 @attrs.frozen
@@ -95,9 +94,12 @@ def _tighten(path: Path, mode: int) -> None:
         os.chmod(path, current & mode)
 
 
-def ensure_identity(data_dir: Path) -> Identity:
+def ensure_identity(data_dir: Path, make: Maker = make_in_child) -> Identity:
     """The identity in ``data_dir``, made first when either file is missing or the pair is
-    unusable (both are made anew then). Raises OSError when the folder cannot be written."""
+    unusable (both are made anew then) by ``make``: by default in a short child process, so
+    the gateway never holds ``cryptography`` (SPEC §16; issue 39: +11 MB RSS for the life of
+    a first start otherwise). Raises OSError when the folder cannot be written or the key
+    cannot be made."""
     folder = data_dir / IDENTITY_DIR
     folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     _tighten(folder, DIR_MODE)
@@ -108,7 +110,7 @@ def ensure_identity(data_dir: Path) -> Identity:
     if found is not None and _usable(found):
         _tighten(found.key_path, KEY_MODE)
         return found
-    key_pem, cert_pem = _make()
+    key_pem, cert_pem = make()
     # The key first: a crash between the two leaves a certificate that is not the key's,
     # which _usable refuses next time, so both are made again.
     atomic_write(key_path, key_pem, KEY_MODE)  # a 0600 temp file (mkstemp), then renamed
@@ -117,42 +119,3 @@ def ensure_identity(data_dir: Path) -> Identity:
     if made is None:
         raise OSError(f"{cert_path}: the certificate just written cannot be read back")
     return made
-
-
-def _make() -> tuple[bytes, bytes]:
-    """A new Ed25519 key (PKCS #8 PEM) and its self-signed certificate (PEM)."""
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
-    from cryptography.x509.oid import NameOID
-
-    key = ed25519.Ed25519PrivateKey.generate()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, COMMON_NAME)])
-    key_id = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=VALID_BEFORE_DAYS))
-        .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
-        # CA:false (critical). OpenSSL 3.0 takes this self-signed certificate as its own
-        # trust anchor when loaded as a verify location (cadata), and refuses a certificate
-        # that the peer's key signed to chain to it ("invalid CA certificate"): with CA:true
-        # a paired peer could mint certificates that pass the handshake under its pin.
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        # Every gateway's certificate is named CN=sluice: OpenSSL finds a certificate's
-        # issuer in the verify store by name and, among several of that name, by key id.
-        # Without these two, only the first paired peer loaded would pass the handshake.
-        .add_extension(key_id, critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(key_id),
-                       critical=False)
-        .sign(key, None)  # Ed25519 signs without a separate hash
-    )
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    return key_pem, certificate.public_bytes(serialization.Encoding.PEM)
