@@ -291,6 +291,8 @@ START_ORDER: tuple[Step, ...] = (
     Step("node checks", Kind.SOON,
          lambda g: partial(run_node_checks, g.nodes, g.connections, g.settings)),
     Step("state events", Kind.SOON, lambda g: g.state_events.run),
+    # Where the question of llama.cpp's compute backends runs, once somebody asks it.
+    Step("llama.cpp backends", Kind.READY, lambda g: g.llama.run),
     # LAN discovery announces us once everything above can answer.
     Step("discovery", Kind.READY,
          lambda g: partial(g.discovery.run, g.binding.listening.tcp_port)),

@@ -113,13 +113,31 @@ async def test_asked_once_for_all(tmp_path: Path) -> None:
     assert count.read_text() == "x\n"  # one child for all of them
 
 
-async def test_a_caller_that_leaves_does_not_cancel_the_question() -> None:
-    code = "import time; time.sleep(0.3); print('[\"cpu\"]')"
+async def test_a_caller_that_leaves_does_not_cancel_the_question(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """In a gateway the question is a task of the gateway's nursery (LlamaBackends.run)."""
+    count = tmp_path / "runs"
+    code = (f"import time; open({str(count)!r}, 'a').write('x\\n'); time.sleep(0.3); "
+            "print('[\"cpu\"]')")
+    llama = LlamaBackends([sys.executable, "-c", code], installed=True)
+    await nursery.start(llama.run)
+    with trio.move_on_after(0.05):
+        await llama.ask()
+    assert not llama.known
+    assert await llama.ask() == ["cpu"]
+    assert count.read_text() == "x\n"  # the first caller's question, answered to the next
+
+
+async def test_without_a_nursery_a_cancelled_question_is_asked_again(tmp_path: Path) -> None:
+    count = tmp_path / "runs"
+    code = (f"import time; open({str(count)!r}, 'a').write('x\\n'); time.sleep(0.3); "
+            "print('[\"cpu\"]')")
     llama = LlamaBackends([sys.executable, "-c", code], installed=True)
     with trio.move_on_after(0.05):
         await llama.ask()
     assert not llama.known
     assert await llama.ask() == ["cpu"]
+    assert count.read_text() == "x\nx\n"
 
 
 async def test_not_installed_runs_nothing(tmp_path: Path) -> None:

@@ -5,9 +5,10 @@
 Importing ``xllamacpp`` loads llama.cpp (and, in a GPU build, the GPU's driver), which a
 gateway should not hold for a question asked once: a child process answers it
 (``python -m proxy.models.launcher --backends``), asked the first time somebody wants to
-know and remembered for the gateway's life. The ask runs in a task of its own (the child
-waited for in a worker thread), so a request that goes away does not cancel it for the
-others; nothing is run when llama.cpp is not installed (None). Whatever fails (the child,
+know and remembered for the gateway's life. The ask runs in a task of the gateway's
+nursery (:meth:`LlamaBackends.run`, a step of its start order; the child waited for in a
+worker thread), so a request that goes away does not cancel it for the others; nothing is
+run when llama.cpp is not installed (None). Whatever fails (the child,
 its answer, :data:`ASK_TIMEOUT`) is logged and answers None too: it is not asked again.
 """
 
@@ -20,6 +21,8 @@ import sys
 from collections.abc import Sequence
 
 import trio
+
+from proxy.tasks import TaskHolder
 
 log = logging.getLogger("sluice.models")
 
@@ -48,6 +51,7 @@ class LlamaBackends:
         self.backends: list[str] | None = None
         self.known = False
         self._done: trio.Event | None = None  # made by the first ask; set once answered
+        self._tasks = TaskHolder()  # where the question runs while run() runs
 
     def __repr__(self) -> str:
         return f"LlamaBackends({self.backends if self.known else 'not asked'})"
@@ -68,34 +72,52 @@ class LlamaBackends:
             self._installed = llama_available()
         return self._installed
 
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Hold the nursery the question runs in (a step of the gateway's start order), so
+        a caller that leaves does not cancel it for the others."""
+        await self._tasks.run(task_status=task_status)
+
     async def ask(self) -> list[str] | None:
         """The backends, asking the child the first time (later callers wait for that
-        answer); None when llama.cpp is not installed or the answer could not be had."""
-        if self.known:
-            return self.backends
-        if self._done is None:
-            if not self.installed():
-                self.known = True
-                return None
-            self._done = trio.Event()
-            trio.lowlevel.spawn_system_task(self._ask_child, name="llama-backends")
-        await self._done.wait()
+        answer); None when llama.cpp is not installed or the answer could not be had.
+        While :meth:`run` runs, the question is a task of its nursery; without it (a
+        LlamaBackends of its own), the first caller asks in its own time, and if it is
+        cancelled nothing is learnt: the next caller asks again."""
+        while not self.known:
+            if self._done is None:
+                if not self.installed():
+                    self.known = True
+                    break
+                self._done = trio.Event()
+                nursery = self._tasks.nursery
+                if nursery is None:
+                    await self._ask_child()
+                    continue
+                nursery.start_soon(self._ask_child, name="llama-backends")
+            await self._done.wait()
         return self.backends
 
     async def _ask_child(self) -> None:
-        assert self._done is not None
+        done = self._done
+        assert done is not None
+        backends = None
         try:
             # A worker thread and the wall clock's timeout: the child takes real time
             # whatever clock trio runs on (a test's MockClock would time it out at once).
-            self.backends = await trio.to_thread.run_sync(self.run_child, abandon_on_cancel=True)
+            backends = await trio.to_thread.run_sync(self.run_child, abandon_on_cancel=True)
         except subprocess.TimeoutExpired:
             log.warning("llama.cpp did not say which backends it has within %g s",
                         self.timeout)
         except (OSError, ValueError) as exc:  # a JSONDecodeError is a ValueError
             log.warning("cannot tell which backends llama.cpp has: %s", exc)
-        finally:
-            self.known = True
-            self._done.set()
+        except BaseException:  # cancelled: nothing learnt, the next caller asks again
+            self._done = None
+            done.set()
+            raise
+        self.backends = backends
+        self.known = True
+        done.set()
 
     def run_child(self) -> list[str] | None:
         """The child's answer (blocking: run in a worker thread). Raises OSError, ValueError,
