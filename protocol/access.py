@@ -246,11 +246,12 @@ def authorize_node(level: Access, method: bytes, path: str, headers: Sequence[He
     """The decision for one request on the node listener (SPEC §16), whose clients count
     as remote. ``bound_key_id``: the id of the access key bound to the client's certificate;
     None when it showed none (or is no paired peer's any more). ``POST
-    /api/v1/pairing/exchange`` passes whoever asks, with a claim's small body (413 over it); a client without a paired certificate
-    may ask nothing else (401 ``unpaired_certificate``). A paired peer is served as on the
-    API port, with the key bound to its certificate as its only key: where a key is asked
-    (KEY, and a claim), another key or none is 401; an open path needs nothing; an admin
-    path needs the admin token, as on every listener. Returns the stored key used."""
+    /api/v1/pairing/exchange`` passes whoever asks, with a claim's small body (413 over
+    it); a client without a paired certificate may ask nothing else (401
+    ``unpaired_certificate``). A paired peer is served as on the API port, with the key
+    bound to its certificate as its only key: where a key is asked (KEY, and a claim),
+    another key or none is 401; an open path needs nothing; an admin path needs the admin
+    token, as on every listener. Returns the stored key used."""
     if method == b"POST" and path == PAIRING_EXCHANGE_PATH:
         check_claim_body(headers)  # a stranger's body: a claim's cap (413 before it is read)
         return None
