@@ -20,19 +20,20 @@ import attrs
 import pytest
 import trio
 
+from protocol.access import Column
 from protocol.http1 import ResponseHead
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy import binding
 from proxy.datadir import STATE_FILE
-from proxy.lan.identity import Identity
 from proxy.lan.node_peers import NodePeers
+from proxy.link.identity import Identity
+from proxy.link.tls import HandshakeRefused
 from proxy.server import Gateway
 from proxy.upstream.pool import ConnectionPool, exchange
-from proxy.upstream.tls import HandshakeRefused, client_context, open_pinned
 from tests.client import CHAT, chat_body, request
 from tests.conftest import free_port, gateway_config, open_settings
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
-from tests.tls_certs import identities, plain_http_to
+from tests.tls_certs import client_context, identities, open_pinned, plain_http_to
 
 
 @pytest.fixture
@@ -235,7 +236,7 @@ async def test_no_node_listener_without_external_access_an_identity_or_a_port(
         assert gateway.ctx.node_port is None
         state = json.loads((short_tmp / f"d{n}" / STATE_FILE).read_text())
         assert state["nodePort"] is None
-        assert all(transport != "node" for _, transport in gateway.binding.listeners)
+        assert all(kind.column is not Column.NODE for _, kind in gateway.binding.listeners)
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl binary")
