@@ -270,7 +270,7 @@ class Step(enum.Enum):
     decides."""
 
     PAIRED = "paired"  # a paired certificate (401 unpaired_certificate)
-    SMALL_BODY = "small body"  # a body of at most a claim's 4 KiB, by Content-Length (413)
+    SMALL_BODY = "small body"  # a Content-Length of at most 4 KiB, else 413 (chunked too)
     ELSEWHERE = "elsewhere"  # not served on this listener (404)
     OFFERED_KEY = "offered key"  # no key needed; one of ours offered is held to its limits
     KEY_FROM_REMOTE = "key from remote"  # a key from a remote peer (or with require_auth)
