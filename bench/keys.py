@@ -133,6 +133,7 @@ def in_process(number: int = 100_000) -> dict[str, float]:
     from proxy.access.key_grants import KeyGrants
     from proxy.access.key_store import AccessKey, KeyStore
     from proxy.api.routes import access_level
+    from proxy.link.listener import TCP, Peer
 
     made = [new_access_key() for _ in range(3)]
     entries = [{"id": key_id, "name": "", "hash": hash_key(key), "created_at": "x",
@@ -153,7 +154,7 @@ def in_process(number: int = 100_000) -> dict[str, float]:
 
     def authorize(headers: list[tuple[bytes, bytes]]) -> Any:
         level = access_level(b"POST", "/v1/chat/completions")  # as the exchange asks
-        return auth.authorize(ctx, "tcp", True, level, headers)
+        return auth.authorize(ctx, Peer(TCP), level, headers)
 
     def once(call: Callable[[], Any]) -> float:
         return min(timeit.repeat(call, number=number, repeat=5)) / number * 1e6

@@ -38,9 +38,9 @@ if __package__ in (None, ""):
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy import binding, listeners
 from proxy.lan.node_peers import NodePeers
+from proxy.link.tls import End, tls_context
 from proxy.server import Gateway
 from proxy.upstream.pool import ConnectionPool, whole_exchange
-from proxy.upstream.tls import client_context
 from tests.client import CHAT, chat_body
 from tests.conftest import free_port, gateway_config, open_settings
 from tests.fakeupstream import FakeUpstream, json_completion, sse_events, sse_stream
@@ -83,7 +83,7 @@ async def run(rounds: int, requests: int, handshakes: int, stream: bool
             plain_at = parse_upstream_url(f"http://127.0.0.1:{ctx.tcp_port}")
             pinned_at = parse_upstream_url(
                 f"http://127.0.0.1:{ctx.node_port}").pinned(own.fingerprint)
-            tls = client_context(peer)
+            tls = tls_context(End.CLIENT, peer)
             body = chat_body(stream=stream)
             headers = [(b"authorization", b"Bearer " + key.encode()),
                        (b"content-type", b"application/json"),

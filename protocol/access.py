@@ -1,9 +1,10 @@
 """Access-control rules (SPEC §5, §13, §14, §16), pure: bearer tokens, access-key format, hashing
 and constant-time verification, who may call a path (:class:`Access`, by method a
-:class:`Rule`: the route table gives every route one, :mod:`proxy.api.routes`), the decision
-for one request (:func:`authorize`; on the node listener :func:`authorize_node`) and the
-errors it answers with. The DNS-rebinding guard
-is :mod:`protocol.rebinding`. No sockets, no clock, no files.
+:class:`Rule`: the route table gives every route one, :mod:`proxy.api.routes`), the access
+table (:data:`TABLE`: what a request at a level must show on each listener's
+:class:`Column`, the node listener's included), the decision for one request
+(:func:`authorize`) and the errors it answers with. The DNS-rebinding guard is
+:mod:`protocol.rebinding`. No sockets, no clock, no files.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from protocol.lan.pairing import check_claim_body
 
 __all__ = [
     "ADMIN_CHANGES", "ADMIN_ONLY", "ANYONE", "KEY_HOLDERS", "KEY_PREFIX", "PAIRING_CLAIM_PATH",
-    "PAIRING_EXCHANGE_PATH", "PAIRING_PATH", "WRITES", "Access", "Rule", "admin_token_invalid",
-    "admin_token_missing", "api_key_header", "authorize", "authorize_node", "bearer_token",
-    "check_api_key", "check_secret_maps", "hash_key", "key_expired", "key_invalid",
-    "key_matches", "key_missing", "key_not_bound", "model_not_allowed", "new_access_key",
-    "rate_limited", "token_equals", "unpaired_certificate",
+    "PAIRING_EXCHANGE_PATH", "PAIRING_PATH", "TABLE", "WRITES", "Access", "Column", "Rule",
+    "Step", "admin_token_invalid", "admin_token_missing", "api_key_header", "authorize",
+    "bearer_token", "check_api_key", "check_secret_maps", "exchange_elsewhere", "hash_key",
+    "key_expired", "key_invalid", "key_matches", "key_missing", "key_not_bound",
+    "model_not_allowed", "new_access_key", "rate_limited", "token_equals",
+    "unpaired_certificate",
 ]
 
 Stored = TypeVar("Stored", bound=Mapping[str, Any])  # an access key as stored
@@ -140,6 +142,8 @@ class Access(enum.Enum):
 
     OPEN = "open"  # nothing, on every listener: GET /health, a CORS preflight
     CLAIM = "claim"  # nothing but a small body: a pairing claim, its one-time code its key
+    PAIRING = "pairing"  # the pairing exchange (SPEC §16): a claim's kind, served on the node
+    # listener only, and there the one call open to a client without a paired certificate
     KEY = "key"  # an access key (or the admin token) on the tcp API listener from a peer
     # that is not loopback, and from loopback peers too with api.require_auth; nothing on
     # the Unix socket or local-tcp
@@ -191,6 +195,12 @@ def _presented(headers: Sequence[Header]) -> str | None:
     return token
 
 
+def _ours(key: Stored | None) -> Stored | None:
+    """A key bound to a paired computer's certificate (SPEC §16) counts only with that
+    certificate, on the node listener: elsewhere it is no key of ours."""
+    return None if key is None or key.get("pin") is not None else key
+
+
 def _offered_key(headers: Sequence[Header],
                  find_key: Callable[[str], Stored | None]) -> Stored | None:
     """Where no key is needed: the stored key the request carries if it is one of ours
@@ -204,68 +214,117 @@ def _offered_key(headers: Sequence[Header],
     token = _presented(headers)
     if token is None or not token.startswith(KEY_PREFIX):
         return None
-    return find_key(token)
+    return _ours(find_key(token))
 
 
-def authorize(level: Access, headers: Sequence[Header], *, transport: str, loopback: bool,
-              require_auth: bool, admin_token: str,
-              find_key: Callable[[str], Stored | None]) -> Stored | None:
-    """The decision for one request at ``level`` on the listener ``transport`` (``"unix"``,
-    ``"tcp"`` or ``"local-tcp"``) from a ``loopback`` peer or not: the stored access key
-    it used, to be held to its limits, or None. ``find_key(token)`` is the stored key a
-    presented token is (:func:`key_matches` over the stored keys), None for no key of ours.
-    Raises 401/403 for a missing or wrong credential (the admin token passes where a key is
-    asked; a key never counts as the admin token), 413 for a pairing claim's body that is
-    too large."""
-    if level is Access.KEY:  # the model API: most requests
-        if transport != "tcp" or (loopback and not require_auth):
-            return _offered_key(headers, find_key)
-        token = _presented(headers)
-        if token is None:
-            raise key_missing()
-        if token_equals(token, admin_token):
-            return None
-        key = find_key(token)
-        if key is None:
-            raise key_invalid()
-        return key
-    if level is Access.ADMIN:
-        token = _presented(headers)
-        if token is None:
-            raise admin_token_missing()
-        if not token_equals(token, admin_token):
-            raise admin_token_invalid()
-    elif level is Access.CLAIM:
-        check_claim_body(headers)
-    return None
-
-
-def authorize_node(level: Access, method: bytes, path: str, headers: Sequence[Header], *,
-                   bound_key_id: str | None, admin_token: str,
-                   find_key: Callable[[str], Stored | None]) -> Stored | None:
-    """The decision for one request on the node listener (SPEC §16), whose clients count
-    as remote. ``bound_key_id``: the id of the access key bound to the client's certificate;
-    None when it showed none (or is no paired peer's any more). ``POST
-    /api/v1/pairing/exchange`` passes whoever asks; a client without a paired certificate
-    may ask nothing else (401 ``unpaired_certificate``). A paired peer is served as on the
-    API port, with the key bound to its certificate as its only key: where a key is asked
-    (KEY, and a claim), another key or none is 401; an open path needs nothing; an admin
-    path needs the admin token, as on every listener. Returns the stored key used."""
-    if method == b"POST" and path == PAIRING_EXCHANGE_PATH:
+def _needed_key(headers: Sequence[Header], admin_token: str,
+                find_key: Callable[[str], Stored | None]) -> Stored | None:
+    """Where a key is needed: the stored key presented (None for the admin token, which
+    passes where a key is asked); 401 for none or one that is not ours."""
+    token = _presented(headers)
+    if token is None:
+        raise key_missing()
+    if token_equals(token, admin_token):
         return None
-    if bound_key_id is None:
-        raise unpaired_certificate()
-    if level is Access.OPEN:
-        return None
-    if level is Access.ADMIN:
-        return authorize(level, headers, transport="node", loopback=False, require_auth=True,
-                         admin_token=admin_token, find_key=find_key)
+    key = _ours(find_key(token))
+    if key is None:
+        raise key_invalid()
+    return key
+
+
+def _admin(headers: Sequence[Header], admin_token: str) -> None:
+    """The admin token, or 401/403 (a key never counts as the admin token)."""
+    token = _presented(headers)
+    if token is None:
+        raise admin_token_missing()
+    if not token_equals(token, admin_token):
+        raise admin_token_invalid()
+
+
+def _bound_key(headers: Sequence[Header], bound_key_id: str | None,
+               find_key: Callable[[str], Stored | None]) -> Stored:
+    """On the node listener: the key bound to the client's certificate, and no other (401
+    for none or another, the admin token included)."""
     token = _presented(headers)
     if token is None:
         raise key_missing()
     key = find_key(token)
     if key is None or key.get("id") != bound_key_id:
         raise key_not_bound()
+    return key
+
+
+class Column(enum.Enum):
+    """A listener's column of the access table: who its peers are
+    (:class:`proxy.link.listener.Listener` names its own)."""
+
+    LOCAL = "local"  # the Unix socket and the loopback-only TCP listeners (the local
+    # fallback, the Ollama API's port): this machine's users; no key ever needed
+    API = "api"  # the TCP API listener: a key from peers that are not this machine (and
+    # from loopback too with api.require_auth)
+    NODE = "node"  # SPEC §16's TLS listener: every peer remote, known by its certificate
+
+
+class Step(enum.Enum):
+    """One check of a cell of the access table, in the cell's order; the first that refuses
+    decides."""
+
+    PAIRED = "paired"  # a paired certificate (401 unpaired_certificate)
+    SMALL_BODY = "small body"  # a Content-Length of at most 4 KiB, else 413 (chunked too)
+    ELSEWHERE = "elsewhere"  # not served on this listener (404)
+    OFFERED_KEY = "offered key"  # no key needed; one of ours offered is held to its limits
+    KEY_FROM_REMOTE = "key from remote"  # a key from a remote peer (or with require_auth)
+    BOUND_KEY = "bound key"  # the key bound to the client's certificate, no other (401)
+    ADMIN_TOKEN = "admin token"  # the admin token (401/403)
+
+
+_P, _S, _E = Step.PAIRED, Step.SMALL_BODY, Step.ELSEWHERE
+_L, _A, _N = Column.LOCAL, Column.API, Column.NODE
+
+# The access table: what a request at a level must show, by the column of the listener it
+# came on. Every cap of a level (a claim's small body) holds in every column that serves it.
+TABLE: Mapping[Access, Mapping[Column, tuple[Step, ...]]] = {
+    Access.OPEN: {_L: (), _A: (), _N: (_P,)},
+    Access.CLAIM: {_L: (_S,), _A: (_S,), _N: (_P, _S, Step.BOUND_KEY)},
+    Access.PAIRING: {_L: (_S, _E), _A: (_S, _E), _N: (_S,)},
+    Access.KEY: {_L: (Step.OFFERED_KEY,), _A: (Step.KEY_FROM_REMOTE,),
+                 _N: (_P, Step.BOUND_KEY)},
+    Access.ADMIN: {_L: (Step.ADMIN_TOKEN,), _A: (Step.ADMIN_TOKEN,),
+                   _N: (_P, Step.ADMIN_TOKEN)},
+}
+
+
+def authorize(level: Access, column: Column, headers: Sequence[Header], *, loopback: bool,
+              require_auth: bool, admin_token: str, find_key: Callable[[str], Stored | None],
+              bound_key_id: str | None = None) -> Stored | None:
+    """The decision for one request at ``level`` on a listener of ``column``
+    (:data:`TABLE`), from a ``loopback`` peer or not: the stored access key it used, to be
+    held to its limits, or None. ``find_key(token)`` is the stored key a presented token
+    is (:func:`key_matches` over the stored keys), None for no key of ours; a key bound to
+    a paired computer's certificate counts only on the node listener, as the key of the
+    certificate it was bound to (``bound_key_id``, the id of the key bound to the client's
+    certificate: None when it showed none, or is no paired peer's any more). Raises 401/403
+    for a missing or wrong credential (the admin token passes where a key is asked, except
+    on the node listener; a key never counts as the admin token), 413 for a body too large
+    for the level, 404 for a level the listener does not serve."""
+    key = None
+    for step in TABLE[level][column]:
+        if step is Step.OFFERED_KEY:
+            key = _offered_key(headers, find_key)
+        elif step is Step.KEY_FROM_REMOTE:
+            key = _offered_key(headers, find_key) if loopback and not require_auth \
+                else _needed_key(headers, admin_token, find_key)
+        elif step is Step.PAIRED:
+            if bound_key_id is None:
+                raise unpaired_certificate()
+        elif step is Step.SMALL_BODY:
+            check_claim_body(headers)
+        elif step is Step.ELSEWHERE:
+            raise exchange_elsewhere()
+        elif step is Step.BOUND_KEY:
+            key = _bound_key(headers, bound_key_id, find_key)
+        else:
+            _admin(headers, admin_token)
     return key
 
 
@@ -294,6 +353,13 @@ def key_not_bound() -> SluiceError:
     certificate (SPEC §16)."""
     return _auth_error(401, "on the node port only the access key paired with this "
                             "certificate is accepted", "invalid_api_key", challenge=True)
+
+
+def exchange_elsewhere() -> SluiceError:
+    """404 for the pairing exchange on a listener other than the node listener."""
+    return SluiceError(404, "the pairing exchange is served on the node port (TLS), see "
+                            "GET /health's nodePort", type="invalid_request_error",
+                       code="not_found", source=Source.CLIENT)
 
 
 def unpaired_certificate() -> SluiceError:

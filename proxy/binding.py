@@ -13,6 +13,7 @@ import trio
 
 from proxy.context import Listening
 from proxy.datadir import STATE_FILE, GatewayState, write_state
+from proxy.link.listener import LOCAL_TCP, TCP, UNIX, Listener
 from proxy.listeners import (
     SOCKET_NAME,
     ListenerError,
@@ -29,16 +30,17 @@ from proxy.settings.store import Settings
 
 log = logging.getLogger("sluice.server")
 
-Bound = list[tuple[trio.SocketListener, str]]  # each listener with its transport
+Bound = list[tuple[trio.SocketListener, Listener]]  # each socket with its listener's kind
 
 
 class Binding:
-    """The gateway's listeners, each with its transport (``unix``, ``local-tcp``, ``tcp``,
-    ``node``), once :meth:`bind` has run, and where they listen (:attr:`listening`).
-    ``node``: the gateway has an identity, so it may open SPEC §16's node listener."""
+    """The gateway's listeners, each with its kind (:mod:`proxy.link.listener`: ``UNIX``,
+    ``LOCAL_TCP``, ``TCP``, the node listener), once :meth:`bind` has run, and where they
+    listen (:attr:`listening`). ``node``: the node listener's kind when the gateway has an
+    identity, so it may open SPEC §16's node listener."""
 
     def __init__(self, settings: Settings, notifications: Notifications, *,
-                 external: bool, node: bool = False) -> None:
+                 external: bool, node: Listener | None = None) -> None:
         self.settings = settings
         self.notifications = notifications
         self.external = external
@@ -70,7 +72,7 @@ class Binding:
             await remove_stale_sockets(f for f in choice.candidates if f != choice.folder)
             if choice.folder is not None:
                 path = choice.folder / SOCKET_NAME
-                out.append((await open_unix_listener(path), "unix"))
+                out.append((await open_unix_listener(path), UNIX))
                 info = os.lstat(path)
                 self.socket_path, self._socket_id = path, (info.st_dev, info.st_ino)
                 socket_path = os.fspath(path)
@@ -78,7 +80,7 @@ class Binding:
                 # Never a wildcard address, whatever allow_external_access says: this stands
                 # in for the private socket, it does not publish anything.
                 listener = await open_tcp_listener("127.0.0.1", cfg.local.fallback_port)
-                out.append((listener, "local-tcp"))
+                out.append((listener, LOCAL_TCP))
                 local_tcp_port = bound_port(listener)
                 self.notifications.raise_("local_socket_unavailable", (
                     "no folder works for the local socket ("
@@ -89,15 +91,16 @@ class Binding:
             if cfg.api.enabled:
                 external = cfg.api.allow_external_access
                 api = await open_api_listeners(cfg.api.port, external=external)
-                out.extend((listener, "tcp") for listener in api)
+                out.extend((listener, TCP) for listener in api)
                 tcp_port = bound_port(api[0])
                 api_hosts = [listener.socket.getsockname()[0] for listener in api]
                 if external and not self.settings.keys.all:
                     self.notifications.raise_("external_access_without_keys", (
                         "external access is on but no access key exists: remote clients "
                         "will be refused until one is made (sluice keys create)"))
-            if self.node and self.external and cfg.api.node_port:
-                node_port = await self._open_node_listeners(cfg.api.node_port, out)
+            if self.node is not None and self.external and cfg.api.node_port:
+                node_port = await self._open_node_listeners(cfg.api.node_port, self.node,
+                                                            out)
             ollama_port = await self._open_ollama_listener(cfg.ollama_api.port, out)
         except BaseException:
             for listener, _ in out:
@@ -119,7 +122,7 @@ class Binding:
         log.info("sluice listening on %s", " and ".join(where))
         self._write_state()
 
-    async def _open_node_listeners(self, port: int, out: Bound) -> int | None:
+    async def _open_node_listeners(self, port: int, node: Listener, out: Bound) -> int | None:
         """``api.node_port`` (SPEC §16), on the API server's addresses: the TLS listener
         for other gateways. A port in use is a notification, not a failure to start."""
         try:
@@ -129,7 +132,7 @@ class Binding:
                 f"the node listener is off: {exc}; other computers cannot link to this one "
                 "until api.node_port is free (or set to another port) and sluice restarts"))
             return None
-        out.extend((listener, "node") for listener in listeners)
+        out.extend((listener, node) for listener in listeners)
         return bound_port(listeners[0])
 
     async def _open_ollama_listener(self, port: int, out: Bound) -> int | None:
@@ -145,7 +148,7 @@ class Binding:
                 f"the Ollama API listener is off: {exc}; is Ollama itself running? Stop it, or set "
                 "ollama_api.port to another port (0 = off), and restart sluice."))
             return None
-        out.append((listener, "local-tcp"))
+        out.append((listener, LOCAL_TCP))
         return bound_port(listener)
 
     def _write_state(self) -> None:

@@ -10,9 +10,9 @@ An endpoint may take the connection over (the events WebSocket): the exchange ra
 as a stream that first replays the request head and what was read after it
 (:mod:`proxy.replay_stream`).
 
-On the node listener (SPEC §16) the connection arrives after its TLS handshake
-(:mod:`proxy.lan.node_listener`): it reads and writes through its
-:class:`~proxy.tlsio.TlsChannel`, the same calls as the socket's.
+The connection reads and writes through its :class:`~proxy.link.wire.Wire`, made by its
+listener (:mod:`proxy.link.listener`): the socket's own, or TLS after the node listener's
+handshake (SPEC §16); which one it is, the connection does not ask.
 """
 
 from __future__ import annotations
@@ -34,18 +34,16 @@ from protocol.errors import (
 )
 from protocol.headers import REQUEST_ID, Header, header_value
 from protocol.http1 import build_request_head
-from proxy import sockio
-from proxy.access import auth
 from proxy.context import GatewayContext
 from proxy.deadline import RequestScope
 from proxy.downstream import Downstream
 from proxy.errors import ClientGone, CloseQuietly
-from proxy.exchange import Exchange, Peer, SwitchProtocols
+from proxy.exchange import Exchange, SwitchProtocols
 from proxy.replay_stream import ReplayStream
-from proxy.tlsio import TlsStream
 
 if TYPE_CHECKING:
-    from proxy.tlsio import TlsChannel
+    from proxy.link.listener import Peer
+    from proxy.link.wire import Wire
 
 log = logging.getLogger("sluice.connection")
 
@@ -75,17 +73,12 @@ def _describe(exc: h11.RemoteProtocolError) -> str:
 
 
 class ClientConnection:
-    def __init__(self, stream: trio.SocketStream, ctx: GatewayContext, *,
-                 transport: str, tls: TlsChannel | None = None,
-                 peer: Peer | None = None) -> None:
-        self.stream = stream
-        self.fd = stream.socket.fileno()
-        self.tls = tls  # the node listener's (SPEC §16), after its handshake
+    def __init__(self, wire: Wire, ctx: GatewayContext, peer: Peer) -> None:
+        self.wire = wire
         self.ctx = ctx
-        self.transport = transport
-        self.peer = Peer(transport) if peer is None else peer
+        self.peer = peer  # let in by its listener (proxy.link.listener)
         self.h11 = _parser()  # parses requests only; responses are written by the Downstream
-        self.out = Downstream(self.fd, lambda: ctx.clients.draining, tls)
+        self.out = Downstream(wire, lambda: ctx.clients.draining)
         self.scope = RequestScope()  # the request in flight; cancelled if the client leaves
         self.gone = False  # the client closed its side
         self.requests = 0
@@ -103,15 +96,13 @@ class ClientConnection:
         self.headers: list[Header] = []
 
     def __repr__(self) -> str:
-        return (f"ClientConnection({self.transport}, requests={self.requests}, "
+        return (f"ClientConnection({self.peer.listener.name}, requests={self.requests}, "
                 f"request={self.h11.their_state}, {self.out!r}, gone={self.gone})")
 
     # ----------------------------------------------------------------- the loop
 
     async def run(self) -> None:
         try:
-            if not self._peer_allowed():
-                return
             switch = None
             async with trio.open_nursery() as nursery:  # one nursery per connection
                 nursery.start_soon(self._reader)
@@ -122,25 +113,7 @@ class ClientConnection:
             if switch is not None:
                 await self._switch_protocols(switch)
         finally:
-            if self.tls is not None:
-                self.tls.close()  # a close_notify first, when the socket takes it
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
-                await self.stream.aclose()
-
-    def _peer_allowed(self) -> bool:
-        """Unix socket: the peer's uid must be ours or root. TCP: note whether the peer is
-        on this machine (remote clients need an access key). The node listener's peer was
-        given (always remote)."""
-        sock = self.stream.socket
-        try:
-            if self.transport == "unix":
-                return auth.unix_peer_allowed(sock)
-            if self.transport == "tcp":
-                host = str(sock.getpeername()[0])
-                self.peer = Peer("tcp", auth.peer_is_loopback(host), host)
-        except OSError:  # the peer is already gone
-            return False
-        return True
+            self.wire.close()  # over TLS, a close_notify first when the socket takes it
 
     async def _serve(self) -> SwitchProtocols | None:
         """Answer requests until the connection must end; a protocol switch is returned
@@ -173,8 +146,7 @@ class ClientConnection:
         replays the request head and the bytes read after it, then reads the socket."""
         data, closed = self.h11.trailing_data
         head = build_request_head(switch.method, switch.target, self.headers)
-        inner: trio.abc.Stream = self.stream if self.tls is None else TlsStream(self.tls)
-        stream = ReplayStream(inner, head + data, eof=closed)
+        stream = ReplayStream(self.wire.stream(), head + data, eof=closed)
         request_id = self.out.response.request_id
         headers = [] if request_id is None else [(REQUEST_ID, request_id)]
         try:
@@ -223,10 +195,7 @@ class ClientConnection:
                 await self._resume.wait()
                 continue
             try:
-                if self.tls is None:
-                    data = await sockio.recv(self.fd, RECEIVE_SIZE, wait_first=drained)
-                else:
-                    data = await self.tls.recv(RECEIVE_SIZE, drained)
+                data = await self.wire.recv(RECEIVE_SIZE, drained)
             except (trio.ClosedResourceError, OSError):
                 data = b""
             drained = len(data) < RECEIVE_SIZE

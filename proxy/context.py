@@ -21,7 +21,7 @@ passed explicitly (no module-level singletons). Each part has its own owner:
 - ``pairing``, the pairing code and the claims against it (:mod:`proxy.lan.pairing`, SPEC §14);
 - ``own_host``, our addresses for the Host guard (:mod:`proxy.lan.own_host`), and
   ``discovery``, LAN discovery's switch (:mod:`proxy.lan.discovery_switch`, SPEC §14);
-- ``identity``, this gateway's certificate (:mod:`proxy.lan.identity`), and ``node_peers``,
+- ``identity``, this gateway's certificate (:mod:`proxy.link.identity`), and ``node_peers``,
   the paired peers the node listener trusts (:mod:`proxy.lan.node_peers`, SPEC §16), when
   the gateway has them.
 """
@@ -35,9 +35,9 @@ import trio
 
 from protocol.config import Config
 from proxy.access.key_grants import KeyGrants
-from proxy.lan.identity import Identity
 from proxy.lan.own_host import OwnHost
 from proxy.lan.pairing import Pairing
+from proxy.link.identity import Identity
 from proxy.models.llama_backends import LlamaBackends
 from proxy.notifications import Notifications
 from proxy.observe.access_log import AccessLog

@@ -1,8 +1,8 @@
 """The write side of one client connection: what the exchange and the relay send.
 
 A :class:`Downstream` sends the bytes that the request's :class:`protocol.response.Response`
-produces, straight to the socket (:mod:`proxy.sockio`), or through the connection's TLS
-(:mod:`proxy.tlsio`, the node listener's, SPEC §16); a failed send marks the client gone
+produces through the connection's :class:`~proxy.link.wire.Wire` (the socket's own, or the
+node listener's TLS, SPEC §16); a failed send marks the client gone
 and raises :class:`~proxy.errors.ClientGone` (after a failed send nothing more can be sent:
 a partial write cannot be known).
 
@@ -23,11 +23,10 @@ import trio
 from protocol.errors import SluiceError
 from protocol.headers import Header
 from protocol.response import Response
-from proxy import sockio
 from proxy.errors import ClientGone
 
 if TYPE_CHECKING:
-    from proxy.tlsio import TlsChannel
+    from proxy.link.wire import Wire
 
 WRITE_TIMEOUT = 60.0  # a client that takes no byte of a whole answer for this is gone
 
@@ -74,13 +73,11 @@ class Downstream:
     """See the module docstring. ``closing()`` says whether the gateway is draining (every
     answer then ends its connection)."""
 
-    __slots__ = ("_closing", "bytes_sent", "error_code", "fd", "first_at", "gone", "response",
-                 "tls")
+    __slots__ = ("_closing", "bytes_sent", "error_code", "first_at", "gone", "response",
+                 "wire")
 
-    def __init__(self, fd: int, closing: Callable[[], bool],
-                 tls: TlsChannel | None = None) -> None:
-        self.fd = fd
-        self.tls = tls
+    def __init__(self, wire: Wire, closing: Callable[[], bool]) -> None:
+        self.wire = wire
         self.gone = False
         self.response = Response()  # replaced for each request (:meth:`begin`)
         self._closing = closing
@@ -96,7 +93,7 @@ class Downstream:
         self.error_code = None
 
     def __repr__(self) -> str:
-        return f"Downstream(fd={self.fd}, {self.response!r}, gone={self.gone})"
+        return f"Downstream(fd={self.wire.fd}, {self.response!r}, gone={self.gone})"
 
     @property
     def closing(self) -> bool:
@@ -117,10 +114,7 @@ class Downstream:
             self.first_at = trio.current_time()
         self.bytes_sent += len(data)
         try:
-            if self.tls is None:
-                await sockio.send_all(self.fd, data, on_block, stall)
-            else:
-                await self.tls.send_all(data, on_block, stall)
+            await self.wire.send_all(data, on_block, stall)
         except (trio.ClosedResourceError, OSError):  # TimeoutError too: a stalled client
             self.gone = True
             self.response.broken()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-import attrs
 import h11
 import trio
 
@@ -48,6 +47,7 @@ if TYPE_CHECKING:
     from proxy.context import GatewayContext
     from proxy.deadline import RequestScope
     from proxy.downstream import AnswerSink, Downstream
+    from proxy.link.listener import Peer
     from proxy.models.managed import Managed
     from proxy.models.ondemand import OnDemand
 
@@ -66,18 +66,6 @@ class RequestSource(Protocol):
     async def read_head(self) -> h11.Request: ...
 
     async def read_body(self, limit: int) -> bytes: ...
-
-
-@attrs.frozen
-class Peer:
-    """Who is asking: the listener's transport and, over TCP, whether the peer is this
-    machine."""
-
-    transport: str  # "unix", "tcp" (the API listener), "local-tcp" (the fallback) or
-    # "node" (SPEC §16's TLS listener, whose clients count as remote)
-    loopback: bool = True
-    address: str = ""  # the TCP API or node listener's peer IP ("" elsewhere: one local peer)
-    certificate: str | None = None  # the node listener's client certificate's pin, if any
 
 
 class SwitchProtocols(Exception):
@@ -123,7 +111,7 @@ class Exchange:
         self.grant: Grant | None = None  # the access key it presented, with its limits
 
     def __repr__(self) -> str:
-        return f"Exchange({self.peer.transport}, {self.out!r})"
+        return f"Exchange({self.peer.listener.name}, {self.out!r})"
 
     async def run(self) -> None:
         """All the phases of one request. Raises CloseQuietly or ClientGone when the
@@ -170,12 +158,9 @@ class Exchange:
         returned, to be answered once the body has been read."""
         ctx, peer = self.ctx, self.peer
         try:
-            self.out.response.cors_origin = auth.guard(ctx, peer.transport, headers)
-            path = request_path(request.target)
-            level = access_level(request.method, path)
-            grant = auth.authorize(ctx, peer.transport, peer.loopback, level, headers,
-                                   method=request.method, path=path,
-                                   certificate=peer.certificate)
+            self.out.response.cors_origin = auth.guard(ctx, peer.listener.host_guard, headers)
+            level = access_level(request.method, request_path(request.target))
+            grant = auth.authorize(ctx, peer, level, headers)
         except SluiceError as denied:
             if not _small_body(headers):
                 raise
@@ -273,7 +258,7 @@ class Exchange:
             await self.ctx.llama.ask()
         query = target.partition(b"?")[2].decode("latin-1")
         reply = handler(Call(self.ctx, method, path, body, query, self.source.headers,
-                             self.peer.transport, self.grant, self.peer.address))
+                             self.peer.listener, self.grant, self.peer.address))
         if not isinstance(reply, tuple):  # an async handler
             reply = await reply
         status, payload = reply

@@ -40,7 +40,7 @@ from protocol.response import State
 from protocol.sse import TAIL, SseObserver, ends_event
 from proxy.deadline import FIRST_BYTE_LIMIT, Deadline, GapWatch, RequestScope
 from proxy.errors import ClientGone
-from proxy.sockio import Fairness
+from proxy.link.sockio import Fairness
 from proxy.upstream.connection import UpstreamConnection, UpstreamFailure
 from proxy.upstream.pool import ConnectionPool, exchange
 

@@ -17,7 +17,7 @@ from proxy import logsetup
 from proxy.datadir import resolve_data_dir
 from proxy.demo import DemoError, demo_model_config, ensure_demo_model
 from proxy.drain import drain_timeout
-from proxy.lan.identity import Identity, ensure_identity
+from proxy.link.identity import Identity, ensure_identity
 from proxy.listeners import ListenerError
 from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.server import Gateway, StartupError

@@ -20,14 +20,17 @@ from proxy.binding import Binding
 from proxy.connection import IDLE_TIMEOUT, ClientConnection
 from proxy.context import Clients, GatewayContext
 from proxy.drain import DRAIN_TIMEOUT, Drain
-from proxy.exchange import Peer
 from proxy.files import remove_leftovers
 from proxy.lan.discovery_switch import DiscoverySwitch
-from proxy.lan.identity import Identity
 from proxy.lan.link_warnings import IdentityChanges, PlainLinks
-from proxy.lan.node_listener import NodeListener
 from proxy.lan.node_peers import NodePeers, peers_of
 from proxy.lan.own_host import OwnHost
+from proxy.link import listener as listeners
+from proxy.link.identity import Identity
+from proxy.link.listener import Listener, Peer
+from proxy.link.node_listener import NodeListener
+from proxy.link.tls import End, tls_context
+from proxy.link.wire import Wire
 from proxy.models.launcher import INSTALL_HINT, llama_available
 from proxy.models.llama_backends import LlamaBackends
 from proxy.notifications import Notifications
@@ -44,9 +47,7 @@ from proxy.routing.router import Router
 from proxy.settings.config_watch import ConfigWatcher, Follower
 from proxy.settings.store import Settings
 from proxy.start_steps import Kind, Step
-from proxy.tlsio import TlsChannel
 from proxy.upstream.pool import ConnectionPool
-from proxy.upstream.tls import client_context
 
 if TYPE_CHECKING:
     from proxy.models.ondemand import OnDemand
@@ -84,7 +85,7 @@ class Gateway:
             settings.keys.watch(lambda keys: peers.set(peers_of(keys)))
         self.connections = ConnectionPool(
             lambda: settings.config.timeouts.connection,
-            tls=None if identity is None else client_context(identity))
+            tls=None if identity is None else tls_context(End.CLIENT, identity))
         self.node_listener = None if identity is None or self.node_peers is None else \
             NodeListener(identity, self.node_peers, lambda: settings.config.timeouts.connection)
         self.backends = BackendRegistry(settings.config.backends, settings.secrets.backend_keys)
@@ -109,7 +110,8 @@ class Gateway:
         if any(not m.command for m in self.models) and not llama_available():
             raise StartupError(INSTALL_HINT)
         self.binding = Binding(settings, self.notifications, external=external,
-                               node=self.node_listener is not None)
+                               node=None if self.node_listener is None
+                               else listeners.node(self.node_listener))
         self.drain = Drain(self.clients, drain_timeout)
         self.handle_signals = False  # the real process (sluice serve): set by run
         self._ondemand: OnDemand | None = None
@@ -194,8 +196,8 @@ class Gateway:
         """The accept loops until the stop; then the drain."""
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as accepting:
-                for listener, transport in self.binding.listeners:
-                    accepting.start_soon(accept_loop, listener, transport, connections,
+                for listener, kind in self.binding.listeners:
+                    accepting.start_soon(accept_loop, listener, kind, connections,
                                          self.clients, self._max_connections, self._handle)
                 accepting.start_soon(self.drain.end_accepting, accepting.cancel_scope)
                 task_status.started()
@@ -230,27 +232,20 @@ class Gateway:
             models=self._model_configs, config=lambda: self.settings.config,
             estimates=estimates)
 
-    async def _handle(self, stream: trio.SocketStream, transport: str) -> None:
-        kind = "unix" if transport == "unix" else "tcp"  # local-tcp is TCP too
-        self.clients.by_transport[kind] += 1
+    async def _handle(self, stream: trio.SocketStream, listener: Listener) -> None:
+        transport = listener.transport
+        self.clients.by_transport[transport] += 1
         try:
-            if transport == "node":
-                assert self.node_listener is not None
-                await self.node_listener.serve(stream, partial(self._serve_node, stream))
-            else:
-                await ClientConnection(stream, self.ctx, transport=transport).run()
+            await listener.serve(stream, self._serve_connection)
         finally:
             self.clients.count -= 1
-            self.clients.by_transport[kind] -= 1
+            self.clients.by_transport[transport] -= 1
             self.drain.connection_closed()
 
-    async def _serve_node(self, stream: trio.SocketStream, channel: TlsChannel, address: str,
-                          pin: str | None) -> None:
-        """A node listener's connection after its handshake: served like the API port's,
-        through its TLS channel, its client remote and known by its certificate's pin."""
-        peer = Peer("node", loopback=False, address=address, certificate=pin)
-        await ClientConnection(stream, self.ctx, transport="node", tls=channel,
-                               peer=peer).run()
+    async def _serve_connection(self, wire: Wire, peer: Peer) -> None:
+        """A connection let in by its listener, over the wire it made (SPEC §16: TLS on the
+        node listener): served the same way on every listener."""
+        await ClientConnection(wire, self.ctx, peer).run()
 
 
 START_ORDER: tuple[Step, ...] = (

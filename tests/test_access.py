@@ -27,6 +27,7 @@ from protocol.errors import ConfigError, SluiceError
 from protocol.rebinding import host_allowed, is_loopback_ip, origin_allowed
 from proxy.access import auth
 from proxy.api.routes import access_level
+from proxy.link.listener import LOCAL_TCP, TCP, UNIX, Peer
 from tests.client import Client, Reply, chat_body, raw, request
 from tests.conftest import StartGateway, remote_request
 from tests.fakeupstream import (
@@ -146,11 +147,14 @@ async def test_authorize_decision_by_peer(start_gateway: StartGateway) -> None:
     ctx.settings.keys.load([{"id": "ak-1", "name": "", "hash": hash_key(key),
                              "created_at": "x", "last_used_at": None}])
 
+    kinds = {"unix": UNIX, "tcp": TCP, "local-tcp": LOCAL_TCP}
+
     def check(transport: str, loopback: bool, token: str | None, method: bytes = b"POST",
               path: str = "/v1/chat/completions") -> int:
         headers = [] if token is None else [(b"authorization", f"Bearer {token}".encode())]
         try:
-            auth.authorize(ctx, transport, loopback, access_level(method, path), headers)
+            auth.authorize(ctx, Peer(kinds[transport], loopback), access_level(method, path),
+                           headers)
         except SluiceError as err:
             return err.status
         return 200
@@ -170,7 +174,7 @@ async def test_authorize_decision_by_peer(start_gateway: StartGateway) -> None:
         assert check(transport, True, admin, b"DELETE", "/api/v1/access-keys/x") == 200
     # The key's use is the caller's to record (KeyStore.used): authorize names it.
     def used(token: str) -> str | None:
-        grant = auth.authorize(ctx, "tcp", False, Access.KEY,
+        grant = auth.authorize(ctx, Peer(TCP, loopback=False), Access.KEY,
                                [(b"authorization", f"Bearer {token}".encode())])
         return None if grant is None else grant.key_id
 

@@ -23,7 +23,8 @@ from protocol.response import Response, State
 from proxy.context import Clients, GatewayContext, Listening
 from proxy.deadline import RequestScope
 from proxy.errors import ClientGone
-from proxy.exchange import Exchange, Peer
+from proxy.exchange import Exchange
+from proxy.link.listener import TCP, UNIX, Peer
 from proxy.notifications import Notifications
 from proxy.observe.hub import Hub
 from proxy.observe.metrics import Metrics
@@ -132,7 +133,7 @@ async def run(ctx: GatewayContext, source: FakeSource, *, peer: Peer | None = No
               out: FakeDownstream | None = None) -> FakeDownstream:
     out = out or FakeDownstream()
     exchange = Exchange(ctx, source, out, scope or RequestScope(),  # type: ignore[arg-type]
-                        peer or Peer("unix"))
+                        peer or Peer(UNIX))
     await exchange.run()
     return out
 
@@ -205,7 +206,7 @@ async def test_authorize_phase(tmp_path: Path, length: int, reads_body: bool,
     ctx = context(tmp_path)
     remote_key(ctx)
     source = FakeSource(b"POST", CHAT, [(b"content-length", b"%d" % length)], b"x" * 10)
-    out = await run(ctx, source, peer=Peer("tcp", loopback=False))
+    out = await run(ctx, source, peer=Peer(TCP, loopback=False))
     assert (out.status(), out.sent_error_code()) == (401, "missing_api_key")
     assert source.body_read is reads_body
     assert out.response.reusable is keeps
@@ -215,7 +216,7 @@ async def test_authorize_phase_records_the_key_used(tmp_path: Path) -> None:
     ctx = context(tmp_path)
     key = remote_key(ctx)
     source = FakeSource(b"GET", b"/v1/models", [(b"authorization", f"Bearer {key}".encode())])
-    out = await run(ctx, source, peer=Peer("tcp", loopback=False))
+    out = await run(ctx, source, peer=Peer(TCP, loopback=False))
     assert out.status() == 200
     assert json.loads(out.sent.split(b"\r\n\r\n", 1)[1]) == {"object": "list", "data": []}
     assert ctx.settings.keys.all[0]["last_used_at"] is not None
@@ -270,7 +271,7 @@ async def outcome_of(ctx: GatewayContext, source: FakeSource, caplog: pytest.Log
     caplog.set_level(logging.INFO, logger="sluice.access")
     caplog.clear()
     exchange = Exchange(ctx, source, FakeDownstream(),  # type: ignore[arg-type]
-                        scope or RequestScope(), Peer("unix"))
+                        scope or RequestScope(), Peer(UNIX))
     with contextlib.suppress(ClientGone):
         await exchange.run()
     (line,) = [r.getMessage() for r in caplog.records if r.name == "sluice.access"]

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WALL_CLOCK_READERS = {
     "proxy/timestamps.py": "the one wall clock of the server (timestamps, expiry)",
     "proxy/logsetup.py": "the log buffer's flush timer: logging runs in any thread",
-    "proxy/lan/identity_make.py": "a certificate's validity dates (a child process)",
+    "proxy/link/identity_make.py": "a certificate's validity dates (a child process)",
     "proxy/cli/keys.py": "the CLI: a key's expiry from now (no trio there)",
     "proxy/cli/pair.py": "the CLI: a code's remaining time (no trio there)",
     "proxy/cli/models.py": "the CLI: how long ago a model was used (no trio there)",

@@ -1,4 +1,4 @@
-"""The gateway's identity (SPEC §16, proxy/lan/identity.py): an Ed25519 key and a self-signed
+"""The gateway's identity (SPEC §16, proxy/link/identity.py): an Ed25519 key and a self-signed
 certificate made once in the data dir and reused, made again when a file is missing or
 unusable, with their modes; what the certificate holds; reading it imports no
 ``cryptography``. Then the handshake facts the node listener is built on, with two real
@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.x509.oid import NameOID
 
 from protocol.lan.pinning import fingerprint_of, pin_matches
-from proxy.lan.identity import Identity, ensure_identity, load_identity
+from proxy.link.identity import Identity, ensure_identity, load_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,7 +160,7 @@ def test_no_repr_shows_the_key(tmp_path: Path) -> None:
 
 def test_importing_and_reading_do_not_import_cryptography(tmp_path: Path) -> None:
     ensure_identity(tmp_path)
-    check = ("import sys; from pathlib import Path; import proxy.lan.identity as m; "
+    check = ("import sys; from pathlib import Path; import proxy.link.identity as m; "
              f"assert m.load_identity(Path({str(tmp_path)!r})) is not None; "
              f"assert m.ensure_identity(Path({str(tmp_path)!r})) is not None; "
              "assert 'cryptography' not in sys.modules, 'cryptography was imported'")
@@ -372,7 +372,7 @@ async def test_a_certificate_a_paired_peer_signed_is_refused(
 
 def test_a_maker_that_fails_is_an_oserror(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """The child that makes the identity (proxy.lan.identity_make) cannot run, or dies:
+    """The child that makes the identity (proxy.link.identity_make) cannot run, or dies:
     an OSError (serve then runs without pinned links), and nothing half-written."""
     monkeypatch.setattr(sys, "executable", "/bin/false")
     with pytest.raises(OSError, match="the identity maker failed"):

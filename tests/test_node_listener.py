@@ -20,19 +20,20 @@ import attrs
 import pytest
 import trio
 
+from protocol.access import Column
 from protocol.http1 import ResponseHead
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy import binding
 from proxy.datadir import STATE_FILE
-from proxy.lan.identity import Identity
 from proxy.lan.node_peers import NodePeers
+from proxy.link.identity import Identity
+from proxy.link.tls import HandshakeRefused
 from proxy.server import Gateway
 from proxy.upstream.pool import ConnectionPool, exchange
-from proxy.upstream.tls import HandshakeRefused, client_context, open_pinned
 from tests.client import CHAT, chat_body, request
 from tests.conftest import free_port, gateway_config, open_settings
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
-from tests.tls_certs import identities, plain_http_to
+from tests.tls_certs import client_context, identities, open_pinned, plain_http_to
 
 
 @pytest.fixture
@@ -235,7 +236,7 @@ async def test_no_node_listener_without_external_access_an_identity_or_a_port(
         assert gateway.ctx.node_port is None
         state = json.loads((short_tmp / f"d{n}" / STATE_FILE).read_text())
         assert state["nodePort"] is None
-        assert all(transport != "node" for _, transport in gateway.binding.listeners)
+        assert all(kind.column is not Column.NODE for _, kind in gateway.binding.listeners)
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl binary")
@@ -279,3 +280,80 @@ async def test_a_client_that_never_shakes_hands_is_closed(node: Node) -> None:
     listener = node.gateway.node_listener
     assert listener is not None
     assert listener.refused == 1
+
+
+LARGE_BODY = 30 << 20  # what a stranger sent in issue 39; under api.max_body_size (32 MiB)
+PIECE = 64 * 1024
+
+
+def _whole(answer: bytes) -> bool:
+    """A whole answer with a Content-Length has arrived."""
+    head, found, body = answer.partition(b"\r\n\r\n")
+    for line in head.lower().split(b"\r\n"):
+        if found and line.startswith(b"content-length:"):
+            return len(body) >= int(line.partition(b":")[2])
+    return False
+
+
+async def _stranger_posts(node: Node, framing: str) -> tuple[bytes, int, bool]:
+    """A client without a certificate POSTs a LARGE_BODY pairing exchange, sending the body
+    in pieces while it reads the answer: (the answer up to the end of the connection, the
+    body bytes sent when its head had come, whether the connection ended after it)."""
+    context = client_context(None)
+    tcp = await trio.open_tcp_stream("127.0.0.1", node.port)
+    stream = trio.SSLStream(tcp, context, server_hostname=None)
+    await stream.do_handshake()
+    framed = (b"content-length: " + str(LARGE_BODY).encode() if framing == "length"
+              else b"transfer-encoding: chunked")
+    await stream.send_all(b"POST /api/v1/pairing/exchange HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                          b"content-type: application/json\r\n" + framed + b"\r\n\r\n")
+    sent = 0
+    piece = b" " * PIECE
+    if framing == "chunked":
+        piece = f"{PIECE:x}\r\n".encode() + piece + b"\r\n"
+
+    async def send_body() -> None:
+        nonlocal sent
+        try:
+            while sent < LARGE_BODY:  # bounded: at most LARGE_BODY bytes
+                await stream.send_all(piece)
+                sent += PIECE
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the gateway closed the connection: what is expected
+
+    answer = b""
+    sent_at_answer = -1
+    ended = False
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_body)
+            try:
+                while not _whole(answer) and (data := await stream.receive_some(65536)):
+                    answer += data
+                    if sent_at_answer < 0 and b"\r\n\r\n" in answer:
+                        sent_at_answer = sent
+                with trio.move_on_after(5):  # then the end of the connection
+                    ended = not await stream.receive_some(65536)
+            except trio.BrokenResourceError:  # a reset after the answer: closed too
+                ended = True
+            nursery.cancel_scope.cancel()
+    await trio.aclose_forcefully(stream)
+    return answer, sent_at_answer, ended
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+async def test_a_strangers_large_exchange_is_refused_unread(node: Node, framing: str) -> None:
+    """Issue 39: the pairing exchange's body is capped at a claim's 4 KiB on the node port
+    too: 413 before the body is read (not after 30 MB), the connection closed, and the
+    gateway serves others."""
+    answer, sent_at_answer, ended = await _stranger_posts(node, framing)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 "), answer[:300]
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "request_too_large"
+    assert 0 <= sent_at_answer < LARGE_BODY  # answered while the body was still coming
+    assert ended  # and the connection closed
+    pool = node.pool(node.peer)  # others are served
+    head_, models = await ask(pool, node.address(), b"GET", "/v1/models", bearer(node.key))
+    assert head_.status_code == 200, models
+    pool.close()

@@ -1,6 +1,7 @@
 """The node listener's rules, pure and in memory (SPEC §16): who may ask what on the node
-port (protocol.access.authorize_node), and the paired peers it trusts (NodePeers: pins that
-must be their certificates', changes counted and told, the pins that left)."""
+port (the node column of protocol.access's table), and the paired peers it trusts
+(NodePeers: pins that must be their certificates', changes counted and told, the pins that
+left)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import pytest
 from protocol.access import (
     PAIRING_EXCHANGE_PATH,
     Access,
-    authorize_node,
+    Column,
+    authorize,
     hash_key,
     key_matches,
 )
 from protocol.errors import SluiceError
 from protocol.upstream_url import parse_upstream_url
+from proxy.api.routes import access_level
 from proxy.lan.node_peers import NodePeers
 from tests.tls_certs import identities
 
@@ -26,11 +29,12 @@ KEYS = [{"id": "ak-peer", "hash": hash_key("sk-sluice-peer")},
         {"id": "ak-phone", "hash": hash_key("sk-sluice-phone")}]
 
 
-def decide(level: Access, method: bytes = b"GET", path: str = "/v1/models",
-           token: str | None = None, bound: str | None = "ak-peer") -> dict[str, Any] | None:
+def decide(level: Access, token: str | None = None,
+           bound: str | None = "ak-peer") -> dict[str, Any] | None:
     headers = [] if token is None else [(b"authorization", b"Bearer " + token.encode())]
-    return authorize_node(level, method, path, headers, bound_key_id=bound, admin_token=ADMIN,
-                          find_key=lambda presented: key_matches(presented, KEYS))
+    return authorize(level, Column.NODE, headers, loopback=False, require_auth=False,
+                     admin_token=ADMIN, bound_key_id=bound,
+                     find_key=lambda presented: key_matches(presented, KEYS))
 
 
 def refused(level: Access, **kwargs: Any) -> SluiceError:
@@ -52,27 +56,28 @@ def test_a_paired_peer_has_one_key(token: str | None) -> None:
 
 
 def test_a_claim_on_the_node_port_needs_the_bound_key_too() -> None:
-    assert refused(Access.CLAIM, method=b"POST", path="/api/v1/pairing/claim").status == 401
+    assert refused(Access.CLAIM).status == 401
     assert decide(Access.CLAIM, token="sk-sluice-peer") is KEYS[0]
 
 
 def test_open_paths_and_admin_paths() -> None:
-    assert decide(Access.OPEN, path="/health") is None
+    assert decide(Access.OPEN) is None
     assert decide(Access.ADMIN, token=ADMIN) is None  # the admin token, as everywhere
     assert refused(Access.ADMIN).status == 401
     assert refused(Access.ADMIN, token="sk-sluice-peer").status == 403
 
 
-@pytest.mark.parametrize("level", list(Access))
-def test_without_a_paired_certificate_only_the_exchange(level: Access) -> None:
+def test_without_a_paired_certificate_only_the_exchange() -> None:
     for method, path in [(b"GET", "/v1/models"), (b"GET", PAIRING_EXCHANGE_PATH),
                          (b"POST", "/api/v1/pairing/claim"), (b"OPTIONS", "/v1/models"),
-                         (b"POST", PAIRING_EXCHANGE_PATH + "/")]:
-        err = refused(level, method=method, path=path, token="sk-sluice-peer", bound=None)
+                         (b"POST", PAIRING_EXCHANGE_PATH + "/"), (b"GET", "/health"),
+                         (b"DELETE", "/api/v1/access-keys/x")]:
+        err = refused(access_level(method, path), token="sk-sluice-peer", bound=None)
         assert (err.status, err.code) == (401, "unpaired_certificate")
         assert PAIRING_EXCHANGE_PATH in err.message
-    assert decide(level, method=b"POST", path=PAIRING_EXCHANGE_PATH, bound=None) is None
-    assert decide(level, method=b"POST", path=PAIRING_EXCHANGE_PATH) is None
+    exchange = access_level(b"POST", PAIRING_EXCHANGE_PATH)
+    assert decide(exchange, bound=None) is None
+    assert decide(exchange) is None
 
 
 # ------------------------------------------------------------------------- NodePeers

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from proxy.lan.identity import Identity
+from proxy.link.identity import Identity
 from proxy.server import Gateway
 from proxy.settings.store import Settings
 from tests.client import CHAT, chat_body, error_of, request

@@ -1,4 +1,4 @@
-"""The TLS of SPEC §16's links (proxy/upstream/tls.py, proxy/tlsio.py) on 127.0.0.1: a
+"""The TLS of SPEC §16's links (proxy/link/tls.py, proxy/link/tlsio.py) on 127.0.0.1: a
 server with the node listener's context and a client with a pinned link's, both through
 TlsChannel. A pinned handshake; a wrong pin refused before any byte of a request (or our
 certificate) is sent; an unknown certificate, a twin of a peer's, one a peer signed, TLS 1.2
@@ -17,20 +17,21 @@ import trio
 
 from protocol.lan.pinning import fingerprint_of
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
-from proxy.lan.identity import Identity
-from proxy.tlsio import TlsChannel
+from proxy.link.identity import Identity
+from proxy.link.tls import HandshakeRefused, PinMismatch, open_for_pairing
+from proxy.link.tlsio import TlsChannel
+from proxy.link.wire import Wire
 from proxy.upstream.connection import UpstreamFailure
 from proxy.upstream.pool import ConnectionPool, whole_exchange
-from proxy.upstream.tls import (
-    HandshakeRefused,
-    PinMismatch,
-    as_connection,
+from tests.tls_certs import (
     client_context,
-    open_for_pairing,
+    identities,
     open_pinned,
+    plain_http_to,
     server_context,
+    signed_by,
+    twin_of,
 )
-from tests.tls_certs import identities, plain_http_to, signed_by, twin_of
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
@@ -116,7 +117,7 @@ async def server(nursery: trio.Nursery, nodes: Nodes) -> AsyncIterator[TlsServer
         yield tls
 
 
-async def ask(channel: TlsChannel) -> bytes:
+async def ask(channel: Wire) -> bytes:
     await channel.send_all(b"GET / HTTP/1.1\r\nhost: b\r\n\r\n")
     got = b""
     while not got.endswith(b"ok"):
@@ -179,10 +180,11 @@ async def test_a_certificate_not_paired_is_refused_at_the_handshake(
 
 
 async def test_no_client_certificate_is_let_through(server: TlsServer, nodes: Nodes) -> None:
-    channel, pin = await open_for_pairing("127.0.0.1", server.port, client_context(None), 10)
+    conn, pin = await open_for_pairing(parse_upstream_url(f"http://127.0.0.1:{server.port}"),
+                                       10)
     assert pin == nodes.server.fingerprint
-    assert await ask(channel) == ANSWER
-    channel.close()
+    assert await ask(conn.wire) == ANSWER
+    conn.close()
     seen = await server.outcome()
     assert seen.handshake
     assert seen.peer is None
@@ -322,9 +324,8 @@ async def test_closing_twice_touches_nothing(server: TlsServer, nodes: Nodes) ->
 
 
 async def test_a_pairing_link_carries_http(server: TlsServer, nodes: Nodes) -> None:
-    channel, pin = await open_for_pairing("127.0.0.1", server.port, client_context(None), 10)
     address = parse_upstream_url(f"http://127.0.0.1:{server.port}")
-    conn = as_connection(channel, address)
+    conn, pin = await open_for_pairing(address, 10)
     for _ in range(2):  # the exchange's two round trips, on one connection
         await conn.send_request(b"POST", b"/api/v1/pairing/exchange",
                                 [(b"host", address.authority), (b"content-length", b"2")], b"{}")

@@ -1,10 +1,14 @@
-"""Identities for TLS tests (SPEC §16): real ones, made by proxy.lan.identity in a test's
+"""Identities for TLS tests (SPEC §16): real ones, made by proxy.link.identity in a test's
 folders, and certificates no gateway would make (a twin with a peer's key, one a peer's key
-signed) to show what the node listener refuses; and a plain HTTP request to a TLS port."""
+signed) to show what the node listener refuses; a plain HTTP request to a TLS port; the two
+ends' contexts (proxy.link.tls.tls_context) by name, and a pinned link opened outside the
+pool."""
 
 from __future__ import annotations
 
 import datetime
+import ssl
+from collections.abc import Sequence
 from pathlib import Path
 
 import trio
@@ -13,8 +17,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.x509.oid import NameOID
 
-from proxy.lan.identity import Identity, ensure_identity, load_identity
-from proxy.lan.identity_make import make_here
+from proxy.link.identity import Identity, ensure_identity, load_identity
+from proxy.link.identity_make import make_here
+from proxy.link.tls import End, handshake, tls_context
+from proxy.link.tlsio import TlsChannel
+from proxy.upstream.connection import UpstreamFailure
 
 
 def identities(folder: Path, *names: str) -> list[Identity]:
@@ -84,3 +91,27 @@ async def plain_http_to(port: int) -> bytes:
         got += data
     await stream.aclose()
     return got
+
+
+def client_context(identity: Identity | None) -> ssl.SSLContext:
+    """A link's client context, showing ``identity``'s certificate (None: none)."""
+    return tls_context(End.CLIENT, identity)
+
+
+def server_context(identity: Identity, peer_certs: Sequence[bytes]) -> ssl.SSLContext:
+    """The node listener's context, trusting ``peer_certs`` (DER)."""
+    return tls_context(End.SERVER, identity, peer_certs)
+
+
+async def open_pinned(host: str, port: int, pin: str, context: ssl.SSLContext,
+                      timeout: float) -> TlsChannel:
+    """A TLS link to ``host:port`` whose certificate hashes to ``pin`` and which took ours,
+    outside the pool. Raises PinMismatch, HandshakeRefused, UpstreamFailure(connect=True),
+    or trio.TooSlowError past ``timeout`` seconds."""
+    with trio.fail_after(timeout):
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            raise UpstreamFailure(f"cannot connect to {host}:{port}: {exc}",
+                                  connect=True) from None
+        return await handshake(stream.socket, context, pin)

@@ -1,7 +1,7 @@
 """Certificate pins (SPEC §16), pure: a gateway's identity is ``sha256:`` and the lowercase
 hex of the SHA-256 of its certificate's DER; ``nodes[].pin`` holds a paired peer's. Hashing
 is arithmetic, not I/O, so it lives here; reading the certificate is
-:mod:`proxy.lan.identity`'s.
+:mod:`proxy.link.identity`'s.
 
 A pin is written in lowercase; one typed in uppercase (``SHA256:9F86…``) is accepted and
 normalized by :func:`normalize_pin`, while :func:`is_pin` holds to the written form.

@@ -4,12 +4,13 @@ table's (:func:`proxy.api.routes.access_level`), and the decision for a request 
 is :func:`protocol.access.authorize`; this module feeds them what the connection and the
 settings know.
 
-- Unix socket: the peer's uid (SO_PEERCRED) must be ours or root; no key ever.
-- TCP (``tcp`` API listener, the ``local-tcp`` fallback and the ``node`` listener): the
-  Host/Origin guard; with external access, a Host that names this computer passes too
-  (:mod:`proxy.lan.own_host`).
-- The node listener (SPEC §16): the client's certificate pin, and the access key bound to it
-  in ``ctx.node_peers`` (:func:`protocol.access.authorize_node`).
+- Unix socket: the peer's uid (SO_PEERCRED) must be ours or root (asked by its
+  :class:`~proxy.link.listener.Listener`); no key ever.
+- TCP (every listener but the Unix socket): the Host/Origin guard; with external access, a
+  Host that names this computer passes too (:mod:`proxy.lan.own_host`).
+- The decision is the access table's (:func:`protocol.access.authorize`), in the column of
+  the listener the request came on; on the node listener (SPEC §16) with the access key
+  bound to the client's certificate pin in ``ctx.node_peers``.
 - The admin token and the access keys come from the settings (secrets.yaml); a key the
   request used comes back as its :class:`~proxy.access.key_grants.Grant` (a key past its expiry:
   401 ``key_expired``), which the caller records and holds the request to (SPEC §13).
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from protocol.access import Access, authorize_node
+from protocol.access import Access
 from protocol.access import authorize as decide
 from protocol.errors import bad_request
 from protocol.headers import Header
@@ -40,8 +41,8 @@ from protocol.rebinding import (
 
 if TYPE_CHECKING:
     from proxy.access.key_grants import Grant
-    from proxy.access.key_store import AccessKey
     from proxy.context import GatewayContext
+    from proxy.link.listener import Peer
 
 log = logging.getLogger("sluice.auth")
 
@@ -85,11 +86,11 @@ def _values(headers: Sequence[Header], name: bytes) -> list[bytes]:
     return [value for key, value in headers if key == name]
 
 
-def guard(ctx: GatewayContext, transport: str, headers: Sequence[Header]) -> bytes | None:
-    """The DNS-rebinding guard (TCP only); returns the request's Origin when CORS answers
-    may name it, else None. Raises 403 for a refused Host or Origin."""
+def guard(ctx: GatewayContext, tcp: bool, headers: Sequence[Header]) -> bytes | None:
+    """The DNS-rebinding guard (``tcp``: the listener's host guard, every TCP listener's);
+    returns the request's Origin when CORS answers may name it, else None. Raises 403 for
+    a refused Host or Origin (a refused Origin on TCP only)."""
     api = ctx.config.api
-    tcp = transport != "unix"
     if tcp:
         hosts = _values(headers, b"host")
         if len(hosts) > 1:
@@ -108,31 +109,20 @@ def guard(ctx: GatewayContext, transport: str, headers: Sequence[Header]) -> byt
     return None
 
 
-def authorize(ctx: GatewayContext, transport: str, loopback_peer: bool, level: Access,
-              headers: Sequence[Header], *, method: bytes = b"", path: str = "",
-              certificate: str | None = None) -> Grant | None:
-    """The admin token and access-key checks for a request at ``level``
-    (:func:`protocol.access.authorize`, with the admin token, ``api.require_auth`` and the
-    stored keys of the moment); raises 401/403 (401 ``key_expired`` for a key past its
+def authorize(ctx: GatewayContext, peer: Peer, level: Access,
+              headers: Sequence[Header]) -> Grant | None:
+    """The admin token and access-key checks for a request at ``level`` from ``peer``
+    (:func:`protocol.access.authorize` in its listener's column, with the admin token,
+    ``api.require_auth``, the stored keys of the moment and, for a client certificate, the
+    key bound to it); raises 401/403/404/413 (401 ``key_expired`` for a key past its
     expiry). Returns the grant of the access key the request used (the caller records its
-    use: :meth:`KeyStore.used`, and holds the request to its limits), else None. On the
-    ``node`` listener, ``method``, ``path`` and the client's ``certificate`` pin decide too."""
+    use: :meth:`KeyStore.used`, and holds the request to its limits), else None."""
     settings = ctx.settings
-    if transport == "node":
-        peers = ctx.node_peers
-        node_key = authorize_node(
-            level, method, path, headers,
-            bound_key_id=None if peers is None else peers.key_id_for(certificate),
-            admin_token=settings.secrets.admin_token, find_key=settings.keys.find)
-        return None if node_key is None else ctx.key_grants.grant(node_key)
-    key = decide(level, headers, transport=transport, loopback=loopback_peer,
+    bound = None  # the key bound to the client's certificate (the node listener's)
+    if peer.certificate is not None and (peers := ctx.node_peers) is not None:
+        bound = peers.key_id_for(peer.certificate)
+    key = decide(level, peer.listener.column, headers, loopback=peer.loopback,
                  require_auth=ctx.config.api.require_auth,
-                 admin_token=settings.secrets.admin_token,
-                 find_key=lambda token: _unbound(settings.keys.find(token)))
+                 admin_token=settings.secrets.admin_token, find_key=settings.keys.find,
+                 bound_key_id=bound)
     return None if key is None else ctx.key_grants.grant(key)
-
-
-def _unbound(key: AccessKey | None) -> AccessKey | None:
-    """A key bound to a paired computer's certificate (SPEC §16) counts only with that
-    certificate, on the node listener: elsewhere it is no key of ours."""
-    return None if key is None or key.get("pin") is not None else key

@@ -15,6 +15,7 @@ import attrs
 
 from protocol.access import Rule
 from protocol.errors import bad_request, not_saved
+from proxy.link.listener import TCP, Listener
 
 if TYPE_CHECKING:
     import trio
@@ -31,7 +32,7 @@ class Call:
     body: bytes = b""
     query: str = ""  # the target's query string, without the "?"
     headers: Sequence[tuple[bytes, bytes]] = ()  # names lowercased; values may hold keys
-    transport: str = "tcp"  # the listener's: "unix", "tcp" or "local-tcp" (proxy.exchange.Peer)
+    listener: Listener = TCP  # the listener it came on (proxy.link.listener)
     grant: Grant | None = None  # the access key the request presented (proxy.access.key_grants)
     peer: str = ""  # the TCP API listener's peer IP; "" on the Unix socket and local-tcp
 

@@ -18,6 +18,7 @@ from protocol.console import FILE_HEADERS, PREFIX, asset_parts
 from protocol.errors import not_found
 from proxy.api.call import Body, Call
 from proxy.console import STATIC_DIR
+from proxy.link.listener import UNIX
 
 __all__ = ["redirect", "serve_file"]
 
@@ -39,7 +40,7 @@ def _read(parts: tuple[str, ...]) -> bytes | None:
 
 
 async def serve_file(call: Call) -> tuple[int, Any]:
-    if call.transport == "unix":
+    if call.listener is UNIX:
         raise not_found("the console is served on the TCP listeners "
                         f"(http://localhost:{call.ctx.tcp_port or '<api.port>'}{PREFIX}), "
                         "not on the Unix socket")

@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.access import PAIRING_CLAIM_PATH, PAIRING_EXCHANGE_PATH, PAIRING_PATH
+from protocol.access import (
+    PAIRING_CLAIM_PATH,
+    PAIRING_EXCHANGE_PATH,
+    PAIRING_PATH,
+    exchange_elsewhere,
+)
 from protocol.errors import SluiceError, Source, bad_request, no_such_item
 from protocol.lan.pairing import parse_claim
 from protocol.lan.pake import parse_exchange
@@ -80,17 +85,16 @@ async def claim_code(call: Call) -> tuple[int, Any]:
 
 
 async def exchange(call: Call) -> tuple[int, Any]:
-    """SPEC §16, on the node listener only: step 1 ``{step: 1, message, fingerprint, name?,
-    certificate}`` -> ``{message}`` (our SPAKE2 message); step 2 ``{step: 2, message,
+    """SPEC §16, on the node listener only (elsewhere the access table answers 404): step
+    1 ``{step: 1, message, fingerprint, name?, certificate}`` -> ``{message}`` (our SPAKE2
+    message); step 2 ``{step: 2, message,
     fingerprint}`` -> ``{message, fingerprint, name, accessKey}``: our key confirmation
     and, only when the joiner's proved the code, the access key made for it, bound to its
     certificate (the joiner trusts the key only once our confirmation checks)."""
     ctx = call.ctx
     identity = ctx.identity
-    if call.transport != "node" or identity is None:
-        raise SluiceError(404, "the pairing exchange is served on the node port (TLS), see "
-                               "GET /health's nodePort", type="invalid_request_error",
-                          code="not_found", source=Source.CLIENT)
+    if identity is None:  # pragma: no cover - the node listener is opened with one only
+        raise exchange_elsewhere()
     doc = parse_exchange(call.json_object())
     if doc.step == 1:
         return 200, {"message": await ctx.pairing.begin(doc, call.peer,

@@ -176,9 +176,9 @@ ROUTES: dict[str, Endpoint] = {
                                         b"DELETE": pairing.cancel_code}),
     pairing.CLAIM_PATH: Endpoint(ADMIN_CHANGES.but(b"POST", Access.CLAIM),
                                  {b"POST": pairing.claim_code}),
-    # SPEC §16: the exchange is a claim's kind (no token, no key, a small body); it answers
-    # on the node listener only. The peers are the admin's.
-    pairing.EXCHANGE_PATH: Endpoint(ADMIN_CHANGES.but(b"POST", Access.CLAIM),
+    # SPEC §16: the exchange is a claim's kind (no token, no key, a small body), served on
+    # the node listener only (PAIRING: the access table says so). The peers are the admin's.
+    pairing.EXCHANGE_PATH: Endpoint(ADMIN_CHANGES.but(b"POST", Access.PAIRING),
                                     {b"POST": pairing.exchange}),
     pairing.PEERS_PATH: Endpoint(ADMIN_ONLY, {b"GET": pairing.list_peers}),
     "/ui": Endpoint(KEY_HOLDERS, {b"GET": console.redirect, b"HEAD": console.redirect}),

@@ -6,7 +6,8 @@ key comes back inside that TLS link.
    one (an older sluice, or one without external access) the caller falls back to §14's
    claim (:mod:`proxy.lan.pairing_client`).
 2. A TLS 1.3 connection to that port without a client certificate (ours is not trusted
-   there yet); the certificate the other side presents is the one we will pin.
+   there yet): :func:`proxy.link.tls.open_for_pairing`, the handshake and HTTP/1.1 client
+   of every other upstream; the certificate the other side presents is the one we will pin.
 3. Two ``POST /api/v1/pairing/exchange`` round trips (:class:`protocol.lan.pake.Joiner`,
    both pins as identities); only when the other side's key confirmation checks do we
    trust its answer: its node id, name and the access key it made for us.
@@ -21,23 +22,23 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import ssl
 from typing import Any
 
 import attrs
-import h11
 import trio
 
 from protocol.errors import ConfigError, upstream_bad_response, upstream_unreachable
 from protocol.headers import Header
 from protocol.lan.pake import Joiner, PairingProtocolError, parse_welcome
-from protocol.lan.pinning import fingerprint_of, health_node_port
+from protocol.lan.pinning import health_node_port
 from protocol.upstream_url import UpstreamAddress
-from proxy.lan.identity import Identity
 from proxy.lan.pairing_client import ANSWER_CAP, NOT_ACCEPTED, answer_error, ask
+from proxy.link.identity import Identity
+from proxy.link.tls import open_for_pairing
+from proxy.upstream.connection import UpstreamConnection, UpstreamFailure
 from proxy.upstream.pool import ConnectionPool
 
-__all__ = ["JOIN_TIMEOUT", "Joined", "join", "node_port_of", "pairing_context"]
+__all__ = ["JOIN_TIMEOUT", "Joined", "join", "node_port_of"]
 
 log = logging.getLogger("sluice.pairing")
 
@@ -57,16 +58,6 @@ class Joined:
     node_port: int
 
 
-def pairing_context() -> ssl.SSLContext:
-    """TLS 1.3 only, no client certificate, any server certificate: what the server
-    presents is checked by the exchange (its pin is an identity of the SPAKE2 run)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.minimum_version = context.maximum_version = ssl.TLSVersion.TLSv1_3
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    return context
-
-
 async def node_port_of(connections: ConnectionPool, address: UpstreamAddress, url: str, *,
                        connect_timeout: float) -> int | None:
     """The other gateway's node port from its ``GET /health``; None when it has none."""
@@ -76,33 +67,19 @@ async def node_port_of(connections: ConnectionPool, address: UpstreamAddress, ur
     return health_node_port(body) if status == 200 else None
 
 
-async def _post(stream: trio.abc.Stream, conn: h11.Connection, host: bytes,
-                doc: dict[str, Any]) -> tuple[int, bytes]:
-    """One JSON POST of the exchange over ``stream``: ``(status, body)``."""
+async def _post(conn: UpstreamConnection, doc: dict[str, Any]) -> tuple[int, bytes]:
+    """One JSON POST of the exchange over ``conn``: ``(status, body)``; the connection is
+    ready for the next one after it."""
     body = json.dumps(doc).encode()
-    request = h11.Request(method=b"POST", target=EXCHANGE_PATH, headers=[
-        (b"host", host), (b"content-type", b"application/json"),
-        (b"accept", b"application/json"), (b"content-length", str(len(body)).encode())])
-    await stream.send_all(conn.send(request) + conn.send(h11.Data(data=body))
-                          + conn.send(h11.EndOfMessage()))
-    status, chunks, size = 0, [], 0
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            conn.receive_data(bytes(await stream.receive_some(65536)))
-            continue
-        if isinstance(event, h11.Response):
-            status = event.status_code
-        elif isinstance(event, h11.Data):
-            size += len(event.data)
-            if size > ANSWER_CAP:
-                raise ValueError("answer too large")
-            chunks.append(bytes(event.data))
-        elif isinstance(event, h11.EndOfMessage):
-            conn.start_next_cycle()
-            return status, b"".join(chunks)
-        elif isinstance(event, h11.ConnectionClosed):
-            raise ValueError("the connection closed mid-answer")
+    await conn.send_request(b"POST", EXCHANGE_PATH, [
+        (b"host", conn.address.authority), (b"content-type", b"application/json"),
+        (b"accept", b"application/json"), (b"content-length", str(len(body)).encode())],
+        body)
+    head = await conn.receive_head()
+    answer = await conn.receive_body(ANSWER_CAP)
+    if conn.reusable:
+        conn.recycle()
+    return head.status_code, answer
 
 
 def _message_of(status: int, body: bytes, url: str, step: int) -> dict[str, Any]:
@@ -119,21 +96,17 @@ def _message_of(status: int, body: bytes, url: str, step: int) -> dict[str, Any]
     return doc
 
 
-async def _run(stream: trio.SSLStream[trio.SocketStream], host: bytes, url: str, code: str,
-               identity: Identity, node_id: str, name: str) -> tuple[Any, str]:
-    """The two steps over a TLS stream already shaken hands: (welcome, host pin)."""
-    der = stream.getpeercert(binary_form=True)
-    if not der:
-        raise upstream_bad_response(f"{url} presented no certificate on its node port")
-    host_pin = fingerprint_of(der)
+async def _run(conn: UpstreamConnection, host_pin: str, url: str, code: str,
+               identity: Identity, node_id: str, name: str) -> Any:
+    """The two steps over a TLS link to a node that showed the certificate of
+    ``host_pin``: its welcome."""
     joiner = Joiner(code, identity.fingerprint, host_pin)
-    conn = h11.Connection(h11.CLIENT)
     first = {"step": 1, "message": await trio.to_thread.run_sync(joiner.start),
              "fingerprint": identity.fingerprint,
              "certificate": base64.b64encode(identity.der).decode()}
     if name:
         first["name"] = name
-    status, body = await _post(stream, conn, host, first)
+    status, body = await _post(conn, first)
     reply = _message_of(status, body, url, 1).get("message")
     if not isinstance(reply, str):
         raise upstream_bad_response(f"{url} answered step 1 of the pairing exchange without "
@@ -143,7 +116,7 @@ async def _run(stream: trio.SSLStream[trio.SocketStream], host: bytes, url: str,
     except PairingProtocolError:
         raise upstream_bad_response(f"{url} answered step 1 of the pairing exchange with "
                                     "something that is not a SPAKE2 message") from None
-    status, body = await _post(stream, conn, host, {
+    status, body = await _post(conn, {
         "step": 2, "message": confirmation, "fingerprint": identity.fingerprint})
     welcome = parse_welcome(_message_of(status, body, url, 2))
     if welcome is None:
@@ -159,7 +132,7 @@ async def _run(stream: trio.SSLStream[trio.SocketStream], host: bytes, url: str,
         raise ConfigError("pairingCode", NOT_ACCEPTED)
     if welcome.node_id == node_id:
         raise ConfigError("baseUrl", "that URL is this gateway itself")
-    return welcome, host_pin
+    return welcome
 
 
 async def join(address: UpstreamAddress, node_port: int, url: str, *, code: str,
@@ -168,33 +141,26 @@ async def join(address: UpstreamAddress, node_port: int, url: str, *, code: str,
     """Pair with the gateway at ``address``'s host, node port ``node_port``: what it gave
     (see :class:`Joined`). Raises the SluiceError this gateway answers ``POST
     /api/v1/nodes`` with (422 ``pairingCode`` for a code not accepted, 429, 502)."""
-    host = address.host or ""
+    node = UpstreamAddress(host=address.host, port=node_port, unix_path=None, base_path="")
     with trio.move_on_after(JOIN_TIMEOUT) as scope:
         try:
-            with trio.fail_after(connect_timeout):
-                sock = await trio.open_tcp_stream(host, node_port)
-                stream = trio.SSLStream(sock, pairing_context(), server_hostname=None)
-                await stream.do_handshake()
-        except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
+            conn, pin = await open_for_pairing(node, connect_timeout)
+        except (UpstreamFailure, trio.TooSlowError) as exc:
             log.info("pairing with %s failed: no TLS link to port %d (%s)", url, node_port,
                      type(exc).__name__)
             raise upstream_unreachable(f"cannot pair with {url}: no TLS 1.3 link to its "
                                        f"node port {node_port}") from None
         try:
-            welcome, pin = await _run(stream, _authority(host, node_port), url, code,
-                                      identity, node_id, name)
-        except (OSError, trio.BrokenResourceError, ValueError, h11.ProtocolError) as exc:
+            welcome = await _run(conn, pin, url, code, identity, node_id, name)
+        except UpstreamFailure as exc:
             log.info("pairing with %s failed: %s", url, type(exc).__name__)
             raise upstream_unreachable(f"cannot pair with {url}: the link to its node port "
                                        "broke during the exchange") from None
         finally:
-            await trio.aclose_forcefully(stream)
+            conn.close()
     if scope.cancelled_caught:
         raise upstream_unreachable(f"cannot pair with {url}: no answer within "
                                    f"{JOIN_TIMEOUT:g}s")
     log.info("paired with %s (%s), its certificate %s pinned", url, welcome.node_id, pin)
     return Joined(welcome.node_id, welcome.name, welcome.access_key, pin, node_port)
 
-
-def _authority(host: str, port: int) -> bytes:
-    return (f"[{host}]:{port}" if ":" in host else f"{host}:{port}").encode()

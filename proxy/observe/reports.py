@@ -135,7 +135,7 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
     return RequestRecord(
         id=request_id, started_at=exchange.wall, method=method, path=path, model=model,
         stream=bool(info is not None and info.stream),
-        transport="unix" if exchange.peer.transport == "unix" else "tcp",
+        transport=exchange.peer.listener.transport,
         served_by=served_by, status=status, outcome=outcome, failover=failover, ttfb=ttfb,
         duration=duration, bytes_out=bytes_sent, events=events, usage=None, error=error_code,
         attempts=attempts, routed=relay is not None, usage_in=usage_in,

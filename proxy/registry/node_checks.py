@@ -20,11 +20,11 @@ import trio
 from protocol.config import Config
 from protocol.lan.pinning import NODE_IDENTITY_CHANGED, health_node_port
 from protocol.upstream_url import parse_upstream_url
+from proxy.link.tls import PinMismatch
 from proxy.registry.nodes import OFFLINE, ONLINE, WARMING, NodeEndpoint, NodeIndex
 from proxy.registry.probe import ModelProbe, probe_models
 from proxy.upstream.connection import UpstreamFailure
 from proxy.upstream.pool import ConnectionPool, fetch
-from proxy.upstream.tls import PinMismatch
 
 WARMING_RETRY = 1.0  # seconds between probes of a warming node
 

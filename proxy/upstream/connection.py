@@ -9,10 +9,8 @@ byte had arrived, because only a failure before that may be retried on a fresh c
 from __future__ import annotations
 
 import errno
-import select
 import ssl
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -25,10 +23,7 @@ from protocol.http1 import (
     parse_response_head,
 )
 from protocol.upstream_url import UpstreamAddress
-from proxy import sockio
-
-if TYPE_CHECKING:
-    from proxy.tlsio import TlsChannel
+from proxy.link.wire import Wire
 
 RECEIVE_SIZE = 64 * 1024  # bytes asked of the kernel per read
 MAX_HEAD_SIZE = 64 * 1024  # an upstream response head larger than this is refused
@@ -62,19 +57,16 @@ def describe(exc: BaseException) -> str:
 
 
 class UpstreamConnection:
-    """One HTTP/1.1 connection to a model server, spoken with :mod:`protocol.http1`: on the
-    socket's descriptor (:mod:`proxy.sockio`), or through ``tls`` for a pinned link
-    (:mod:`proxy.tlsio`, the same calls; SPEC §16)."""
+    """One HTTP/1.1 connection to a model server or node, spoken with
+    :mod:`protocol.http1` over its :class:`~proxy.link.wire.Wire`: the socket's own, or
+    TLS for a pinned link (SPEC §16)."""
 
     __slots__ = ("_buffer", "_drained", "_eof", "_length_left", "_mode", "_pending", "_responded",
-                 "_scanner", "address", "after_stream", "body_started", "fd", "head", "idle_limit",
-                 "idle_since", "reused", "stream", "tls")
+                 "_scanner", "address", "after_stream", "body_started", "head", "idle_limit",
+                 "idle_since", "reused", "wire")
 
-    def __init__(self, stream: trio.SocketStream, address: UpstreamAddress,
-                 tls: TlsChannel | None = None) -> None:
-        self.stream = stream
-        self.fd = stream.socket.fileno()
-        self.tls = tls
+    def __init__(self, wire: Wire, address: UpstreamAddress) -> None:
+        self.wire = wire
         self.address = address
         self.reused = False
         self.after_stream = False  # the last answer on it was streamed (chunked)
@@ -107,19 +99,13 @@ class UpstreamConnection:
         data = build_request_head(method, target, list(headers))
         self._drained = True  # the answer cannot be there before the request is
         try:
-            if self.tls is None:
-                await sockio.send_all(self.fd, data + body if body else data)
-            else:
-                await self.tls.send_all(data + body if body else data)
+            await self.wire.send_all(data + body if body else data)
         except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"sending the request failed: {describe(exc)}") from None
 
     async def _read(self) -> bytes:
         try:
-            if self.tls is None:
-                data = await sockio.recv(self.fd, RECEIVE_SIZE, self._drained)
-            else:
-                data = await self.tls.recv(RECEIVE_SIZE, self._drained)
+            data = await self.wire.recv(RECEIVE_SIZE, self._drained)
         except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamFailure(f"connection lost: {describe(exc)}",
                                   responded=self._responded,
@@ -256,10 +242,7 @@ class UpstreamConnection:
 
     def close(self) -> None:
         """Close at once (synchronous, so it is safe in cancelled and finally blocks)."""
-        if self.tls is not None:
-            self.tls.close()
-        else:
-            self.stream.socket.close()
+        self.wire.close()
 
     @property
     def streamed(self) -> bool:
@@ -276,14 +259,7 @@ class UpstreamConnection:
         """False when an idle connection has been closed, reset or has unsolicited bytes:
         anything readable on an idle connection (EOF included) means it is spent; over TLS,
         records without data (a session ticket) do not count."""
-        if self.tls is not None:
-            return self.tls.looks_alive()
-        poller = select.poll()
-        poller.register(self.fd, select.POLLIN | select.POLLPRI)
-        try:
-            return not poller.poll(0)
-        except OSError:
-            return False
+        return self.wire.looks_alive()
 
 
 _NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(4)

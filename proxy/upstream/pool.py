@@ -11,7 +11,7 @@ when its upstream has shown it keeps such connections (:mod:`protocol.stream_reu
 that is known it is probed with a GET first, off the request's path, by :meth:`run`.
 
 A pinned address (SPEC §16: ``UpstreamAddress.pin``) is a TLS link, made with the client
-context the pool was given (:mod:`proxy.upstream.tls`): its handshake is part of the
+context the pool was given (:mod:`proxy.link.tls`): its handshake is part of the
 connect, and its connections are pooled and reused like plain ones under their own key.
 """
 
@@ -29,9 +29,10 @@ from protocol.headers import Header
 from protocol.http1 import ResponseHead
 from protocol.stream_reuse import Action, Sign, StreamReuse, Verdict
 from protocol.upstream_url import UpstreamAddress
+from proxy.link.sockio import PlainWire
+from proxy.link.tls import handshake
 from proxy.tasks import TaskHolder
 from proxy.upstream.connection import UpstreamConnection, UpstreamFailure, describe
-from proxy.upstream.tls import handshake
 
 IDLE_PER_ADDRESS = 64  # idle keep-alive connections kept per upstream address
 IDEMPOTENT = frozenset({b"GET", b"HEAD"})  # may be sent again after a lost answer
@@ -59,7 +60,7 @@ class ConnectionPool:
         self.connects = 0
         self.probes = 0
         self.handshakes = 0  # TLS handshakes completed (pinned links)
-        # The client context of pinned links (proxy.upstream.tls.client_context), None
+        # The client context of pinned links (proxy.link.tls.client_context), None
         # without an identity: a pinned address then fails to connect.
         self.tls = tls
         # TCP_USER_TIMEOUT of upstream TCP sockets (timeouts.connection): bytes we sent
@@ -111,11 +112,11 @@ class ConnectionPool:
                                   connect=True) from None
         self.connects += 1
         if address.pin is None:
-            return UpstreamConnection(stream, address)
+            return UpstreamConnection(PlainWire(stream.socket), address)
         assert self.tls is not None
         channel = await handshake(stream.socket, self.tls, address.pin)
         self.handshakes += 1
-        return UpstreamConnection(stream, address, channel)
+        return UpstreamConnection(channel, address)
 
     def take_idle(self, address: UpstreamAddress) -> UpstreamConnection | None:
         """An idle keep-alive connection that still looks alive, or None."""

@@ -1,10 +1,11 @@
-"""The TLS of SPEC §16's links, both ends: the contexts, and a pinned client handshake.
+"""The TLS of SPEC §16's links, both ends: their contexts (one maker, :func:`tls_context`),
+and a pinned client handshake.
 
 Both ends speak TLS 1.3 only, with this gateway's Ed25519 certificate
-(:mod:`proxy.lan.identity`). OpenSSL (Python's ``ssl``) does every step of TLS; what is
+(:mod:`proxy.link.identity`). OpenSSL (Python's ``ssl``) does every step of TLS; what is
 decided here is which certificates count:
 
-- The node listener (:func:`server_context`) asks for a client certificate and trusts
+- The node listener (``tls_context(End.SERVER, ...)``) asks for a client certificate and trusts
   exactly the paired peers' self-signed ones, each loaded as its own trust anchor
   (``cadata``; ``VERIFY_X509_PARTIAL_CHAIN`` lets a certificate in the store end a chain by
   itself, and OpenSSL 3 takes these self-signed CA:false certificates as anchors either
@@ -12,16 +13,18 @@ decided here is which certificates count:
   with its key, or a twin with the same key, is refused: CA:false). An unknown certificate
   is refused at the handshake; a client with none is let through (the node listener then
   serves it the pairing exchange only).
-- A pinned link (:func:`client_context`, :func:`handshake`) checks no chain: after the
+- A pinned link (``tls_context(End.CLIENT, ...)``, :func:`handshake`) checks no chain: after the
   handshake the server's certificate must hash to the pin (:mod:`protocol.lan.pinning`),
   else :class:`PinMismatch`, raised before our certificate, our Finished or any byte of a
   request is sent. Then it waits for the server's session ticket, which a TLS 1.3 server
   sends only once it has accepted our certificate: a refusal is :class:`HandshakeRefused`
-  there, at the handshake, rather than at the first answer.
+  there, at the handshake, rather than at the first answer. Pairing
+  (:func:`open_for_pairing`) shows no certificate and learns the server's pin instead.
 """
 
 from __future__ import annotations
 
+import enum
 import ssl
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -30,15 +33,15 @@ import trio
 
 from protocol.lan.pinning import fingerprint_of, pin_matches
 from protocol.upstream_url import UpstreamAddress
-from proxy.tlsio import TlsChannel
+from proxy.link.tlsio import TlsChannel
 from proxy.upstream.connection import UpstreamConnection, UpstreamFailure
 
 if TYPE_CHECKING:
-    from proxy.lan.identity import Identity
+    from proxy.link.identity import Identity
 
 __all__ = [
-    "HandshakeRefused", "PinMismatch", "TlsLinkError", "as_connection", "client_context",
-    "handshake", "open_for_pairing", "open_pinned", "server_context",
+    "End", "HandshakeRefused", "PinMismatch", "TlsLinkError", "handshake", "open_for_pairing",
+    "tls_context",
 ]
 
 TICKETS = 1  # session tickets the node listener sends: the sign it took the client's certificate
@@ -70,33 +73,34 @@ class HandshakeRefused(TlsLinkError):
         self.reason = reason
 
 
-def _tls13_only(context: ssl.SSLContext) -> ssl.SSLContext:
+class End(enum.Enum):
+    """Which end of a link a context is for."""
+
+    CLIENT = "client"  # a pinned link to a node, or pairing (no certificate of ours)
+    SERVER = "server"  # the node listener
+
+
+def tls_context(end: End, identity: Identity | None,
+                peer_certs: Sequence[bytes] = ()) -> ssl.SSLContext:
+    """A link's context: TLS 1.3 only, with our certificate (None: none, a client that
+    pairs). The node listener's (``End.SERVER``) asks for a client certificate and, when
+    one is sent, takes it only if it is one of ``peer_certs`` (DER). A client's checks no
+    chain or host name (the pin is checked after the handshake: :func:`handshake`)."""
+    server = end is End.SERVER
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_3
     context.maximum_version = ssl.TLSVersion.TLSv1_3
-    return context
-
-
-def server_context(identity: Identity, peer_certs: Sequence[bytes]) -> ssl.SSLContext:
-    """The node listener's context: TLS 1.3 only, our certificate, a client certificate
-    asked for and, when one is sent, valid only if it is one of ``peer_certs`` (DER)."""
-    context = _tls13_only(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER))
-    context.load_cert_chain(identity.cert_path, identity.key_path)
-    context.verify_mode = ssl.CERT_OPTIONAL
-    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
-    for der in peer_certs:
-        context.load_verify_locations(cadata=der)
-    context.num_tickets = TICKETS
-    return context
-
-
-def client_context(identity: Identity | None) -> ssl.SSLContext:
-    """A link's context: TLS 1.3 only, our certificate (None: none, for pairing), no chain
-    or host name checked by OpenSSL (the pin is checked after the handshake)."""
-    context = _tls13_only(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
     if identity is not None:
         context.load_cert_chain(identity.cert_path, identity.key_path)
+    if server:
+        context.verify_mode = ssl.CERT_OPTIONAL
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+        for der in peer_certs:
+            context.load_verify_locations(cadata=der)
+        context.num_tickets = TICKETS
+    else:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
     return context
 
 
@@ -137,40 +141,24 @@ async def handshake(sock: trio.socket.SocketType, context: ssl.SSLContext,
     return channel
 
 
-async def _open(host: str, port: int, context: ssl.SSLContext, pin: str | None,
-                timeout: float) -> TlsChannel:
+async def open_for_pairing(address: UpstreamAddress,
+                           timeout: float) -> tuple[UpstreamConnection, str]:
+    """An HTTP/1.1 connection over TLS to a node not pinned yet (SPEC §16 pairing: the PAKE
+    then proves who it is), showing no certificate (the node listener lets such a client
+    call the pairing exchange only), and the pin of the certificate the node showed. For
+    requests outside the pool: ``send_request``, ``receive_head``, ``receive_body``; the
+    caller closes it. Raises HandshakeRefused, UpstreamFailure(connect=True), or
+    trio.TooSlowError past ``timeout`` seconds."""
+    host, port = address.host, address.port
+    assert host is not None
+    assert port is not None
     with trio.fail_after(timeout):
         try:
             stream = await trio.open_tcp_stream(host, port)
         except OSError as exc:
             raise UpstreamFailure(f"cannot connect to {host}:{port}: {exc}",
                                   connect=True) from None
-        return await handshake(stream.socket, context, pin)
-
-
-async def open_pinned(host: str, port: int, pin: str, context: ssl.SSLContext,
-                      timeout: float) -> TlsChannel:
-    """A connected TLS link to ``host:port`` whose certificate hashes to ``pin`` and which
-    took ours. Raises PinMismatch, HandshakeRefused, UpstreamFailure(connect=True), or
-    trio.TooSlowError past ``timeout`` seconds."""
-    return await _open(host, port, context, pin, timeout)
-
-
-async def open_for_pairing(host: str, port: int, context: ssl.SSLContext,
-                           timeout: float) -> tuple[TlsChannel, str]:
-    """A TLS link to a node not pinned yet (SPEC §16 pairing: the PAKE then proves who it
-    is), and the pin of the certificate it showed. ``context``: usually
-    ``client_context(None)`` (no certificate: the node listener lets such a client call
-    the pairing exchange only)."""
-    channel = await _open(host, port, context, None, timeout)
+        channel = await handshake(stream.socket, tls_context(End.CLIENT, None), None)
     der = channel.peer_certificate()
     assert der is not None
-    return channel, fingerprint_of(der)
-
-
-def as_connection(channel: TlsChannel, address: UpstreamAddress) -> UpstreamConnection:
-    """An HTTP/1.1 connection over a channel opened here (e.g. :func:`open_for_pairing`'s),
-    for requests outside the pool: ``send_request``, ``receive_head``, ``receive_body``;
-    the caller closes it. ``address`` gives the ``Host`` and base path (its pin is not
-    checked again)."""
-    return UpstreamConnection(trio.SocketStream(channel.sock), address, channel)
+    return UpstreamConnection(channel, address), fingerprint_of(der)

@@ -5,7 +5,7 @@ data dir, ``identity/key.pem`` (0600) and ``identity/cert.pem`` (0644) in a fold
 
 Reading needs only the standard library (:func:`load_identity`; ``ssl`` checks that the key
 is the certificate's). Making them (:func:`ensure_identity`, when a file is missing or
-unreadable) takes ``cryptography`` (:mod:`proxy.lan.identity_make`), in a child process by
+unreadable) takes ``cryptography`` (:mod:`proxy.link.identity_make`), in a child process by
 default, so that no gateway keeps it loaded; importing this module does not import it.
 
 The key is never read into a value of this module: no ``repr()``, log line or error can show
@@ -23,7 +23,7 @@ import attrs
 
 from protocol.lan.pinning import fingerprint_of
 from proxy.files import atomic_write, remove_leftovers
-from proxy.lan.identity_make import Maker, make_in_child
+from proxy.link.identity_make import Maker, make_in_child
 
 __all__ = [
     "CERT_FILE",

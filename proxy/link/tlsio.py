@@ -1,10 +1,10 @@
 """TLS on a socket's file descriptor, for the links of SPEC §16 on the hot path.
 
 OpenSSL does all of TLS (an :class:`ssl.SSLObject` over two memory BIOs); this module only
-moves its records with :mod:`proxy.sockio` (the call tried first, a wait only when it would
-block), so a TLS connection costs what the plain one does plus OpenSSL's own work, and goes
-through the same connection code: :class:`TlsChannel` has the ``recv`` and ``send_all`` of
-:mod:`proxy.sockio` without the descriptor argument.
+moves its records with the socket's :class:`~proxy.link.sockio.PlainWire` (the call tried
+first, a wait only when it would block), so a TLS connection costs what the plain one does
+plus OpenSSL's own work, and goes through the same connection code: :class:`TlsChannel` is a
+:class:`~proxy.link.wire.Wire` as the plain one is.
 
 One task may read while another writes (a client connection's reader and its answer). A read
 can make OpenSSL write (a key update's reply); those bytes go out at once only when no send
@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import trio
 
-from proxy import sockio
+from proxy.link.sockio import PlainWire
 
 __all__ = ["RAW_SIZE", "TlsChannel", "TlsStream"]
 
@@ -39,13 +39,14 @@ class TlsChannel:
     """One TLS connection over a connected socket (see the module). Made before the
     handshake; :meth:`handshake` runs it."""
 
-    __slots__ = ("_backlog", "_early", "_in", "_obj", "_out", "_raw_drained", "_sending",
-                 "closed", "fd", "server_side", "sock")
+    __slots__ = ("_backlog", "_early", "_in", "_obj", "_out", "_raw", "_raw_drained",
+                 "_sending", "closed", "fd", "server_side", "sock")
 
     def __init__(self, sock: trio.socket.SocketType, context: ssl.SSLContext, *,
                  server_side: bool) -> None:
         self.sock = sock
         self.fd = sock.fileno()
+        self._raw = PlainWire(sock)  # the records' transport
         self.server_side = server_side
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()
@@ -93,7 +94,7 @@ class TlsChannel:
         """A client after its handshake: wait until the server shows it took our
         certificate. A TLS 1.3 server checks a client's certificate after the client's
         handshake is over, and then either sends its session ticket (ours sends one:
-        :func:`proxy.upstream.tls.server_context`) or an alert. So the first whole record
+        :func:`proxy.link.tls.server_context`) or an alert. So the first whole record
         OpenSSL takes from the server without an error is the acceptance. Only the record
         headers' length fields are read here, to know when a whole record is in (asking
         OpenSSL for the session instead costs a copy of it, ~0.1 ms); OpenSSL decrypts and
@@ -103,7 +104,7 @@ class TlsChannel:
         seen = b""  # the server's bytes since our Finished
         whole = 0  # how many of them form whole records
         while True:
-            data = await sockio.recv(self.fd, RAW_SIZE, True)
+            data = await self._raw.recv(RAW_SIZE, True)
             if not data:
                 raise ConnectionResetError("the server closed the connection")
             self._in.write(data)
@@ -129,7 +130,7 @@ class TlsChannel:
     # ------------------------------------------------------------------ reading
 
     async def _fill(self, wait_first: bool) -> None:
-        data = await sockio.recv(self.fd, RAW_SIZE, wait_first)
+        data = await self._raw.recv(RAW_SIZE, wait_first)
         self._raw_drained = len(data) < RAW_SIZE
         if data:
             self._in.write(data)
@@ -138,7 +139,7 @@ class TlsChannel:
 
     async def recv(self, size: int, wait_first: bool = False) -> bytes:
         """Up to ``size`` application bytes; b"" at the end of the stream. ``wait_first``
-        as :func:`proxy.sockio.recv`: it applies to the socket only when no record is
+        as :meth:`proxy.link.sockio.PlainWire.recv`: it applies to the socket only when no record is
         buffered and the last read of the socket took all there was."""
         if self._early:
             early, self._early = self._early[:size], self._early[size:]
@@ -176,7 +177,8 @@ class TlsChannel:
 
     async def send_all(self, data: bytes, on_block: Callable[[], None] | None = None,
                        stall: float | None = None) -> None:
-        """Write all of ``data`` (``on_block`` and ``stall`` as :func:`proxy.sockio.send_all`).
+        """Write all of ``data`` (``on_block`` and ``stall`` as
+        :meth:`proxy.link.sockio.PlainWire.send_all`).
         After a failed or cancelled send the connection is finished."""
         self._obj.write(data)
         await self.flush(on_block, stall)
@@ -190,7 +192,7 @@ class TlsChannel:
             if self._backlog:
                 out, self._backlog = self._backlog + out, b""
             while out:
-                await sockio.send_all(self.fd, out, on_block, stall)
+                await self._raw.send_all(out, on_block, stall)
                 out = self._out.read()  # what a read made meanwhile
         finally:
             self._sending = False
@@ -256,6 +258,9 @@ class TlsChannel:
             self._send_nowait()
         self.closed = True
         self.sock.close()
+
+    def stream(self) -> trio.abc.Stream:
+        return TlsStream(self)
 
 
 class TlsStream(trio.abc.Stream):

@@ -1,12 +1,13 @@
 """The node listener's TLS (SPEC §16): each connection accepted on ``api.node_port`` is
 served only after a TLS 1.3 server handshake that trusts exactly the paired peers'
-certificates (:func:`proxy.upstream.tls.server_context`, rebuilt when :class:`NodePeers`
+certificates (:func:`proxy.link.tls.tls_context`, rebuilt when :class:`NodePeers`
 changes: new handshakes use the new set). A failed handshake (plain HTTP, TLS 1.2, an unknown
 certificate, nothing within ``timeouts.connection``) just closes, logged at DEBUG. Then the
 connection is served by the same connection and exchange code as the API port, through its
-:class:`~proxy.tlsio.TlsChannel`; its client's certificate pin (None without one) decides
-what it may ask (:func:`protocol.access.authorize_node`). A peer removed from the set has
-its open connections closed.
+:class:`~proxy.link.tlsio.TlsChannel` (its :class:`~proxy.link.wire.Wire`); its client's
+certificate pin (None without one) decides what it may ask (the node column of
+:func:`protocol.access.authorize`). A peer removed from the set has its open connections
+closed. It is the wire maker of the node :class:`~proxy.link.listener.Listener`.
 """
 
 from __future__ import annotations
@@ -18,17 +19,18 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from protocol.lan.pinning import fingerprint_of
-from proxy.lan.identity import Identity
 from proxy.lan.node_peers import NodePeers
-from proxy.tlsio import TlsChannel
-from proxy.upstream.tls import server_context
+from proxy.link.identity import Identity
+from proxy.link.tls import End, tls_context
+from proxy.link.tlsio import TlsChannel
+from proxy.link.wire import Wire
 
 __all__ = ["NodeListener", "Serve"]
 
 log = logging.getLogger("sluice.node")
 
-# Serves one connection after its handshake: (channel, the client's address, its pin or None).
-Serve = Callable[[TlsChannel, str, "str | None"], Awaitable[None]]
+# Serves one connection once its wire is made: (the wire, the client's certificate pin or None).
+Serve = Callable[[Wire, "str | None"], Awaitable[None]]
 
 
 class NodeListener:
@@ -55,7 +57,8 @@ class NodeListener:
     def context(self) -> ssl.SSLContext:
         """The server context for the peers as they are now (made again after a change)."""
         if self._context is None or self._context_version != self.peers.version:
-            self._context = server_context(self.identity, self.peers.certificates())
+            self._context = tls_context(End.SERVER, self.identity,
+                                        self.peers.certificates())
             self._context_version = self.peers.version
         return self._context
 
@@ -67,15 +70,10 @@ class NodeListener:
     def open_connections(self, pin: str) -> int:
         return len(self._open.get(pin, ()))
 
-    async def serve(self, stream: trio.SocketStream, serve: Serve) -> None:
+    async def open(self, sock: trio.socket.SocketType, address: str, serve: Serve) -> None:
         """Handshake, then ``serve`` the connection (until it ends, or its peer is
         removed); closes it either way."""
-        try:
-            address = str(stream.socket.getpeername()[0])
-        except OSError:  # already gone
-            stream.socket.close()
-            return
-        channel = TlsChannel(stream.socket, self.context(), server_side=True)
+        channel = TlsChannel(sock, self.context(), server_side=True)
         try:
             good, pin = await self._handshake(channel, address)
             if not good:
@@ -85,7 +83,7 @@ class NodeListener:
                 self._open.setdefault(pin, set()).add(scope)
             try:
                 with scope:
-                    await serve(channel, address, pin)
+                    await serve(channel, pin)
             finally:
                 if pin is not None:
                     scopes = self._open.get(pin)
@@ -95,6 +93,11 @@ class NodeListener:
                             del self._open[pin]
         finally:
             channel.close()
+
+    async def turn_away(self, stream: trio.SocketStream) -> None:
+        """Over ``api.max_connections``: its client speaks TLS first, so closed at once."""
+        stream.socket.close()
+        await trio.lowlevel.checkpoint()
 
     async def _handshake(self, channel: TlsChannel, address: str) -> tuple[bool, str | None]:
         """Whether the handshake went well, and the client's pin (None: no

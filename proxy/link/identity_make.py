@@ -1,7 +1,7 @@
 """Making this gateway's identity (SPEC §16): a new Ed25519 key and its self-signed
 certificate, both PEM. The only module that imports ``cryptography`` for it, inside
 :func:`make_here`; :func:`make_in_child` runs that in a short child process
-(``python -m proxy.lan.identity_make``, the two PEMs back on its stdout, a pipe between
+(``python -m proxy.link.identity_make``, the two PEMs back on its stdout, a pipe between
 the two processes), so the gateway that asked never has ``cryptography`` loaded.
 """
 
@@ -25,7 +25,7 @@ def make_in_child() -> tuple[bytes, bytes]:
     """:func:`make_here` in a child process. Raises OSError when it fails (the reason is
     the child's last line on stderr; the key never passes through stderr)."""
     try:
-        done = subprocess.run([sys.executable, "-m", "proxy.lan.identity_make"],
+        done = subprocess.run([sys.executable, "-m", "proxy.link.identity_make"],
                               stdin=subprocess.DEVNULL, capture_output=True,
                               timeout=CHILD_TIMEOUT, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
