@@ -96,9 +96,10 @@ class Relay:
 
     @property
     def delivered(self) -> bool:
-        """An SSE answer's end (``data: [DONE]``) reached the client, whatever followed: a
-        client that leaves then (the OpenAI SDKs close at ``[DONE]``, before the body's last
-        chunk) got the whole answer."""
+        """An SSE answer's last event (``data: [DONE]``, ``message_stop``,
+        ``response.completed``...: :attr:`SseObserver.ended`) was relayed, whatever
+        followed: a client that leaves then (the OpenAI SDKs close at ``[DONE]``, the Codex
+        CLI at ``response.completed``, before the body's last chunk) got the whole answer."""
         observer = self.observer
         return (observer is not None and observer.ended
                 and self.out.response.state is State.STREAMING)
