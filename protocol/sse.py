@@ -10,6 +10,7 @@ event), so the relay keeps only those. :func:`error_event` is that event.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from protocol.errors import Family, SluiceError
 
@@ -84,13 +85,16 @@ class SseObserver:
     Responses API) with an ``event:`` line naming one of :data:`LAST_EVENTS`, its ``data:``
     line and a blank line. The reads of such a stream (and those before any data line) are
     searched once more, for their last ``event:`` line, with the stream's last
-    :data:`_CARRY` bytes before them (a line split between reads is still seen)."""
+    :data:`_CARRY` bytes before them (a line split between reads is still seen).
+    ``on_end`` is called for each read after which the stream ends with its last event (the
+    relay's hook: the routing index learns the answer before that read is relayed)."""
 
     __slots__ = ("_before", "_carry", "_clean", "_event_lines", "_last", "_last_data",
-                 "_last_named", "_named", "_partial", "_tail", "ended", "events",
+                 "_last_named", "_named", "_named_end", "_on_end", "_partial", "_tail", "events",
                  "first_usage_line", "timings_line", "usage_line")
 
-    def __init__(self) -> None:
+    def __init__(self, on_end: Callable[[], object] | None = None) -> None:
+        self._on_end = on_end
         self.events = 0
         self.usage_line: bytes | None = None
         # The first such line: Anthropic's message_start, whose usage has the input tokens
@@ -99,10 +103,6 @@ class SseObserver:
         # The last line that mentions "timings": llama.cpp's last chunk, whose cache_n says
         # how many prompt tokens it reused (a stream without include_usage has no usage).
         self.timings_line: bytes | None = None
-        # The stream so far ends with its last event: a client may leave now without
-        # waiting for the body's last chunk, as the OpenAI SDKs do at [DONE] and the Codex
-        # CLI at response.completed; it got the whole answer.
-        self.ended = False
         self._last = self._before = b""  # the stream's end: the last reads' last bytes
         self._clean = True  # the bytes so far end a line (or there are none)
         self._tail = b""  # the last 5 bytes so far, while they do not end a line
@@ -112,14 +112,26 @@ class SseObserver:
         self._carry = b"\n"  # named (or not known yet): the stream's last _CARRY bytes
         self._last_named = False  # the last event: line names one of LAST_EVENTS
         self._last_data = False  # ... and that event's data: line has come
+        self._named_end = False  # a named stream ends with its last event
 
     def __repr__(self) -> str:
         return f"SseObserver(events={self.events}, ended={self.ended})"
 
-    def see(self, data: bytes) -> bool:
-        """Watch ``data``, the stream's next bytes. Returns :attr:`ended`."""
+    @property
+    def ended(self) -> bool:
+        """The stream so far ends with its last event: a client may leave now without
+        waiting for the body's last chunk (the OpenAI SDKs do at ``[DONE]``, the Codex CLI
+        at ``response.completed``); it got the whole answer."""
+        named = self._named
+        if named is None:
+            return False
+        if named:
+            return self._named_end
+        return _DONE_EVENT in self._before[-_DONE_TAIL:] + self._last[-_DONE_TAIL:]
+
+    def see(self, data: bytes) -> None:
         if not data:
-            return self.ended
+            return
         if len(data) >= _DONE_TAIL:  # only the ends are kept: a held stream holds no read
             self._before, self._last = self._last, data[-_DONE_TAIL:]
         else:  # short reads are joined, so the two hold the stream's true end
@@ -135,33 +147,42 @@ class SseObserver:
                 events += 1
         self.events += events
         clean = data.endswith(b"\n")
-        named = self._named
-        if named is not False:
-            self._see_named(data, events)
-            if named is None and self.events:  # its first data line: the grammar is known
-                self._named = named = self._event_lines
-        if not clean:
-            self.ended = False
-        elif named:
-            self.ended = (self._last_named and self._last_data
-                          and ends_event(self._carry[-TAIL:]))
-        elif named is False:
-            self.ended = (b"]" in self._last
-                          and _DONE_EVENT in self._before[-_DONE_TAIL:] + self._last[-_DONE_TAIL:])
+        if self._named is not False:
+            self._see_named(data, events, clean)
+        elif self._on_end is not None and b"]" in self._last and self.ended:
+            self._on_end()
         if clean and self._clean and _USAGE_KEY not in data and _TIMINGS_KEY not in data:
-            return self.ended  # the usual read: whole lines, none of them about usage
+            return  # the usual read: whole lines, none of them about usage
         if not clean:
             self._tail = (tail + data)[-5:]
         self._clean = clean
         self._lines(data)
-        return self.ended
 
-    def _see_named(self, data: bytes, events: int) -> None:
-        """Follow the last ``event:`` line of a stream of named events: whether it names
-        its last event, and whether that event's data line has come."""
-        window = self._carry + data
-        self._carry = window[-_CARRY:]
-        at = window.rfind(_EVENT_LINE)
+    def _see_named(self, data: bytes, events: int, clean: bool) -> None:
+        """A stream of named events, or one whose grammar is not known yet: follow its last
+        ``event:`` line (whether it names its last event, whether that event's data line
+        has come) and, at its first data line, tell the grammar."""
+        self._follow_named(data, events)
+        named = self._named
+        if named is None:
+            if not self.events:
+                return
+            self._named = named = self._event_lines  # its first data line: the grammar
+        if named:
+            self._named_end = end = (clean and self._last_named and self._last_data
+                                     and ends_event(self._carry[-TAIL:]))
+        else:
+            end = self.ended
+        if end and self._on_end is not None:
+            self._on_end()
+
+    def _follow_named(self, data: bytes, events: int) -> None:
+        window = data
+        at = data.rfind(_EVENT_LINE)
+        if at < 0:  # none in this read: one split between reads, or still the carry's
+            window = self._carry + data[:_CARRY]
+            at = window.rfind(_EVENT_LINE)
+        self._carry = data[-_CARRY:] if len(data) >= _CARRY else (self._carry + data)[-_CARRY:]
         if at < 0:
             if self._last_named and events:
                 self._last_data = True

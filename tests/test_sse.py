@@ -135,20 +135,26 @@ def test_a_named_stream_ends_through_chunk_framing() -> None:
     observer = SseObserver()
     seen = []
     for event in events:
-        seen.append(observer.see(b"%x\r\n" % len(event) + event + b"\r\n"))
+        observer.see(b"%x\r\n" % len(event) + event + b"\r\n")
+        seen.append(observer.ended)
     assert seen == [False, False, True]
     # Split mid-event by the framing: its event line in one chunk, its data in the next.
     observer = SseObserver()
     first, rest = NAMED_EVENTS[3].split(b"\n", 1)
     for part in (NAMED_EVENTS[0], first + b"\n"):
-        assert not observer.see(b"%x\r\n" % len(part) + part + b"\r\n")
-    assert observer.see(b"%x\r\n" % len(rest) + rest + b"\r\n")
+        observer.see(b"%x\r\n" % len(part) + part + b"\r\n")
+        assert not observer.ended
+    observer.see(b"%x\r\n" % len(rest) + rest + b"\r\n")
+    assert observer.ended
 
 
 def test_a_chat_stream_is_not_ended_by_named_text() -> None:
     """A Chat Completions stream ends only at ``[DONE]``; its text may say anything."""
-    observer = SseObserver()
-    assert not observer.see(b'data: {"choices":[{"delta":{"content":"event: message_stop"}}]}'
-                            b"\n\n")
-    assert not observer.see(b'data: {"choices":[{"delta":{"content":"data: [DONE]"}}]}\n\n')
-    assert observer.see(b"data: [DONE]\n\n")
+    ends: list[int] = []
+    observer = SseObserver(lambda: ends.append(observer.events))
+    observer.see(b'data: {"choices":[{"delta":{"content":"event: message_stop"}}]}\n\n')
+    observer.see(b'data: {"choices":[{"delta":{"content":"data: [DONE]"}}]}\n\n')
+    assert not observer.ended
+    observer.see(b"data: [DONE]\n\n")
+    assert observer.ended
+    assert ends == [3]  # on_end: at the read that ended it
