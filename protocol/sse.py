@@ -10,6 +10,7 @@ event), so the relay keeps only those. :func:`error_event` is that event.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from protocol.errors import Family, SluiceError
 
@@ -51,30 +52,49 @@ _NAMED = frozenset({Family.ANTHROPIC, Family.RESPONSES})  # their events are nam
 
 
 _DATA_LINE = b"\ndata:"
+_EVENT_LINE = b"\nevent:"
 _USAGE_KEY = b'"usage"'
 _TIMINGS_KEY = b'"timings"'  # llama.cpp's own figures (its cache_n: prompt tokens reused)
 _DONE_EVENT = b"data: [DONE]"
 _DONE_TAIL = 18  # "data: [DONE]", its blank line and a chunk's CRLF fit in this
 USAGE_LINE_CAP = 64 * 1024  # a usage event line longer than this is not kept
+# The last event of the streams whose events are named (Anthropic's Messages, the Responses
+# API): the upstream ends the body after it, and a client may leave.
+LAST_EVENTS = frozenset({b"message_stop", b"response.completed", b"response.failed",
+                         b"response.incomplete"})
+_CARRY = 48  # a named stream's last bytes kept: an event line with its name fits in this
 
 
 class SseObserver:
     """Watches the bytes of an SSE stream as they are relayed, never changing them: counts
-    the ``data:`` lines (one per event in every upstream we know) and keeps the last line
+    the ``data:`` lines (one per event in every upstream we know), keeps the last line
     that mentions ``"usage"`` (the final usage chunk; parsed once, when the request ends, by
-    :func:`protocol.request_record.usage_from_event`).
+    :func:`protocol.request_record.usage_from_event`), and tells whether the stream so far
+    ends with its last event (:attr:`ended`).
 
     It may be given the stream's chunk framing too (the relay forwards chunked bodies
     verbatim): a chunk-size line ends in LF, so a ``data:`` line at the start of a chunk is
     still seen after one, and the framing holds neither ``data:`` nor ``"usage"``; only a
     usage event split across two chunks is then lost (its line holds the framing). Per read
     it costs a few searches in C; the unfinished last line of a read is kept (up to
-    :data:`USAGE_LINE_CAP`) so a line split across reads is still seen whole."""
+    :data:`USAGE_LINE_CAP`) so a line split across reads is still seen whole.
 
-    __slots__ = ("_before", "_clean", "_last", "_partial", "_tail", "events",
+    The last event depends on the stream's grammar, known at its first data line: a stream
+    without ``event:`` lines (Chat Completions, completions) ends with ``data: [DONE]``,
+    found in the stream's last bytes; a stream of named events (Anthropic's Messages, the
+    Responses API) with an ``event:`` line naming one of :data:`LAST_EVENTS`, its ``data:``
+    line and a blank line. The reads of such a stream (and those before any data line) are
+    searched once more, for their last ``event:`` line, with the stream's last
+    :data:`_CARRY` bytes before them (a line split between reads is still seen).
+    ``on_end`` is called for each read after which the stream ends with its last event (the
+    relay's hook: the routing index learns the answer before that read is relayed)."""
+
+    __slots__ = ("_before", "_carry", "_clean", "_event_lines", "_last", "_last_data",
+                 "_last_named", "_named", "_named_end", "_on_end", "_partial", "_tail", "events",
                  "first_usage_line", "timings_line", "usage_line")
 
-    def __init__(self) -> None:
+    def __init__(self, on_end: Callable[[], object] | None = None) -> None:
+        self._on_end = on_end
         self.events = 0
         self.usage_line: bytes | None = None
         # The first such line: Anthropic's message_start, whose usage has the input tokens
@@ -87,14 +107,26 @@ class SseObserver:
         self._clean = True  # the bytes so far end a line (or there are none)
         self._tail = b""  # the last 5 bytes so far, while they do not end a line
         self._partial: bytearray | None = bytearray()  # an unfinished line (None: too long)
+        self._named: bool | None = None  # events have event: lines (None: no data line yet)
+        self._event_lines = False  # an event: line was seen (before the first data line)
+        self._carry = b"\n"  # named (or not known yet): the stream's last _CARRY bytes
+        self._last_named = False  # the last event: line names one of LAST_EVENTS
+        self._last_data = False  # ... and that event's data: line has come
+        self._named_end = False  # a named stream ends with its last event
 
     def __repr__(self) -> str:
-        return f"SseObserver(events={self.events})"
+        return f"SseObserver(events={self.events}, ended={self.ended})"
 
     @property
     def ended(self) -> bool:
-        """The stream so far ends with ``data: [DONE]`` (the Chat Completions end): a client
-        may leave now without waiting for the body's last chunk, as the OpenAI SDKs do."""
+        """The stream so far ends with its last event: a client may leave now without
+        waiting for the body's last chunk (the OpenAI SDKs do at ``[DONE]``, the Codex CLI
+        at ``response.completed``); it got the whole answer."""
+        named = self._named
+        if named is None:
+            return False
+        if named:
+            return self._named_end
         return _DONE_EVENT in self._before[-_DONE_TAIL:] + self._last[-_DONE_TAIL:]
 
     def see(self, data: bytes) -> None:
@@ -115,12 +147,53 @@ class SseObserver:
                 events += 1
         self.events += events
         clean = data.endswith(b"\n")
+        if self._named is not False:
+            self._see_named(data, events, clean)
+        elif self._on_end is not None and b"]" in self._last and self.ended:
+            self._on_end()
         if clean and self._clean and _USAGE_KEY not in data and _TIMINGS_KEY not in data:
             return  # the usual read: whole lines, none of them about usage
         if not clean:
             self._tail = (tail + data)[-5:]
         self._clean = clean
         self._lines(data)
+
+    def _see_named(self, data: bytes, events: int, clean: bool) -> None:
+        """A stream of named events, or one whose grammar is not known yet: follow its last
+        ``event:`` line (whether it names its last event, whether that event's data line
+        has come) and, at its first data line, tell the grammar."""
+        self._follow_named(data, events)
+        named = self._named
+        if named is None:
+            if not self.events:
+                return
+            self._named = named = self._event_lines  # its first data line: the grammar
+        if named:
+            self._named_end = end = (clean and self._last_named and self._last_data
+                                     and ends_event(self._carry[-TAIL:]))
+        else:
+            end = self.ended
+        if end and self._on_end is not None:
+            self._on_end()
+
+    def _follow_named(self, data: bytes, events: int) -> None:
+        window = data
+        at = data.rfind(_EVENT_LINE)
+        if at < 0:  # none in this read: one split between reads, or still the carry's
+            window = self._carry + data[:_CARRY]
+            at = window.rfind(_EVENT_LINE)
+        self._carry = data[-_CARRY:] if len(data) >= _CARRY else (self._carry + data)[-_CARRY:]
+        if at < 0:
+            if self._last_named and events:
+                self._last_data = True
+            return
+        self._event_lines = True
+        end = window.find(b"\n", at + 1)
+        if end < 0:  # the line goes on in the next read (which finds it in the carry)
+            self._last_named = False
+            return
+        self._last_named = window[at + 7:end].strip() in LAST_EVENTS
+        self._last_data = self._last_named and window.find(_DATA_LINE, end) >= 0
 
     def _lines(self, data: bytes) -> None:
         """The usage line, when it is in ``data`` or finished by it; the unfinished rest."""

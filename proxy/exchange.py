@@ -91,8 +91,8 @@ def _small_body(headers: list[Header]) -> bool:
 class Exchange:
     """One request (see the module docstring)."""
 
-    __slots__ = ("ctx", "grant", "info", "load_wait", "out", "outcome", "peer", "relay",
-                 "request", "scope", "source", "started", "wall")
+    __slots__ = ("ctx", "grant", "info", "learned", "load_wait", "out", "outcome", "peer",
+                 "relay", "request", "scope", "source", "started", "wall")
 
     def __init__(self, ctx: GatewayContext, source: RequestSource, out: Downstream,
                  scope: RequestScope, peer: Peer) -> None:
@@ -109,6 +109,7 @@ class Exchange:
         self.outcome = ""  # the request log's word for it, once decided (see decide)
         self.load_wait: float | None = None  # seconds it waited for its model to load
         self.grant: Grant | None = None  # the access key it presented, with its limits
+        self.learned = False  # the routing index learned its answer (learn)
 
     def __repr__(self) -> str:
         return f"Exchange({self.peer.listener.name}, {self.out!r})"
@@ -238,7 +239,8 @@ class Exchange:
         plan = await ctx.router.plan(info, headers)
         self.relay = relay = Relay(plan, method, target, path, headers, body,
                                    info, out=out, scope=self.scope,
-                                   connections=ctx.connections, timeouts=ctx.config.timeouts)
+                                   connections=ctx.connections, timeouts=ctx.config.timeouts,
+                                   on_answer=None if plan.conversation is None else self.learn)
         try:
             if not self.scope.cancelled:  # the client may have left while it was routed
                 await relay.run()
@@ -287,7 +289,15 @@ class Exchange:
         self.outcome = _IN_THE_LOG[outcome]
         attempt.finish(outcome, trio.current_time())
         if outcome is Outcome.SUCCESS and relay.plan.conversation is not None:
-            self.ctx.router.served(relay.plan, relay.cached_tokens)  # SPEC §15
+            self.learn(relay)  # a stream that ended without its last event (else learned)
+
+    def learn(self, relay: Relay) -> None:
+        """The relay read the upstream's whole answer (a 2xx or 3xx) and is about to relay
+        its end, or the answer succeeded: the routing index learns the conversation (SPEC
+        §15), once, before the client can read that end and send its next turn."""
+        if not self.learned and relay.status < 400:
+            self.learned = True
+            self.ctx.router.served(relay.plan, relay.cached_tokens)
 
     def decide(self, left: bool) -> str:
         """The request's outcome in the request log's words (SPEC §9.1), once it is over;

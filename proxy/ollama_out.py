@@ -14,7 +14,8 @@ bug and raises):
 - ``GATHERING_ERROR`` — its error answer came chunked: the body is gathered to its end, then
   sent whole in Ollama's shape. A head while gathering is the next node's answer (the relay
   failed over when the first one's was cut): the gathered one is dropped;
-- ``STREAMING`` — Ollama's head is out; a line goes out per event with text;
+- ``STREAMING`` — Ollama's head is out; a line goes out per event with text, the last
+  line at the model server's ``[DONE]`` (the answer then ends with the upstream body);
 - ``DONE`` — the whole answer is out: a whole one, an error answer, or a stream's last line;
 - ``BROKEN`` — an error line ended the stream (the model server's error event, a stream cut
   before it said it was finished, a cut the relay reports): the answer ends without its
@@ -124,8 +125,13 @@ class OllamaOut:
         return translator
 
     def _lines(self, data: bytes) -> bytes:
+        """The lines for ``data``; with the model server's ``[DONE]`` the last line too: an
+        Ollama app may leave once it has it, before the upstream body's last chunk."""
         translator = self._translator()
-        return translator.feed(data, now_text()) if data else b""
+        lines = translator.feed(data, now_text()) if data else b""
+        if translator.done and not translator.closed:
+            lines += translator.finish(now_text(), self.timing())
+        return lines
 
     def _new_answer(self) -> None:
         """A head (or a whole answer) of the model server's: before any, or after an error

@@ -57,12 +57,13 @@ CHUNK_LIMIT = "timeouts.request.streaming.chunk_interval"
 
 class Relay:
     """Runs one request to its upstream (failing over once to another node when the plan
-    allows) and writes the answer to ``out``. ``path`` is for the failover log only."""
+    allows) and writes the answer to ``out``. ``path`` is for the failover log only;
+    ``on_answer(relay)`` runs when the answer was read whole, before its end is relayed."""
 
     def __init__(self, plan: Plan, method: bytes, target: bytes, path: str,
                  headers: list[Header], body: bytes, info: RequestInfo, *, out: AnswerSink,
-                 scope: RequestScope, connections: ConnectionPool,
-                 timeouts: TimeoutsConfig) -> None:
+                 scope: RequestScope, connections: ConnectionPool, timeouts: TimeoutsConfig,
+                 on_answer: Callable[[Relay], None] | None = None) -> None:
         self.plan = plan
         self.method = method
         self.target = target
@@ -74,6 +75,7 @@ class Relay:
         self.scope = scope
         self.connections = connections
         self.timeouts = timeouts
+        self.on_answer = on_answer
         self.status = 0  # the status relayed to the client
         self.interrupted = False  # cancelled from outside (shutdown)
         self.observer: SseObserver | None = None  # an SSE answer's events and usage
@@ -96,9 +98,9 @@ class Relay:
 
     @property
     def delivered(self) -> bool:
-        """An SSE answer's end (``data: [DONE]``) reached the client, whatever followed: a
-        client that leaves then (the OpenAI SDKs close at ``[DONE]``, before the body's last
-        chunk) got the whole answer."""
+        """An SSE answer's last event (:attr:`SseObserver.ended`) was relayed: a client that
+        leaves then (the OpenAI SDKs at ``[DONE]``, the Codex CLI at ``response.completed``,
+        before the body's last chunk) got the whole answer."""
         observer = self.observer
         return (observer is not None and observer.ended
                 and self.out.response.state is State.STREAMING)
@@ -247,9 +249,11 @@ class Relay:
         headers = downstream_response_headers(head.headers, served_by=plan.upstream.served_by,
                                               affinity=plan.affinity_header)
         self.status = head.status_code
-        await self.out.send_whole(head.status_code, headers, body, reason=head.reason)
         if head.status_code < 300:
             self.usage_in = body
+        if self.on_answer is not None:
+            self.on_answer(self)
+        await self.out.send_whole(head.status_code, headers, body, reason=head.reason)
 
     async def _relay_stream(self, conn: UpstreamConnection, head: ResponseHead,
                             deadline: Deadline) -> None:
@@ -267,7 +271,8 @@ class Relay:
         receive = conn.receive_chunked_raw if passthrough else partial(self._framed_payload, conn)
         resumed = out.response.started
         if not resumed:
-            self.observer = SseObserver() if is_event_stream(head.headers) else None
+            on_end = None if self.on_answer is None else partial(self.on_answer, self)
+            self.observer = SseObserver(on_end) if is_event_stream(head.headers) else None
         observer = self.observer
         self.status = head.status_code
         data = b""

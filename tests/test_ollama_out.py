@@ -1,9 +1,9 @@
 """The writer of an Ollama answer (proxy/ollama_out.py) driven directly, as the relay drives
 it, over a Downstream that records the bytes instead of sending them: its table of moves
 (every legal one, every illegal one raises), a whole answer, an error answer whole and
-chunked, a stream to its last line, an error line mid-stream (the rest dropped), a stream
-cut short, a cut the relay reports, the next node's answer after a failover while an error
-answer was gathered, and the calls no state takes."""
+chunked, a stream to its last line (written at the model server's [DONE]), an error line
+mid-stream (the rest dropped), a stream cut short, a cut the relay reports, the next node's
+answer after a failover while an error answer was gathered, and the calls no state takes."""
 
 from __future__ import annotations
 
@@ -197,6 +197,24 @@ async def test_a_stream_in_one_read() -> None:
     assert out.state is State.DONE
     assert [line["done"] for line in real.lines()] == [False, False, True]
     assert real.sent.endswith(LAST_CHUNK)
+
+
+async def test_the_last_line_goes_out_with_done_before_the_body_ends() -> None:
+    """Issue 39: at the model server's ``[DONE]`` the last line is written (an Ollama app
+    may leave once it has it); the answer's end follows the upstream body's, nothing more
+    in it. The head's read holding ``[DONE]`` too gives it at once."""
+    for first, rest in ((text("one "), FINISH + b"data: [DONE]\n\n"),
+                        (text("one ") + FINISH + b"data: [DONE]\n\n", b"")):
+        out, real = writer()
+        await out.send_head(200, list(SSE), b"OK", first, end=False)
+        await out.send_body(rest)
+        assert [(line["done"], line["message"]["content"]) for line in real.lines()] == [
+            (False, "one "), (True, "")]
+        assert real.response.state is ClientState.STREAMING  # the upstream body goes on
+        await out.end(b"")
+        assert out.state is State.DONE
+        assert len(real.lines()) == 2
+        assert real.sent.endswith(LAST_CHUNK)
 
 
 async def test_an_error_line_mid_stream_ends_it_and_the_rest_is_dropped() -> None:

@@ -2,8 +2,10 @@
 
 The endpoint gives :meth:`StreamTranslator.feed` each piece of the upstream body as it
 arrives (de-chunked; pieces of any size) and writes what it returns at once: the lines of
-every event the piece finished, nothing held back but an unfinished event. When the
-upstream body ends, :meth:`StreamTranslator.finish` gives the last line; when the stream
+every event the piece finished, nothing held back but an unfinished event. At the model
+server's ``data: [DONE]`` (:attr:`StreamTranslator.done`; an Ollama app may leave once it
+has the last line), else when the upstream body ends, :meth:`StreamTranslator.finish`
+gives the last line; when the stream
 breaks (an upstream that went away, a timeout), :meth:`StreamTranslator.error` gives the one
 ``{"error": ...}`` line Ollama ends a broken stream with.
 
@@ -62,7 +64,7 @@ CUT_MESSAGE = "the model server's stream ended before the answer was complete"
 class StreamTranslator:
     """One streamed answer's translation (see the module). Not for embeddings."""
 
-    __slots__ = ("_answer", "_calls", "_chat", "_closed", "_delta", "_ended", "_failed",
+    __slots__ = ("_answer", "_calls", "_chat", "_closed", "_delta", "_done", "_ended", "_failed",
                  "_finish_reason", "_head", "_pieces", "_prefix", "_prefix_at", "_reader",
                  "_suffix", "_tail", "_usage")
 
@@ -75,6 +77,7 @@ class StreamTranslator:
         self._calls = ToolCallParts()
         self._finish_reason: str | None = None
         self._ended = False  # a finish_reason or [DONE] was seen
+        self._done = False  # [DONE] was seen: the model server's last event
         self._failed = False  # an error line was given
         self._closed = False  # the last line or an error line was given: nothing follows
         self._pieces = 0
@@ -107,6 +110,12 @@ class StreamTranslator:
     def complete(self) -> bool:
         """The model server said the answer is finished (``finish_reason`` or ``[DONE]``)."""
         return self._ended
+
+    @property
+    def done(self) -> bool:
+        """The model server sent ``[DONE]``, its stream's last event: the last line may be
+        given (:meth:`finish`) without waiting for the body's end."""
+        return self._done
 
     def feed(self, piece: bytes, created_at: str) -> bytes:
         """The NDJSON lines for the events that ``piece`` finishes (often b"")."""
@@ -189,7 +198,7 @@ class StreamTranslator:
                     return self._text_line(created_at, "", text)
                 return self._text_line(created_at, text, "")
         if data == b"[DONE]":
-            self._ended = True
+            self._ended = self._done = True
             return b""
         try:
             doc = load_json(data)
