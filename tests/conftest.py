@@ -42,7 +42,7 @@ from protocol.config import (
     dump_config_yaml,
     rebuild_health_check,
 )
-from proxy.access import auth
+from proxy.link import peer_checks
 from proxy.models.llama_backends import LlamaBackends
 from proxy.server import Gateway
 from proxy.settings.store import Settings
@@ -286,8 +286,8 @@ async def admin(gw: RunningGateway, method: str, path: str, doc: Any = None, *,
 
 @pytest.fixture
 def remote_seam(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = auth.peer_is_loopback
-    monkeypatch.setattr(auth, "peer_is_loopback", lambda host: host != REMOTE and real(host))
+    real = peer_checks.peer_is_loopback
+    monkeypatch.setattr(peer_checks, "peer_is_loopback", lambda host: host != REMOTE and real(host))
 
 
 def alive(pid: int) -> bool:

@@ -27,6 +27,7 @@ from protocol.errors import ConfigError, SluiceError
 from protocol.rebinding import host_allowed, is_loopback_ip, origin_allowed
 from proxy.access import auth
 from proxy.api.routes import access_level
+from proxy.link import peer_checks
 from proxy.link.listener import LOCAL_TCP, TCP, UNIX, Peer
 from tests.client import Client, Reply, chat_body, raw, request
 from tests.conftest import StartGateway, remote_request
@@ -133,9 +134,9 @@ def test_what_needs_the_admin_token() -> None:
         assert access_level(method, "/api/v1/access-keys") is Access.ADMIN
     assert access_level(b"GET", "/api/v1/access-keys") is Access.KEY
     assert access_level(b"POST", "/v1/chat/completions") is Access.KEY  # relayed, not admin
-    assert auth.uid_allowed(0, 1000)
-    assert auth.uid_allowed(1000, 1000)
-    assert not auth.uid_allowed(12345, 1000)
+    assert peer_checks.uid_allowed(0, 1000)
+    assert peer_checks.uid_allowed(1000, 1000)
+    assert not peer_checks.uid_allowed(12345, 1000)
 
 
 async def test_authorize_decision_by_peer(start_gateway: StartGateway) -> None:

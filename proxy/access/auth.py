@@ -19,13 +19,8 @@ settings know.
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
-
-import trio
 
 from protocol.access import Access
 from protocol.access import authorize as decide
@@ -35,7 +30,6 @@ from protocol.rebinding import (
     forbidden_host,
     forbidden_origin,
     host_allowed,
-    is_loopback_ip,
     origin_allowed,
 )
 
@@ -45,41 +39,6 @@ if TYPE_CHECKING:
     from proxy.link.listener import Peer
 
 log = logging.getLogger("sluice.auth")
-
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-def peer_is_loopback(host: str) -> bool:
-    """Whether a TCP peer address counts as this machine (the seam tests replace to play a
-    remote client without sending traffic off the machine)."""
-    return is_loopback_ip(host)
-
-
-def uid_allowed(uid: int, our_uid: int) -> bool:
-    return uid in (our_uid, 0)
-
-
-def unix_peer(sock: trio.socket.SocketType) -> tuple[int, int] | None:
-    """(pid, uid) of a Unix-socket peer; None where SO_PEERCRED does not exist."""
-    option = getattr(socket, "SO_PEERCRED", None)
-    if option is None:  # pragma: no cover - not Linux; the 0700 folder still guards
-        return None
-    pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, option,
-                                                      _PEERCRED.size))
-    return pid, uid
-
-
-def unix_peer_allowed(sock: trio.socket.SocketType) -> bool:
-    """The SO_PEERCRED check; a refusal is logged at INFO (uid and pid only)."""
-    peer = unix_peer(sock)
-    if peer is None:  # pragma: no cover - see unix_peer
-        return True
-    pid, uid = peer
-    if uid_allowed(uid, os.getuid()):
-        return True
-    log.info("refused a Unix-socket client: pid %d runs as uid %d, neither ours (%d) nor root",
-             pid, uid, os.getuid())
-    return False
 
 
 def _values(headers: Sequence[Header], name: bytes) -> list[bytes]:

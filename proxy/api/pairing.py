@@ -28,10 +28,10 @@ from protocol.errors import SluiceError, Source, bad_request, no_such_item
 from protocol.lan.pairing import parse_claim
 from protocol.lan.pake import parse_exchange
 from protocol.lan.pinning import normalize_pin
-from proxy.access import auth
 from proxy.access.key_store import peer_of
 from proxy.api.call import Call, saving
 from proxy.lan.pairing_client import computer_name
+from proxy.link import peer_checks
 
 __all__ = ["CLAIM_PATH", "EXCHANGE_PATH", "PATH", "PEERS_PATH", "PEERS_PREFIX", "cancel_code",
            "claim_code", "exchange", "list_peers", "make_code", "show_code", "unpair"]
@@ -68,7 +68,7 @@ async def claim_code(call: Call) -> tuple[int, Any]:
     claims a minute (before the body is looked at), 422 naming a bad field, 401 for any
     code that is not accepted."""
     ctx = call.ctx
-    if call.peer and not auth.peer_is_loopback(call.peer):
+    if call.peer and not peer_checks.peer_is_loopback(call.peer):
         raise SluiceError(403, "a pairing code is claimed over the network only through the "
                                "pairing exchange on the node port (SPEC §16): update the "
                                "other computer's sluice", type="permission_error",

@@ -24,9 +24,9 @@ import trio
 
 from protocol.access import Column
 from protocol.errors import overloaded
-from proxy.access import auth
 from proxy.downstream import Downstream
 from proxy.errors import ClientGone
+from proxy.link import peer_checks
 from proxy.link.sockio import PlainWire
 from proxy.link.wire import Wire
 
@@ -114,7 +114,7 @@ class Listener:
         another user), or already gone."""
         try:
             if self.peers is Peers.OWNER:
-                return Peer(self) if auth.unix_peer_allowed(sock) else None
+                return Peer(self) if peer_checks.unix_peer_allowed(sock) else None
             if self.peers is Peers.LOOPBACK:
                 return Peer(self)
             host = str(sock.getpeername()[0])
@@ -122,7 +122,7 @@ class Listener:
             return None
         if self.peers is Peers.REMOTE:
             return Peer(self, loopback=False, address=host)
-        return Peer(self, auth.peer_is_loopback(host), host)
+        return Peer(self, peer_checks.peer_is_loopback(host), host)
 
     async def serve(self, stream: trio.SocketStream,
                     connection: Callable[[Wire, Peer], Awaitable[None]]) -> None:
