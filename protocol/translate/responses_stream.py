@@ -172,7 +172,7 @@ class Stream:
                     "item_id": ident, "output_index": index, "content_index": 0,
                     "part": part}))
 
-    def _close(self) -> bytes:
+    def _close(self, status: str = "completed") -> bytes:
         """Close the open text or reasoning item (b"" when none is open)."""
         if self._open == _NONE:
             return b""
@@ -183,11 +183,11 @@ class Stream:
             done = self._event("response.output_text.done", {**where, "text": text,
                                                               "logprobs": []})
             part: dict[str, Any] = text_part(text)
-            item = message_item(self._item, text, "completed")
+            item = message_item(self._item, text, status)
         else:
             done = self._event("response.reasoning_text.done", {**where, "text": text})
             part = {"type": "reasoning_text", "text": text}
-            item = reasoning_item(self._item, text, "completed")
+            item = reasoning_item(self._item, text, status)
         self._open = _NONE
         self._parts = []
         self._output.append(item)
@@ -231,7 +231,7 @@ class Stream:
         self._calls.clear()
         return out
 
-    def _settleusage_object(self) -> dict[str, Any]:
+    def _settle_usage(self) -> dict[str, Any]:
         self.usage, self.usage_estimated = estimated(self._got, self._prompt_chars, self.chars)
         return usage_object(self.usage, self._reasoning_tokens)
 
@@ -245,16 +245,18 @@ class Stream:
         self._done = True
         status, incomplete = status_of(self._finish)
         shown = response_object(self.id, self._model, self._created_at, status, self._output,
-                          self._settleusage_object(), incomplete)
+                          self._settle_usage(), incomplete)
         return out + self._event("response.completed", {"response": shown})
 
     def fail(self, code: str, message: str) -> bytes:
-        """The stream was cut or the server failed midway: ``response.failed`` with
-        ``error: {code, message}`` (``context_length_exceeded`` for a context overflow);
-        the items done so far are in its ``output``."""
+        """The stream was cut or the server failed midway: the open item closed as
+        ``incomplete`` (tool calls still gathered are not sent: their arguments may be cut),
+        then ``response.failed`` with ``error: {code, message}`` (``context_length_exceeded``
+        for a context overflow) and the items done so far."""
         if self._done:
             return b""
+        out = self._close("incomplete")
         self._done = True
         shown = response_object(self.id, self._model, self._created_at, "failed", self._output,
-                          self._settleusage_object(), error={"code": code, "message": message})
-        return self._event("response.failed", {"response": shown})
+                                self._settle_usage(), error={"code": code, "message": message})
+        return out + self._event("response.failed", {"response": shown})
