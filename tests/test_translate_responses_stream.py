@@ -186,9 +186,10 @@ def test_empty_tool_calls_beside_text_and_empty_deltas_send_nothing() -> None:
     assert stream.feed(delta(content=None, reasoning_content="")) == b""
     assert stream.feed({"choices": []}) == b""
     _, seen, response = run([delta(content="Hi", tool_calls=[]), delta(tool_calls=[]),
-                             delta("stop")])
-    assert [i["type"] for i in response["output"]] == ["message"]
-    assert kinds(seen).count("output_text.delta") == 1
+                             delta(content=" there", tool_calls=[]), delta("stop")])
+    assert [i["type"] for i in response["output"]] == ["message"]  # one item, never closed
+    assert response["output"][0]["content"][0]["text"] == "Hi there"
+    assert kinds(seen).count("output_text.delta") == 2
 
 
 def test_reasoning_then_text_then_a_tool() -> None:
