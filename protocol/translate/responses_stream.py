@@ -38,8 +38,12 @@ from protocol.translate.responses_answer import (
 __all__ = ["Stream"]
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_STRING = json.encoder.encode_basestring  # a str as JSON text (in C): a delta's value
+
+
 def _dumps(value: object) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return _ENCODER.encode(value).encode()
 
 
 class _Gathered:
@@ -146,7 +150,7 @@ class Stream:
         self.chars += len(text)
         seq = self._seq
         self._seq = seq + 1
-        return out + self._prefix + _dumps(text) + b',"sequence_number":%d}\n\n' % seq
+        return out + self._prefix + _STRING(text).encode() + b',"sequence_number":%d}\n\n' % seq
 
     def _open_item(self, kind: int) -> bytes:
         index = len(self._output)
