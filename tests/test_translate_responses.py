@@ -141,6 +141,15 @@ def test_assistant_text_and_the_function_calls_after_it_are_one_assistant_messag
                                     {"role": "tool", "tool_call_id": "c2", "content": "A\n\nB"}]
 
 
+@pytest.mark.parametrize(("given", "text"), [
+    ("plain", "plain"), ([{"type": "input_text", "text": "a"}, {"type": "input_image",
+                                                               "image_url": "data:,"}], "a"),
+    ({"content": "ran", "success": True}, "ran"), ({"exit": 0}, '{"exit": 0}'), (None, "")])
+def test_tool_outputs_are_text(given: object, text: str) -> None:
+    out = chat({"input": [user("go"), call("c1", "ls"), output("c1", given)]})
+    assert out["messages"][2] == {"role": "tool", "tool_call_id": "c1", "content": text}
+
+
 def test_function_calls_without_text_have_empty_content() -> None:
     out = chat({"input": [user("go"), call("c1", "ls"), output("c1", "x")]})
     assert out["messages"][1] == {"role": "assistant", "content": "", "tool_calls": [

@@ -165,6 +165,8 @@ def _text_of(value: object) -> str:
         return "\n\n".join(part["text"] for part in value if isinstance(part, dict)
                            and part.get("type") in _TEXT_PARTS
                            and isinstance(part.get("text"), str))
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])  # an older Codex's {"content", "success"}
     return "" if value is None else json.dumps(value, ensure_ascii=False)
 
 
