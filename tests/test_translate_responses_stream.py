@@ -355,3 +355,10 @@ def test_events_are_plain_sse_lines() -> None:
         assert name.startswith(b"event: ")
         assert payload.startswith(b"data: ")
         assert json.loads(payload[6:])["type"] == name[7:].decode()
+
+
+def test_a_lone_surrogate_does_not_break_the_stream() -> None:
+    """A server's escaped emoji cut between two chunks parses to lone surrogates."""
+    _, _, response = run([delta(content=json.loads('"a\\ud83d"')),
+                          delta(content=json.loads('"\\ude00b"')), delta("stop")])
+    assert response["output"][0]["content"][0]["text"] == "a??b"

@@ -43,7 +43,8 @@ _STRING = json.encoder.encode_basestring  # a str as JSON text (in C): a delta's
 
 
 def _dumps(value: object) -> bytes:
-    return _ENCODER.encode(value).encode()
+    # "replace": a lone surrogate (a server's escaped emoji cut in two) cannot be UTF-8
+    return _ENCODER.encode(value).encode("utf-8", "replace")
 
 
 class _Gathered:
@@ -66,9 +67,27 @@ class Stream:
     method gives ``b""``. ``usage`` and ``usage_estimated`` are set by ``finish``/``fail``
     (estimated as characters ÷ 4 when no usage chunk came)."""
 
-    __slots__ = ("_calls", "_created_at", "_done", "_finish", "_got", "_item", "_model",
-                 "_open", "_output", "_parts", "_prefix", "_prompt_chars", "_reasoning_tokens",
-                 "_seq", "_tools", "chars", "id", "usage", "usage_estimated")
+    __slots__ = (
+        "_calls",
+        "_chars",
+        "_created_at",
+        "_done",
+        "_finish",
+        "_got",
+        "_item",
+        "_model",
+        "_open",
+        "_output",
+        "_parts",
+        "_prefix",
+        "_prompt_chars",
+        "_reasoning_tokens",
+        "_seq",
+        "_tools",
+        "id",
+        "usage",
+        "usage_estimated",
+    )
 
     def __init__(self, model: str, tools: ToolNames = NO_TOOLS, *, prompt_chars: int = 0,
                  created_at: float = 0) -> None:
@@ -88,7 +107,7 @@ class Stream:
         self._got: Usage | None = None
         self._reasoning_tokens = 0
         self._done = False
-        self.chars = 0  # characters answered, for the estimate
+        self._chars = 0  # characters answered, for the estimate
         self.usage = Usage()
         self.usage_estimated = False
 
@@ -133,7 +152,7 @@ class Stream:
                     gathered.name = name
                 if arguments:
                     gathered.arguments.append(arguments)
-                    self.chars += len(arguments)
+                    self._chars += len(arguments)
             out += self._close()
         if piece.finish is not None:
             self._finish = piece.finish
@@ -147,10 +166,11 @@ class Stream:
         if self._open != kind:
             out = self._close() + self._open_item(kind)
         self._parts.append(text)
-        self.chars += len(text)
+        self._chars += len(text)
         seq = self._seq
         self._seq = seq + 1
-        return out + self._prefix + _STRING(text).encode() + b',"sequence_number":%d}\n\n' % seq
+        return (out + self._prefix + _STRING(text).encode("utf-8", "replace")
+                + b',"sequence_number":%d}\n\n' % seq)
 
     def _open_item(self, kind: int) -> bytes:
         index = len(self._output)
@@ -236,7 +256,7 @@ class Stream:
         return out
 
     def _settle_usage(self) -> dict[str, Any]:
-        self.usage, self.usage_estimated = estimated(self._got, self._prompt_chars, self.chars)
+        self.usage, self.usage_estimated = estimated(self._got, self._prompt_chars, self._chars)
         return usage_object(self.usage, self._reasoning_tokens)
 
     def finish(self) -> bytes:
