@@ -8,17 +8,18 @@ and the translator bugs other gateways had, each as a case."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder
-from openai.types.responses import ResponseStreamEvent
+from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from protocol.translate.chat import Usage
-from protocol.translate.responses import Stream, tool_names
+from protocol.translate.chat import Usage, context_overflow
+from protocol.translate.responses import Stream, from_chat, overflow_error, tool_names
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 PROPERTY = settings(max_examples=200, derandomize=True, deadline=None)
@@ -362,3 +363,51 @@ def test_a_lone_surrogate_does_not_break_the_stream() -> None:
     _, _, response = run([delta(content=json.loads('"a\\ud83d"')),
                           delta(content=json.loads('"\\ude00b"')), delta("stop")])
     assert response["output"][0]["content"][0]["text"] == "a??b"
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ollama"  # llama.cpp's own wire (its README)
+
+
+def recorded(name: str) -> list[dict[str, Any]]:
+    data = (FIXTURES / name).read_bytes()
+    return [json.loads(line[6:]) for line in data.splitlines()
+            if line.startswith(b"data: ") and line != b"data: [DONE]"]
+
+
+def test_llama_cpps_recorded_text_stream() -> None:
+    chunks = recorded("chat_stream.sse")
+    stream, _, response = run(chunks)
+    whole = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                    if c["choices"])
+    assert response["output"][0]["content"][0]["text"] == whole
+    assert response["status"] == "incomplete"  # max_tokens 8: finish "length"
+    assert stream.usage == Usage(34, 0, 8)
+    assert stream.usage_estimated is False
+
+
+def test_llama_cpps_tool_call_stream() -> None:
+    chunks = recorded("chat_tools_stream.sse")
+    said: dict[int, list[str]] = {}
+    for chunk in chunks:
+        for piece in chunk["choices"][0]["delta"].get("tool_calls", ()) if chunk["choices"] \
+                else ():
+            said.setdefault(piece["index"], []).append(piece["function"]["arguments"])
+    stream, _, response = run(chunks)
+    assert calls(response) == [
+        ("jV4xQm2Lr8NcT0pWzS6aYb1EoKdH3uFg", "get_weather", "".join(said[0])),
+        ("Zr7TnQ0aWc3XyLb5HdPs9KmE2vUf6GjA", "get_time", "".join(said[1]))]
+    assert json.loads("".join(said[0])) == {"city": "Paris", "unit": "celsius"}
+    assert stream.usage == Usage(215, 0, 31)
+
+
+def test_llama_cpps_whole_answer_and_context_overflow() -> None:
+    whole = json.loads((FIXTURES / "chat_whole.json").read_bytes())
+    out = from_chat(whole, model="smol")
+    Response.model_validate(out)
+    assert out["output"][0]["content"][0]["text"] == "1. Red: This is the most"
+    assert out["usage"]["input_tokens_details"]["cached_tokens"] == 24
+    overflow = context_overflow(400, (FIXTURES / "exceed_context.json").read_bytes())
+    assert overflow == (3031, 1024)
+    err = overflow_error(*overflow)
+    assert err.code == "context_length_exceeded"
+    assert "3031 tokens > 1024 maximum" in err.message
