@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from openai.types.responses import InputTokenCountResponse, Response
 from pydantic import TypeAdapter
 
@@ -24,19 +25,15 @@ from protocol.translate.responses import (
     tool_names,
 )
 
-try:  # the SDK's own type of a chat request's messages, to check what we send the server
-    from openai.types.chat import ChatCompletionMessageParam
-    MESSAGE = TypeAdapter(ChatCompletionMessageParam)
-except ImportError:  # pragma: no cover - the SDK is a test dependency
-    MESSAGE = None
+# The SDK's own type of a chat request's messages, to check what we send the server.
+MESSAGE: TypeAdapter[ChatCompletionMessageParam] = TypeAdapter(ChatCompletionMessageParam)
 
 
 def chat(body: dict[str, Any], context: int | None = None) -> dict[str, Any]:
     out = to_chat({"model": "m", **body}, context=context)
     json.dumps(out)  # plain JSON values only
     for message in out["messages"]:
-        if MESSAGE is not None:
-            MESSAGE.validate_python(message)
+        MESSAGE.validate_python(message)
     return out
 
 
