@@ -9,6 +9,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionMessageParam
 from openai.types.responses import InputTokenCountResponse, Response
 from pydantic import TypeAdapter
@@ -485,3 +487,66 @@ def test_the_module_has_the_translators_face() -> None:
     for name in ("to_chat", "from_chat", "Stream", "overflow_error", "count_answer",
                  "tool_names"):
         assert callable(getattr(responses, name))
+
+
+# --- any input: a chat body or a 400, never a crash -----------------------------------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=12)
+TEXT = st.text(max_size=8)
+
+
+def mostly(shape: Any) -> Any:
+    """``shape``, one time in eight any JSON value instead."""
+    return st.integers(0, 7).flatmap(lambda n: JSON if n == 0 else shape)
+
+
+def shaped(kind: str, fields: dict[str, Any], **optional: Any) -> Any:
+    """Items of ``kind`` with these fields, now and then one of them any JSON value."""
+    return st.fixed_dictionaries({"type": st.just(kind), **fields}, optional=optional)
+
+
+PART = mostly(shaped("input_text", {"text": TEXT}) | shaped("output_text", {"text": TEXT})
+              | shaped("input_image", {}, image_url=mostly(st.just("data:,"))))
+CONTENT = mostly(TEXT | st.lists(PART, max_size=3))
+ITEM = mostly(st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system",
+                                                    "developer"]) | JSON,
+                           "content": CONTENT}, optional={"type": st.just("message")}),
+    shaped("function_call", {"call_id": TEXT, "name": TEXT, "arguments": TEXT | JSON},
+           namespace=TEXT | JSON),
+    shaped("custom_tool_call", {"call_id": TEXT, "name": TEXT, "input": TEXT}),
+    shaped("function_call_output", {"call_id": TEXT, "output": CONTENT}),
+    shaped("custom_tool_call_output", {"call_id": TEXT, "output": CONTENT}),
+    shaped("reasoning", {"summary": st.lists(shaped("summary_text", {"text": TEXT}),
+                                             max_size=2) | JSON},
+           content=st.lists(shaped("reasoning_text", {"text": TEXT}), max_size=2) | JSON)))
+NAME = st.text(min_size=1, max_size=8)
+FUNCTION = shaped("function", {"name": NAME}, parameters=JSON, description=JSON)
+CUSTOM = shaped("custom", {"name": NAME}, format=JSON)
+TOOL = mostly(FUNCTION | CUSTOM | shaped("web_search", {}) | shaped(
+    "namespace", {"name": NAME, "tools": st.lists(mostly(FUNCTION | CUSTOM), max_size=3)}))
+FIELDS = st.fixed_dictionaries({"input": mostly(st.lists(ITEM, min_size=1, max_size=6))}, optional={
+    "tools": mostly(st.lists(TOOL, min_size=1, max_size=4)), "instructions": mostly(TEXT),
+    "tool_choice": JSON | shaped("function", {"name": TEXT}), "text": JSON, "reasoning": JSON,
+    "max_output_tokens": mostly(st.integers(-1, 10**6)), "stream": JSON})
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(FIELDS, st.none() | st.integers(0, 100000))
+def test_any_body_is_a_chat_body_or_a_400(body: dict[str, Any], context: int | None) -> None:
+    refusal: SluiceError | None = None
+    try:
+        out = to_chat(body, context=context)
+    except SluiceError as err:
+        refusal = err
+    if refusal is not None:
+        assert refusal.status == 400
+        assert refusal.param
+        return
+    json.dumps(out)
+    tool_names(body)  # what to_chat accepted, the tool table reads too
+    for message in out["messages"]:
+        MESSAGE.validate_python(message)
+    assert all(m["role"] != "system" for m in out["messages"][1:])  # one system message, first
