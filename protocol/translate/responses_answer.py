@@ -1,6 +1,6 @@
 """Chat Completions answers as the Responses API's (SPEC §17.1 "Chat → Responses"), pure:
-parsed chat values in, Responses JSON values and SSE bytes out; no clock (``created_at``
-is given), no I/O.
+parsed chat values in, Responses JSON values out; no clock (``created_at`` is given), no
+I/O.
 
 - :func:`from_chat`: a whole chat answer -> ``{id: "resp_…", object: "response", status,
   output: [reasoning?, message?, function_call* | custom_tool_call*], usage, store: false}``.
@@ -174,10 +174,10 @@ def from_chat(answer: dict[str, Any], *, model: str, tools: ToolNames = NO_TOOLS
     if whole.text or not whole.calls:
         output.append(message_item(new_id("msg_"), whole.text, "completed"))
     for call in whole.calls:
-        if call.name:
-            prefix = "ctc_" if tools.restore(call.name).custom else "fc_"
-            output.append(call_item(new_id(prefix), call.id, tools.restore(call.name),
-                                call.arguments, "completed"))
+        if call.name:  # a call without a name cannot be answered
+            tool = tools.restore(call.name)
+            output.append(call_item(new_id("ctc_" if tool.custom else "fc_"), call.id, tool,
+                                    call.arguments, "completed"))
     chars = len(whole.text) + len(whole.reasoning) + sum(len(c.arguments) for c in whole.calls)
     usage, _ = estimated(whole.usage, prompt_chars, chars)
     status, incomplete = status_of(whole.finish)
@@ -185,4 +185,5 @@ def from_chat(answer: dict[str, Any], *, model: str, tools: ToolNames = NO_TOOLS
         created = answer.get("created")
         created_at = created if isinstance(created, int | float) else 0
     return response_object(new_id("resp_"), model, created_at, status, output,
-                     usage_object(usage, reasoning_tokens(answer.get("usage"))), incomplete)
+                           usage_object(usage, reasoning_tokens(answer.get("usage"))),
+                           incomplete)

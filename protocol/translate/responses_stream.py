@@ -269,7 +269,7 @@ class Stream:
         self._done = True
         status, incomplete = status_of(self._finish)
         shown = response_object(self.id, self._model, self._created_at, status, self._output,
-                          self._settle_usage(), incomplete)
+                                self._settle_usage(), incomplete)
         return out + self._event("response.completed", {"response": shown})
 
     def fail(self, code: str, message: str) -> bytes:
