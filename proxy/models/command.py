@@ -7,7 +7,8 @@ the command names it, else over the port. The server is ready once GET ``health`
 200 there (vLLM answers 503 or refuses connections while it loads). Its stdout and stderr go
 to ``<data dir>/logs/<name>.log``. It runs in a session of its own: ``stop_signal`` goes to
 the command's own process (the entry's pid), SIGKILL after 10 s, and once it is gone
-whatever is left of its process group is killed too (workers it started).
+whatever is left of its process group is killed too (workers it started). It is started
+through :mod:`proxy.models.guard`, which stops it should the gateway die without doing so.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable
+import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -30,10 +32,15 @@ from proxy.models.process import (
     file_safe,
     free_port,
     log_until_closed,
+    reaped,
     remove_leftover_socket,
     until_answers,
 )
 from proxy.upstream.pool import ConnectionPool
+
+GUARD = os.fspath(Path(__file__).with_name("guard.py"))  # run by path: stdlib only
+
+Gone = Callable[[], Awaitable[None]]
 
 
 def find_program(name: str, env: dict[str, str]) -> str | None:
@@ -59,7 +66,8 @@ def where_to_listen(spec: ModelSpec, socket_path: Path | None) -> tuple[dict[str
 
 async def start_command(spec: ModelSpec, *, data_dir: Path, socket_path: Path | None,
                         connections: ConnectionPool, pumps: trio.Nursery,
-                        waiting: Callable[[str], None] = lambda url: None
+                        waiting: Callable[[str], None] = lambda url: None,
+                        spawned: Callable[[trio.Process], Awaitable[Gone | None]]
                         ) -> ServerProcess:
     """Start ``spec``'s command and wait until its health path answers 200 (the caller
     bounds the wait with timeouts.model_load; cancelled, the process is stopped). Raises
@@ -78,9 +86,12 @@ async def start_command(spec: ModelSpec, *, data_dir: Path, socket_path: Path | 
         remove_leftover_socket(socket_path)
     logfile = RotatingLog(data_dir / "logs" / f"{file_safe(spec.name)}.log")
     try:
+        # Through the guard, which execs the program in its own place and stops it should
+        # this gateway die without doing so; its stdin is the lifeline, held only here.
         proc = await trio.lowlevel.open_process(
-            [program, *argv[1:]], env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            [sys.executable, "-I", "-S", GUARD, spec.stop_signal, program, *argv[1:]],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as exc:
         logfile.close()
         raise LoadFailed(f"{spec.field or spec.name}.command: cannot run {argv[0]!r}: "
@@ -90,7 +101,12 @@ async def start_command(spec: ModelSpec, *, data_dir: Path, socket_path: Path | 
     pumps.start_soon(log_until_closed, proc.stdout, logfile, logged)
     stop_signal = signal.Signals[spec.stop_signal]
     ours = socket_path if "SOCKET" in values else None  # its socket file, removed at a stop
-    await await_ready(proc, until_answers(connections, proc, url, spec.health), logfile,
-                      logged, socket_path=ours, stop_signal=stop_signal, group=True)
-    return ServerProcess(proc, url, ours, stop_signal=stop_signal, group=True)
+    gone = await spawned(proc)
+    try:
+        await await_ready(proc, until_answers(connections, proc, url, spec.health), logfile,
+                          logged, socket_path=ours, stop_signal=stop_signal, group=True)
+    except BaseException:
+        await reaped(proc, gone)
+        raise
+    return ServerProcess(proc, url, ours, stop_signal=stop_signal, group=True, gone=gone)
 

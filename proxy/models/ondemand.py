@@ -26,6 +26,7 @@ from protocol.model_room import memory_budget_bytes
 from protocol.model_state import ModelState
 from protocol.request_record import iso_utc
 from proxy.models.gguf_file import memory_required, read_estimate
+from proxy.models.ledger import Ledger
 from proxy.models.lifecycle import Lifecycle
 from proxy.models.managed import Managed, ModelSpec
 from proxy.models.process import file_safe
@@ -148,7 +149,7 @@ class OnDemand:
                  load_timeout: Callable[[], float] | None = None,
                  models: Callable[[], Sequence[ModelConfig]] | None = None,
                  config: Callable[[], Config] | None = None,
-                 estimates: Estimates | None = None) -> None:
+                 estimates: Estimates | None = None, ledger: Ledger | None = None) -> None:
         self.entries = {entry.name: entry for _, entry in prepared}
         self.registry = registry
         self.hub = hub
@@ -156,7 +157,7 @@ class OnDemand:
         self.config = config or (lambda: cfg)
         self.models = models or (lambda: cfg.models)
         self.estimates: Estimates = {} if estimates is None else estimates
-        self.servers = ModelServers(data_dir, socket_dir, connections)
+        self.servers = ModelServers(data_dir, socket_dir, connections, ledger)
         self.lifecycle = Lifecycle(
             [spec for spec, _ in prepared], self.servers,
             budget=memory_budget_bytes(cfg.model_loading.memory_budget, physical_memory()),

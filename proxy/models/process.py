@@ -12,7 +12,7 @@ import re
 import signal
 import socket
 import stat
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -184,13 +184,15 @@ class ServerProcess:
     killed once it is gone)."""
 
     def __init__(self, proc: trio.Process, url: str, socket_path: Path | None, *,
-                 stop_signal: int = signal.SIGTERM, group: bool = False) -> None:
+                 stop_signal: int = signal.SIGTERM, group: bool = False,
+                 gone: Callable[[], Awaitable[None]] | None = None) -> None:
         self.proc = proc
         self.pid: int | None = proc.pid
         self.url = url
         self._socket_path = socket_path
         self._stop_signal = stop_signal
         self._group = group
+        self._gone = gone  # told once it has been reaped (its record in state.json goes)
 
     def __repr__(self) -> str:
         return f"ServerProcess(pid={self.pid}, {self.url})"
@@ -200,9 +202,26 @@ class ServerProcess:
 
     async def wait(self) -> None:
         await self.proc.wait()
+        await self._reaped()
 
     async def stop(self) -> None:
         with trio.CancelScope(shield=True):
             await stop_process(self.proc, self._stop_signal, group=self._group)
+            await self._reaped()
         if self._socket_path is not None:
             remove_leftover_socket(self._socket_path)
+
+    async def _reaped(self) -> None:
+        await reaped(self.proc, self._gone)
+        self._gone = None
+
+
+async def reaped(proc: trio.Process, gone: Callable[[], Awaitable[None]] | None) -> None:
+    """A server's process has been reaped: its lifeline closed (a user's command's guard,
+    :mod:`proxy.models.guard`; the group is gone by now), ``gone`` told."""
+    if proc.stdin is not None:
+        with trio.CancelScope(shield=True):
+            await proc.stdin.aclose()
+    if gone is not None:
+        with trio.CancelScope(shield=True):
+            await gone()

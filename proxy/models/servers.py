@@ -15,13 +15,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import trio
 
 from proxy.listeners import MAX_SOCKET_PATH
-from proxy.models.command import start_command
+from proxy.models.command import Gone, start_command
 from proxy.models.gguf_file import read_estimate
+from proxy.models.ledger import Ledger
 from proxy.models.logs import RotatingLog, tail_of
 from proxy.models.managed import LoadFailed, ModelSpec
 from proxy.models.process import (
@@ -29,6 +31,7 @@ from proxy.models.process import (
     await_ready,
     file_safe,
     log_until_closed,
+    reaped,
     remove_leftover_socket,
     socket_file_name,
     until_healthy,
@@ -42,10 +45,11 @@ class ModelServers:
     :meth:`run`'s nursery."""
 
     def __init__(self, data_dir: Path, socket_dir: Path | None,
-                 connections: ConnectionPool) -> None:
+                 connections: ConnectionPool, ledger: Ledger | None = None) -> None:
         self.data_dir = data_dir
         self.socket_dir = socket_dir
         self.connections = connections
+        self.ledger = ledger  # state.json's record of our servers (none in some tests)
         self._pumps = TaskHolder()  # the log pumps' nursery, while run() runs
         self._waited: dict[str, str] = {}  # a command model's health URL, for a timeout
 
@@ -73,11 +77,14 @@ class ModelServers:
             raise LoadFailed("the gateway is stopping")
         if spec.problem is not None:  # found when the catalogue was made
             raise LoadFailed(spec.problem)
+        if self.ledger is not None:  # what a previous gateway left is stopped first
+            await self.ledger.clear.wait()
         if spec.command:
             return await start_command(
                 spec, data_dir=self.data_dir, socket_path=self._socket_path(spec.name),
                 connections=self.connections, pumps=self._pumps.nursery,
-                waiting=lambda url: self._waited.__setitem__(spec.name, url))
+                waiting=lambda url: self._waited.__setitem__(spec.name, url),
+                spawned=partial(self._spawned, spec))
         _, problem = await trio.to_thread.run_sync(read_estimate, spec.path, spec.context)
         if problem is not None:
             raise LoadFailed(problem)
@@ -96,7 +103,19 @@ class ModelServers:
         assert proc.stderr is not None
         logged = trio.Event()
         self._pumps.nursery.start_soon(log_until_closed, proc.stderr, logfile, logged)
-        url = await await_ready(proc, until_healthy(self.connections, proc), logfile, logged,
-                                socket_path=socket_path)
-        return ServerProcess(proc, url, socket_path)
+        gone = await self._spawned(spec, proc)
+        try:
+            url = await await_ready(proc, until_healthy(self.connections, proc), logfile,
+                                    logged, socket_path=socket_path)
+        except BaseException:
+            await reaped(proc, gone)
+            raise
+        return ServerProcess(proc, url, socket_path, gone=gone)
+
+    async def _spawned(self, spec: ModelSpec, proc: trio.Process) -> Gone | None:
+        """A server's process was just started: recorded in state.json until it is gone."""
+        if self.ledger is None:
+            return None
+        await self.ledger.add(spec.name, proc.pid, spec.stop_signal)
+        return partial(self.ledger.remove, proc.pid)
 
