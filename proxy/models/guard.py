@@ -22,6 +22,7 @@ import time
 
 STOP_TIMEOUT = 10.0  # the grace of proxy.models.process.STOP_TIMEOUT
 LOOK_EVERY = 1.0  # seconds between two looks at whether the command is still our parent
+POLL = 0.02  # seconds between two looks at whether a stopped command is gone
 
 
 def watch(command: int, sig: int) -> None:
@@ -36,9 +37,10 @@ def watch(command: int, sig: int) -> None:
     try:
         if os.getppid() == command:  # else gone meanwhile: its pid may be another's soon
             os.kill(command, sig)
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while os.getppid() == command and time.monotonic() < deadline:
-            time.sleep(0.02)
+        for _ in range(int(STOP_TIMEOUT / POLL)):  # the grace, at least (no clock needed)
+            if os.getppid() != command:
+                break
+            time.sleep(POLL)
     finally:
         os.killpg(0, signal.SIGKILL)  # the command if still there, its workers, us
 
