@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from protocol.config import Config, ModelConfig
+from protocol.model_spec import Bundled, engine_of
 from proxy import logsetup
 from proxy.accept import accept_loop
 from proxy.api.nodes import version
@@ -108,7 +109,8 @@ class Gateway:
         self.metrics.attach(self.hub)
         self._extra_models = extra_models
         self.models = self._model_configs()
-        if any(not m.command for m in self.models) and not llama_available():
+        if any(isinstance(engine_of(m), Bundled) for m in self.models) \
+                and not llama_available():
             raise StartupError(INSTALL_HINT)
         self.binding = Binding(settings, self.notifications, external=external,
                                node=None if self.node_listener is None
@@ -221,7 +223,8 @@ class Gateway:
         some, so a gateway without them does not hold them (tests/test_lazy_imports.py)."""
         if not (self.models or config.model_loading.dirs):
             return None
-        from proxy.models.ondemand import Estimates, OnDemand, config_problems, prepare
+        from proxy.models.ondemand import OnDemand
+        from proxy.models.specs import Estimates, config_problems, prepare
 
         estimates: Estimates = {}  # GGUF headers read, kept for the rescans
         prepared = await trio.to_thread.run_sync(prepare, self.models, config,

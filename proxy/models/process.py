@@ -15,6 +15,7 @@ import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import attrs
 import trio
 
 from protocol.upstream_url import parse_upstream_url
@@ -36,6 +37,34 @@ def file_safe(name: str) -> str:
 
 def socket_file_name(model: str) -> str:
     return f"m-{file_safe(model)}.sock"
+
+
+def log_path(data_dir: Path, model: str) -> Path:
+    """A model server's log file (SPEC §11): ``<data dir>/logs/<name>.log``."""
+    return data_dir / "logs" / f"{file_safe(model)}.log"
+
+
+Ready = Callable[[ConnectionPool, trio.Process], Awaitable[tuple[str | None, str]]]
+
+
+@attrs.frozen
+class Launch:
+    """One server's start as its engine plans it (:mod:`proxy.models.bundled`,
+    :mod:`proxy.models.command`); :meth:`proxy.models.servers.ModelServers.start` runs every
+    plan the same way: its socket file cleared, the process started in a session of its own
+    with its output to its log, recorded, waited for with ``ready``, stopped on failure."""
+
+    argv: list[str]
+    ready: Ready  # the server's URL once it answers, else None and why (it exited)
+    cannot_run: str  # what a spawn's OSError is prefixed with
+    env: dict[str, str] | None = None  # None: the gateway's own
+    socket_path: Path | None = None  # its socket file: removed before the start, after the stop
+    lifeline: bool = False  # stdin a pipe only the gateway holds (proxy.models.guard)
+    stdout_logged: bool = False  # stdout and stderr both to the log (else stderr only: the
+    # launcher's stdout says where it listens)
+    stop_signal: int = signal.SIGTERM
+    group: bool = False  # its whole process group is killed once it is gone
+    waits_at: str = ""  # where a load waits for it, when known before it starts
 
 
 def remove_leftover_socket(path: Path) -> None:
