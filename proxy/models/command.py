@@ -16,16 +16,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sys
 from functools import partial
 from pathlib import Path
 
 from protocol.model_command import expand, uses
 from protocol.model_spec import Command, ModelSpec
+from proxy.models.guard import guarded
 from proxy.models.managed import LoadFailed
 from proxy.models.process import Launch, free_port, until_answers
-
-GUARD = os.fspath(Path(__file__).with_name("guard.py"))  # run by path: stdlib only
 
 
 def find_program(name: str, env: dict[str, str]) -> str | None:
@@ -65,7 +63,7 @@ def plan_command(spec: ModelSpec, command: Command, socket_path: Path | None) ->
     return Launch(
         # Through the guard, which execs the program in its own place and stops it should
         # this gateway die without doing so; its stdin is the lifeline, held only here.
-        [sys.executable, "-I", "-S", GUARD, command.stop_signal, program, *argv[1:]],
+        guarded(command.stop_signal, [program, *argv[1:]]),
         partial(until_answers, url=url, path=command.health),
         f"{where}.command: cannot run {argv[0]!r}", env=env,
         socket_path=socket_path if "SOCKET" in values else None,  # removed at a stop

@@ -241,13 +241,17 @@ class ServerProcess:
             remove_leftover_socket(self._socket_path)
 
     async def _reaped(self) -> None:
-        await reaped(self.proc, self._gone)
+        await reaped(self.proc, self._gone, group=self._group)
         self._gone = None
 
 
-async def reaped(proc: trio.Process, gone: Callable[[], Awaitable[None]] | None) -> None:
-    """A server's process has been reaped: its lifeline closed (a user's command's guard,
-    :mod:`proxy.models.guard`; the group is gone by now), ``gone`` told."""
+async def reaped(proc: trio.Process, gone: Callable[[], Awaitable[None]] | None, *,
+                 group: bool = False) -> None:
+    """A server's process has been reaped (it exited, or was stopped): what is left of its
+    ``group`` killed (a user's command's guard among them: :mod:`proxy.models.guard`), then
+    its lifeline closed, so the guard never takes it for the gateway's end; ``gone`` told."""
+    if group:
+        _kill_group(proc.pid)
     if proc.stdin is not None:
         with trio.CancelScope(shield=True):
             await proc.stdin.aclose()

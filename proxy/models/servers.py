@@ -119,7 +119,7 @@ class ModelServers:
                                     logged, socket_path=launch.socket_path,
                                     stop_signal=launch.stop_signal, group=launch.group)
         except BaseException:
-            await reaped(proc, gone)
+            await reaped(proc, gone, group=launch.group)
             raise
         return ServerProcess(proc, url, launch.socket_path, stop_signal=launch.stop_signal,
                              group=launch.group, gone=gone)
