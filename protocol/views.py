@@ -30,7 +30,8 @@ from protocol.request_record import iso_utc
 
 __all__ = ["PAUSED", "UNCHECKED", "LocalModel", "NodeCheck", "aliases_view", "api_view",
            "discovery_view", "endpoint_entry", "listed_models", "load_balancing_view",
-           "local_model_entry", "model_event", "node_entry", "registry_view", "timeouts_view"]
+           "local_model_entry", "local_models_view", "model_event", "node_entry",
+           "registry_view", "timeouts_view"]
 
 UNCHECKED: Final = "unknown"  # a node's status before its first check (proxy.registry.nodes)
 PAUSED: Final = "paused"  # every node's status while load balancing is off
@@ -197,6 +198,15 @@ def local_model_entry(model: LocalModel, *, source: str, log: str, now: float,
         "restarts": model.restarts, "lastError": model.failure,
         "engine": spec.engine.name, "kind": spec.kind, "log": log,
     }
+
+
+def local_models_view(models: list[dict[str, Any]], *, budget: int, in_use: int,
+                      max_loaded: int, backends: list[str] | None) -> dict[str, Any]:
+    """``GET /api/v1/models/local`` (SPEC §11): the entries of :func:`local_model_entry`,
+    the memory budget and what the loaded models hold of it (bytes), the limit of loaded
+    models, and the installed llama.cpp's compute backends (§11.1; null: not installed)."""
+    return {"models": models, "memoryBudget": budget, "memoryInUse": in_use,
+            "maxLoaded": max_loaded, "llamaBackends": backends}
 
 
 def model_event(entry: dict[str, Any]) -> dict[str, Any]:

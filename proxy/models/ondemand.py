@@ -187,13 +187,10 @@ class OnDemand:
                 await model.changed.wait()
         return self.entry(model)
 
-    def budget(self) -> dict[str, Any]:
-        """``GET /api/v1/models/local``'s figures beside its models."""
-        life = self.lifecycle
-        return {"memoryBudget": life.budget,
-                "memoryInUse": sum(m.held for m in life.models.values()
-                                   if m.state is ModelState.LOADED),
-                "maxLoaded": life.max_loaded}
+    def memory_in_use(self) -> int:
+        """Bytes the loaded models hold (``GET /api/v1/models/local``'s ``memoryInUse``)."""
+        return sum(m.held for m in self.lifecycle.models.values()
+                   if m.state is ModelState.LOADED)
 
     def _changed(self, model: Managed) -> None:
         backend = self.backends.get(model.name)
