@@ -1,7 +1,8 @@
 """A model server of the user's own (SPEC §11.1): ``models[].command`` run as a child process
 with its placeholders filled in, under the same lifecycle as the bundled llama.cpp.
 
-The command is never run through a shell. ``${PORT}`` is a loopback port picked here,
+The command is never interpreted by a shell (the guard, a fixed sh script, execs it with its
+arguments as they are). ``${PORT}`` is a loopback port picked here,
 ``${SOCKET}`` a socket path in the socket dir; sluice reaches the server over the socket if
 the command names it, else over the port. The server is ready once GET ``health`` answers
 200 there (vLLM answers 503 or refuses connections while it loads). Its stdout and stderr go
