@@ -93,6 +93,39 @@ async def test_a_command_server_dies_with_a_killed_gateway(
         gw.stop()
 
 
+async def test_the_workers_of_a_command_go_with_it(short_tmp: Path, strays: list[int]
+                                                   ) -> None:
+    """A server that started workers of its own: they are gone too (its process group)."""
+    script = (f"sleep 300 & exec {sys.executable} -m http.server ${{PORT}} "
+              "--bind 127.0.0.1")
+    gw = with_models(GatewayProcess(short_tmp / "g", "workers"),
+                     ModelConfig(name="web", command=("/bin/sh", "-c", script), health="/",
+                                 memory=GIB))
+    gw.launch()
+    try:
+        await gw.ready()
+        reply = await gw.call("POST", "/api/v1/models/local/web/load", admin=True)
+        assert reply.status == 200, reply.body
+        pid = reply.json()["pid"]
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            kids = [int(kid) for kid in children.read().split()]
+        workers = [kid for kid in kids if command_line(kid)[:2] == ["sleep", "300"]]
+        assert len(workers) == 1, kids
+        strays += [pid, *kids]
+        assert gw.proc is not None
+        gw.proc.kill()
+        gw.proc.wait()
+        await until_gone(pid, 3.0)
+        await until_gone(workers[0], 3.0)
+    finally:
+        gw.stop()
+
+
+def command_line(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        return [part.decode() for part in cmdline.read().split(b"\0") if part]
+
+
 async def test_a_new_gateway_stops_what_a_killed_one_left(
         short_tmp: Path,
         sleepers: tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]) -> None:
