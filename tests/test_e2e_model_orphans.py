@@ -107,8 +107,7 @@ async def test_the_workers_of_a_command_go_with_it(short_tmp: Path, strays: list
         reply = await gw.call("POST", "/api/v1/models/local/web/load", admin=True)
         assert reply.status == 200, reply.body
         pid = reply.json()["pid"]
-        with open(f"/proc/{pid}/task/{pid}/children") as children:
-            kids = [int(kid) for kid in children.read().split()]
+        kids = children(pid)
         workers = [kid for kid in kids if command_line(kid)[:2] == ["sleep", "300"]]
         assert len(workers) == 1, kids
         strays += [pid, *kids]
@@ -119,6 +118,11 @@ async def test_the_workers_of_a_command_go_with_it(short_tmp: Path, strays: list
         await until_gone(workers[0], 3.0)
     finally:
         gw.stop()
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as kids:
+        return [int(kid) for kid in kids.read().split()]
 
 
 def command_line(pid: int) -> list[str]:
