@@ -220,11 +220,12 @@ class ChildWatch(threading.Thread):
 
     def _take_cmdline(self) -> bool:
         """True once the child's command line is known (it runs the launcher) or it is gone.
-        An empty read is neither: /proc/PID/cmdline reads empty while the fork execs."""
+        An empty read is neither: /proc/PID/cmdline reads empty while the fork execs; nor is
+        a user's command's guard (proxy/models/guard.py), which execs the command next."""
         cmdline = _cmdline(self.pid)
         if cmdline is None:
             return True
-        if "--listen" in cmdline:
+        if "--listen" in cmdline and "sluice-guard" not in cmdline[:4]:
             self.cmdline = cmdline
             return True
         return False

@@ -1,6 +1,7 @@
-"""The GET bodies of the settings and of the node pool's entries (SPEC §8, §9.3, §12, §14),
-pure: plain values in, JSON-ready dicts out. The endpoints answer them, and the ``settings``
-and ``node`` events carry them (:mod:`proxy.observe.state_events`), so an event is always
+"""The GET bodies of the settings, of the node pool's entries and of the managed models
+(SPEC §8, §9.3, §11, §12, §14), pure: plain values in, JSON-ready dicts out. The endpoints
+answer them, and the ``settings``, ``node`` and ``model`` events carry them
+(:mod:`proxy.observe.state_events`, :mod:`proxy.models.ondemand`), so an event is always
 the body its GET would give.
 
 Each settings body is its section's fields (:mod:`protocol.config.fields`) read from the
@@ -9,7 +10,8 @@ config as YAML data (durations as ``"30s"``), then what the server computes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from protocol.config import Config, NodeConfig, by_priority, config_to_dict, discovery_effect
@@ -22,10 +24,14 @@ from protocol.config.fields import (
     TIMEOUTS,
     Section,
 )
+from protocol.model_spec import ModelSpec
+from protocol.model_state import ModelState
+from protocol.request_record import iso_utc
 
-__all__ = ["PAUSED", "UNCHECKED", "NodeCheck", "aliases_view", "api_view", "discovery_view",
-           "endpoint_entry", "load_balancing_view", "node_entry", "registry_view",
-           "timeouts_view"]
+__all__ = ["PAUSED", "UNCHECKED", "LocalModel", "NodeCheck", "aliases_view", "api_view",
+           "discovery_view", "endpoint_entry", "listed_models", "load_balancing_view",
+           "local_model_entry", "local_models_view", "model_event", "node_entry",
+           "registry_view", "timeouts_view"]
 
 UNCHECKED: Final = "unknown"  # a node's status before its first check (proxy.registry.nodes)
 PAUSED: Final = "paused"  # every node's status while load balancing is off
@@ -121,3 +127,106 @@ def endpoint_entry(cfg: NodeConfig, endpoint: NodeCheck | None,
         "weight": cfg.weight,  # its share under the weighted strategy (SPEC §13)
         # Beyond SPEC: why the last check failed (never a key: status and address).
         "lastError": endpoint.last_error if enabled and endpoint else None}
+
+
+class RunningServer(Protocol):
+    """A managed model's server while it runs (:class:`proxy.models.process.ServerProcess`)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def pid(self) -> int | None: ...
+
+
+class LocalModel(Protocol):
+    """A managed model as its lifecycle knows it (:class:`proxy.models.managed.Managed`);
+    times are on the lifecycle's clock."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def spec(self) -> ModelSpec: ...
+    @property
+    def state(self) -> ModelState: ...
+    @property
+    def idle_time(self) -> float: ...
+    @property
+    def loaded_at(self) -> float | None: ...
+    @property
+    def last_used(self) -> float: ...
+    @property
+    def memory(self) -> int: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def failure(self) -> str | None: ...
+    @property
+    def server(self) -> RunningServer | None: ...
+    def unloads_at(self) -> float: ...
+
+
+def _at(at: float | None, now: float, wall_now: float) -> str | None:
+    """A time on the lifecycle's clock (``now`` there, ``wall_now`` on the wall clock) as
+    ISO 8601 UTC; None for never."""
+    if at is None or math.isinf(at):
+        return None
+    return iso_utc(wall_now + (at - now))
+
+
+def local_model_entry(model: LocalModel, *, source: str, log: str, now: float,
+                      wall_now: float) -> dict[str, Any]:
+    """A managed model as ``GET /api/v1/models/local`` lists it (SPEC §11): ``source`` its
+    catalogue entry's (config or folder), ``log`` its server's log file."""
+    spec = model.spec
+    server = model.server
+    return {
+        "name": model.name, "path": spec.path, "source": source,
+        "state": model.state.value,
+        "keepAlive": None if math.isinf(model.idle_time) else model.idle_time,
+        "preload": spec.preload,
+        "loadedAt": _at(model.loaded_at, now, wall_now),
+        "lastUsedAt": _at(model.last_used, now, wall_now),
+        "unloadsAt": _at(model.unloads_at(), now, wall_now),
+        "estimatedBytes": spec.estimate, "memoryBytes": model.memory,
+        "activeRequests": model.in_flight,
+        "pid": server.pid if server is not None else None,
+        "address": server.url if server is not None else None,
+        "transport": None if server is None else
+        ("unix" if server.url.startswith("unix:") else "tcp"),
+        "restarts": model.restarts, "lastError": model.failure,
+        "engine": spec.engine.name, "kind": spec.kind, "log": log,
+    }
+
+
+def local_models_view(models: list[dict[str, Any]], *, budget: int, in_use: int,
+                      max_loaded: int, backends: list[str] | None) -> dict[str, Any]:
+    """``GET /api/v1/models/local`` (SPEC §11): the entries of :func:`local_model_entry`,
+    the memory budget and what the loaded models hold of it (bytes), the limit of loaded
+    models, and the installed llama.cpp's compute backends (§11.1; null: not installed)."""
+    return {"models": models, "memoryBudget": budget, "memoryInUse": in_use,
+            "maxLoaded": max_loaded, "llamaBackends": backends}
+
+
+def model_event(entry: dict[str, Any]) -> dict[str, Any]:
+    """The ``model`` event of a managed model's change (SPEC §9.3): its entry, ``source:
+    "managed"`` as every managed server's event says (a backend's says ``backend``), the
+    entry's own source (config or folder) as ``origin``."""
+    return {**entry, "source": "managed", "origin": entry["source"]}
+
+
+def listed_models(entries: Iterable[dict[str, Any]], models: Mapping[str, LocalModel]
+                  ) -> list[dict[str, Any]]:
+    """``/v1/models``' local ``entries`` with every managed model in it, loaded or not, each
+    with ``"sluice": {"state": S}`` (SPEC §11)."""
+    out = []
+    for entry in entries:
+        model = models.get(entry.get("id", ""))
+        out.append(entry if model is None else
+                   {**entry, "sluice": {"state": model.state.value}})
+    shown = {entry.get("id") for entry in out}
+    out += [{"id": name, "object": "model", "created": 0, "owned_by": model.spec.engine.owner,
+             "sluice": {"state": model.state.value}}
+            for name, model in models.items() if name not in shown]
+    return out

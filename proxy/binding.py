@@ -12,7 +12,7 @@ from pathlib import Path
 import trio
 
 from proxy.context import Listening
-from proxy.datadir import STATE_FILE, GatewayState, write_state
+from proxy.datadir import STATE_FILE, GatewayState, ServerRecord, read_state, write_state
 from proxy.link.listener import LOCAL_TCP, TCP, UNIX, Listener
 from proxy.listeners import (
     SOCKET_NAME,
@@ -50,6 +50,10 @@ class Binding:
         self.socket_path: Path | None = None  # ours until removed
         self.state_written = False  # state.json is ours to remove
         self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of our socket file
+        # Model servers: those a previous gateway of this data dir recorded (it died without
+        # stopping them), and ours, both as state.json says.
+        self.left_behind: tuple[ServerRecord, ...] = ()
+        self.model_servers: tuple[ServerRecord, ...] = ()
 
     def __repr__(self) -> str:
         return f"Binding({self.listening!r}, listeners={len(self.listeners)})"
@@ -68,6 +72,8 @@ class Binding:
         node_port: int | None = None
         try:
             await refuse_if_running(self.settings.data_dir)
+            previous = read_state(self.settings.data_dir)
+            self.left_behind = () if previous is None else previous.model_servers
             choice = choose_socket_dir(cfg.local.socket_dir, self.settings.data_dir)
             await remove_stale_sockets(f for f in choice.candidates if f != choice.folder)
             if choice.folder is not None:
@@ -158,8 +164,15 @@ class Binding:
         write_state(self.settings.data_dir, GatewayState(
             pid=os.getpid(), socket_path=listening.socket_path,
             local_tcp_port=listening.local_tcp_port, tcp_port=listening.tcp_port,
-            node_port=listening.node_port))
+            node_port=listening.node_port, model_servers=self.model_servers))
         self.state_written = True
+
+    def record_servers(self, servers: tuple[ServerRecord, ...]) -> None:
+        """The model servers this gateway runs now, into state.json (blocking: run in a
+        worker thread, one write at a time: proxy/models/ledger.py)."""
+        self.model_servers = servers
+        if self.state_written:
+            self._write_state()
 
     def remove_state(self) -> None:
         """Remove state.json if this gateway wrote it (not another's, when binding failed

@@ -16,7 +16,7 @@ from proxy.files import atomic_write
 
 __all__ = [
     "CONFIG_FILE", "NODE_ID_FILE", "SECRETS_FILE", "STATE_FILE", "GatewayState",
-    "make_data_dir", "read_state", "resolve_data_dir", "write_state",
+    "ServerRecord", "make_data_dir", "read_state", "resolve_data_dir", "write_state",
 ]
 
 CONFIG_FILE = "config.yaml"
@@ -47,21 +47,50 @@ def make_data_dir(data_dir: Path) -> None:
 
 
 @attrs.frozen
+class ServerRecord:
+    """A model server the gateway runs (SPEC §11): its pid and when that process started
+    (so a pid reused by another process is never taken for it), for a next gateway to stop
+    it should this one die without stopping it."""
+
+    name: str
+    pid: int
+    start_time: str
+    stop_signal: str = "SIGTERM"
+
+    def to_json(self) -> dict[str, object]:
+        return {"name": self.name, "pid": self.pid, "startTime": self.start_time,
+                "stopSignal": self.stop_signal}
+
+    @classmethod
+    def from_json(cls, doc: object) -> ServerRecord | None:
+        if not isinstance(doc, dict):
+            return None
+        pid, start = _int(doc.get("pid")), doc.get("startTime")
+        if pid is None or pid <= 0 or not isinstance(start, str) or not start:
+            return None
+        name, sig = doc.get("name"), doc.get("stopSignal")
+        return cls(name if isinstance(name, str) else "", pid, start,
+                   sig if isinstance(sig, str) else "SIGTERM")
+
+
+@attrs.frozen
 class GatewayState:
     """What state.json says: the gateway's pid and where it listens (its local socket, else
     the loopback TCP port used when no socket folder works; and the API port and the node
-    listener's TLS port, if any)."""
+    listener's TLS port, if any); and the model servers it runs."""
 
     pid: int
     socket_path: str | None = None
     local_tcp_port: int | None = None
     tcp_port: int | None = None
     node_port: int | None = None
+    model_servers: tuple[ServerRecord, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return {"pid": self.pid, "socketPath": self.socket_path,
                 "localTcpPort": self.local_tcp_port, "tcpPort": self.tcp_port,
-                "nodePort": self.node_port}
+                "nodePort": self.node_port,
+                "modelServers": [record.to_json() for record in self.model_servers]}
 
 
 def write_state(data_dir: Path, state: GatewayState) -> None:
@@ -87,4 +116,10 @@ def read_state(data_dir: Path) -> GatewayState | None:
                         socket_path=socket_path if isinstance(socket_path, str) else None,
                         local_tcp_port=_int(doc.get("localTcpPort")),
                         tcp_port=_int(doc.get("tcpPort")),
-                        node_port=_int(doc.get("nodePort")))
+                        node_port=_int(doc.get("nodePort")),
+                        model_servers=tuple(filter(None, map(
+                            ServerRecord.from_json, _list(doc.get("modelServers"))))))
+
+
+def _list(value: object) -> list[object]:
+    return value if isinstance(value, list) else []

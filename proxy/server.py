@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from protocol.config import Config, ModelConfig
+from protocol.model_spec import Bundled, engine_of
 from proxy import logsetup
 from proxy.accept import accept_loop
 from proxy.api.nodes import version
@@ -50,6 +51,7 @@ from proxy.start_steps import Kind, Step
 from proxy.upstream.pool import ConnectionPool
 
 if TYPE_CHECKING:
+    from proxy.models.ledger import Ledger
     from proxy.models.ondemand import OnDemand
 
 log = logging.getLogger("sluice.server")
@@ -107,7 +109,8 @@ class Gateway:
         self.metrics.attach(self.hub)
         self._extra_models = extra_models
         self.models = self._model_configs()
-        if any(not m.command for m in self.models) and not llama_available():
+        if any(isinstance(engine_of(m), Bundled) for m in self.models) \
+                and not llama_available():
             raise StartupError(INSTALL_HINT)
         self.binding = Binding(settings, self.notifications, external=external,
                                node=None if self.node_listener is None
@@ -115,6 +118,7 @@ class Gateway:
         self.drain = Drain(self.clients, drain_timeout)
         self.handle_signals = False  # the real process (sluice serve): set by run
         self._ondemand: OnDemand | None = None
+        self._ledger: Ledger | None = None
 
     def __repr__(self) -> str:
         return f"Gateway({self.clients!r}, {self.connections!r})"
@@ -172,6 +176,11 @@ class Gateway:
             remove_leftovers(path)
 
     async def _prepare_models(self) -> None:
+        left = self.binding.left_behind  # model servers a killed gateway did not stop
+        if left or self.models or self.settings.config.model_loading.dirs:
+            from proxy.models.ledger import Ledger
+
+            self._ledger = Ledger(self.binding.record_servers, left)
         self._ondemand = await self._on_demand(self.settings.config)
         self.metrics.ondemand = self._ondemand
 
@@ -214,7 +223,8 @@ class Gateway:
         some, so a gateway without them does not hold them (tests/test_lazy_imports.py)."""
         if not (self.models or config.model_loading.dirs):
             return None
-        from proxy.models.ondemand import Estimates, OnDemand, config_problems, prepare
+        from proxy.models.ondemand import OnDemand
+        from proxy.models.specs import Estimates, config_problems, prepare
 
         estimates: Estimates = {}  # GGUF headers read, kept for the rescans
         prepared = await trio.to_thread.run_sync(prepare, self.models, config,
@@ -230,7 +240,7 @@ class Gateway:
             self.backends, self.connections, self.hub,
             load_timeout=lambda: self.settings.config.timeouts.model_load,
             models=self._model_configs, config=lambda: self.settings.config,
-            estimates=estimates)
+            estimates=estimates, ledger=self._ledger)
 
     async def _handle(self, stream: trio.SocketStream, listener: Listener) -> None:
         transport = listener.transport
@@ -272,6 +282,10 @@ START_ORDER: tuple[Step, ...] = (
     # Upstream connections: the probes of connections after streamed answers, ready
     # before the steps below send anything upstream.
     Step("upstream connections", Kind.READY, lambda g: g.connections.run),
+    # Model servers a previous gateway of this data dir left running (killed, it could not
+    # stop them) are stopped before one of ours starts (a start waits for it).
+    Step("leftover model servers", Kind.SOON, lambda g: None if g._ledger is None
+         else g._ledger.run),
     # Model servers on demand, when there can be any (they use the connections).
     Step("model servers", Kind.READY, lambda g: None if g._ondemand is None
          else g._ondemand.run),

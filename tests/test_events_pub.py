@@ -25,7 +25,8 @@ import trio_websocket
 
 from protocol.config import Config, ModelConfig, NodeConfig, default_config
 from protocol.errors import SluiceError
-from proxy.models.ondemand import OnDemand, prepare
+from proxy.models.ondemand import OnDemand
+from proxy.models.specs import prepare
 from proxy.notifications import Notifications
 from proxy.observe.hub import TYPES, Hub
 from proxy.observe.state_events import LATENCY_STEP_MS, NodeFeed, latency_moved

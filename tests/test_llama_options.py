@@ -1,6 +1,6 @@
 """The bundled llama.cpp's options of a ``models:`` entry (SPEC §11.1): ``gpu_layers``,
 ``flash_attn``, ``cache_type_k``/``_v`` and ``batch`` made into launcher arguments
-(:func:`proxy.models.ondemand.llama_args`), parsed by the launcher and set on the installed
+(:func:`protocol.model_spec.llama_args`), parsed by the launcher and set on the installed
 wheel's real ``CommonParams`` (:func:`proxy.models.launcher.build_params`); no server is
 started and no GPU is needed: the GPU options are checked as what llama.cpp is handed. An
 option the wheel does not have ends the launcher with one line, no traceback."""
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from protocol.config import ModelConfig
+from protocol.model_spec import llama_args
 from proxy.models import launcher
 from proxy.models.launcher import Unsupported, build_params
-from proxy.models.ondemand import llama_args
 
 xllamacpp = pytest.importorskip("xllamacpp")
 
@@ -26,7 +26,7 @@ OPTIONS = ("n_gpu_layers", "flash_attn_type", "cache_type_k", "cache_type_v", "n
 
 def params_of(model: ModelConfig, module: types.ModuleType = xllamacpp) -> Any:
     """What the launcher sets for ``model``: the arguments the gateway passes (as
-    proxy/models/servers.py does: the base ones, then llama_args), parsed and applied."""
+    proxy/models/bundled.py does: the base ones, then llama_args), parsed and applied."""
     args = launcher._parser().parse_args([*BASE, *llama_args(model)])
     return build_params(args, module)
 

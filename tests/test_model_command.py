@@ -11,7 +11,7 @@ import pytest
 from protocol.config import ModelConfig, config_to_dict, parse_config_text
 from protocol.errors import ConfigError
 from protocol.model_command import expand, placeholders_in, unknown_placeholder, uses
-from proxy.models.ondemand import llama_args
+from protocol.model_spec import llama_args
 
 README = Path(__file__).parents[1] / "README.md"
 

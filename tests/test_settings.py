@@ -62,7 +62,7 @@ def test_state_file_round_trip(tmp_path: Path) -> None:
     assert mode(tmp_path / "state.json") == 0o600
     assert json.loads((tmp_path / "state.json").read_text()) == {
         "pid": 42, "socketPath": "/run/s/sluice.sock", "localTcpPort": None, "tcpPort": 39080,
-        "nodePort": 39443}
+        "nodePort": 39443, "modelServers": []}  # the model servers it runs (none here)
     assert read_state(tmp_path) == state
     for junk in ("", "[1]", "{", '{"pid": "x", "socketPath": 5, "tcpPort": true}'):
         (tmp_path / "state.json").write_text(junk)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from protocol.errors import no_such_item, not_found
 from protocol.model_room import memory_budget_bytes
+from protocol.views import local_models_view
 from proxy.api.call import Call
 
 if TYPE_CHECKING:
@@ -29,12 +30,13 @@ def local_models(ctx: GatewayContext) -> dict[str, Any]:
         from proxy.models.ondemand import physical_memory
 
         loading = ctx.config.model_loading
-        return {"models": [], "memoryInUse": 0, "maxLoaded": loading.max_loaded,
-                "memoryBudget": memory_budget_bytes(loading.memory_budget,
-                                                    physical_memory()),
-                "llamaBackends": ctx.llama.backends}
-    return {"models": ondemand.status(), **ondemand.budget(),
-            "llamaBackends": ctx.llama.backends}
+        return local_models_view(
+            [], budget=memory_budget_bytes(loading.memory_budget, physical_memory()),
+            in_use=0, max_loaded=loading.max_loaded, backends=ctx.llama.backends)
+    life = ondemand.lifecycle
+    return local_models_view(ondemand.status(), budget=life.budget,
+                             in_use=ondemand.memory_in_use(), max_loaded=life.max_loaded,
+                             backends=ctx.llama.backends)
 
 
 def list_local(call: Call) -> tuple[int, Any]:

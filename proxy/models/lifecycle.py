@@ -32,8 +32,9 @@ from protocol.errors import (
     model_memory_exhausted,
 )
 from protocol.model_room import Loaded, NoRoom, make_room, no_room_message
+from protocol.model_spec import ModelSpec
 from protocol.model_state import ModelState, Move, may_retry, move
-from proxy.models.managed import EXITED, LoadFailed, Managed, ModelSpec, Server, Servers
+from proxy.models.managed import EXITED, LoadFailed, Managed, Server, Servers
 
 __all__ = ["EXITED", "Lifecycle", "LoadFailed", "Managed", "ModelSpec", "Server", "Servers"]
 

@@ -1,6 +1,7 @@
 """What the lifecycle (:mod:`proxy.models.lifecycle`) knows of one managed model
-(:class:`Managed`, made from its catalogue entry's :class:`ModelSpec`), and what it needs of
-the thing that starts model servers (:class:`Servers`, :class:`Server`)."""
+(:class:`Managed`, made from its catalogue entry's :class:`~protocol.model_spec.ModelSpec`),
+and what it needs of the thing that starts model servers (:class:`Servers`,
+:class:`Server`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from protocol.model_spec import ModelSpec
 from protocol.model_state import ModelState
 
 # Upper bounds (seconds) of the load-time histogram: a small model in a second, a large one
@@ -59,34 +61,6 @@ class Servers(Protocol):
     def last_line(self, spec: ModelSpec) -> str:
         """The last line of ``spec``'s server's log ("" when there is none)."""
         ...
-
-
-@attrs.frozen
-class ModelSpec:
-    """What the lifecycle needs of a catalogue entry."""
-
-    name: str
-    path: str
-    estimate: int  # bytes before it is loaded: file size + KV cache
-    keep_alive: float  # seconds idle before it is unloaded; inf = never
-    context: int = 2048
-    parallel: int = 2
-    threads: int = 0
-    preload: bool = False
-    problem: str | None = None  # why its file cannot be loaded (a load then fails with it)
-    # SPEC §11.1. command: the user's own server (empty: the bundled llama.cpp).
-    command: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    health: str = "/health"
-    stop_signal: str = "SIGTERM"
-    kind: str = "llm"
-    declared: bool = False  # estimate is its declared memory: it counts loaded or not
-    llama_args: tuple[str, ...] = ()  # the bundled llama.cpp's options, as launcher args
-    field: str = ""  # its config entry (models[2]) for errors; "" for a folder's model
-
-    @property
-    def engine(self) -> str:
-        return "command" if self.command else "bundled"
 
 
 @attrs.define

@@ -12,9 +12,10 @@ import re
 import signal
 import socket
 import stat
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import attrs
 import trio
 
 from protocol.upstream_url import parse_upstream_url
@@ -36,6 +37,34 @@ def file_safe(name: str) -> str:
 
 def socket_file_name(model: str) -> str:
     return f"m-{file_safe(model)}.sock"
+
+
+def log_path(data_dir: Path, model: str) -> Path:
+    """A model server's log file (SPEC §11): ``<data dir>/logs/<name>.log``."""
+    return data_dir / "logs" / f"{file_safe(model)}.log"
+
+
+Ready = Callable[[ConnectionPool, trio.Process], Awaitable[tuple[str | None, str]]]
+
+
+@attrs.frozen
+class Launch:
+    """One server's start as its engine plans it (:mod:`proxy.models.bundled`,
+    :mod:`proxy.models.command`); :meth:`proxy.models.servers.ModelServers.start` runs every
+    plan the same way: its socket file cleared, the process started in a session of its own
+    with its output to its log, recorded, waited for with ``ready``, stopped on failure."""
+
+    argv: list[str]
+    ready: Ready  # the server's URL once it answers, else None and why (it exited)
+    cannot_run: str  # what a spawn's OSError is prefixed with
+    env: dict[str, str] | None = None  # None: the gateway's own
+    socket_path: Path | None = None  # its socket file: removed before the start, after the stop
+    lifeline: bool = False  # stdin a pipe only the gateway holds (proxy.models.guard)
+    stdout_logged: bool = False  # stdout and stderr both to the log (else stderr only: the
+    # launcher's stdout says where it listens)
+    stop_signal: int = signal.SIGTERM
+    group: bool = False  # its whole process group is killed once it is gone
+    waits_at: str = ""  # where a load waits for it, when known before it starts
 
 
 def remove_leftover_socket(path: Path) -> None:
@@ -184,13 +213,15 @@ class ServerProcess:
     killed once it is gone)."""
 
     def __init__(self, proc: trio.Process, url: str, socket_path: Path | None, *,
-                 stop_signal: int = signal.SIGTERM, group: bool = False) -> None:
+                 stop_signal: int = signal.SIGTERM, group: bool = False,
+                 gone: Callable[[], Awaitable[None]] | None = None) -> None:
         self.proc = proc
         self.pid: int | None = proc.pid
         self.url = url
         self._socket_path = socket_path
         self._stop_signal = stop_signal
         self._group = group
+        self._gone = gone  # told once it has been reaped (its record in state.json goes)
 
     def __repr__(self) -> str:
         return f"ServerProcess(pid={self.pid}, {self.url})"
@@ -200,9 +231,30 @@ class ServerProcess:
 
     async def wait(self) -> None:
         await self.proc.wait()
+        await self._reaped()
 
     async def stop(self) -> None:
         with trio.CancelScope(shield=True):
             await stop_process(self.proc, self._stop_signal, group=self._group)
+            await self._reaped()
         if self._socket_path is not None:
             remove_leftover_socket(self._socket_path)
+
+    async def _reaped(self) -> None:
+        await reaped(self.proc, self._gone, group=self._group)
+        self._gone = None
+
+
+async def reaped(proc: trio.Process, gone: Callable[[], Awaitable[None]] | None, *,
+                 group: bool = False) -> None:
+    """A server's process has been reaped (it exited, or was stopped): what is left of its
+    ``group`` killed (a user's command's guard among them: :mod:`proxy.models.guard`), then
+    its lifeline closed, so the guard never takes it for the gateway's end; ``gone`` told."""
+    if group:
+        _kill_group(proc.pid)
+    if proc.stdin is not None:
+        with trio.CancelScope(shield=True):
+            await proc.stdin.aclose()
+    if gone is not None:
+        with trio.CancelScope(shield=True):
+            await gone()

@@ -4,7 +4,7 @@
 Folders are relative to the data folder unless absolute. A symlinked file counts (a link to
 a GGUF is a model of its own, as a copy is); a symlinked folder is not followed (no loops),
 and a folder that cannot be read is passed over. Blocking file-system calls: the gateway
-runs them in a worker thread (:func:`proxy.models.ondemand.prepare`).
+runs them in a worker thread (:func:`proxy.models.specs.prepare`).
 """
 
 from __future__ import annotations
