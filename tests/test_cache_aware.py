@@ -284,8 +284,8 @@ async def test_spill_over_to_a_node_with_a_free_slot(
     spill(gw, True)
     configure(gw, (node("node-a", node_a.url, 1),), enabled=True)
     await trio.sleep(0.1)
-    assert gw.gateway.backends.backends[0].slots == Slots(total=1, others=0)
-    assert gw.gateway.nodes.endpoints[0].slots[MODEL] == Slots(total=2, others=1)
+    assert gw.gateway.backends.backends[0].slots == Slots(total=1, busy=0)
+    assert gw.gateway.nodes.endpoints[0].slots[MODEL] == Slots(total=2, busy=1)
     async with trio.open_nursery() as inner:
         inner.start_soon(ask, gw, conversation(1, 1))
         await hold.wait_arrived(1)
@@ -299,7 +299,7 @@ async def test_spill_over_to_a_node_with_a_free_slot(
     node_a.slots[MODEL] = (2, 2)  # the node is full too: stays local even with spill-over
     spill(gw, True)
     await trio.sleep(6)  # the next node check
-    assert gw.gateway.nodes.endpoints[0].slots[MODEL] == Slots(total=2, others=2)
+    assert gw.gateway.nodes.endpoints[0].slots[MODEL] == Slots(total=2, busy=2)
     hold2 = Hold(PromptCache("local"))
     local.on("POST", CHAT, hold2)
     async with trio.open_nursery() as inner:

@@ -88,7 +88,7 @@ CACHE_TYPES: Final = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q
 
 class Strategy(enum.StrEnum):
     """The values of ``load_balancing.strategy``; how each orders the nodes is
-    :mod:`proxy.routing.strategies`."""
+    :mod:`protocol.strategies`."""
 
     PRIORITY = "priority"
     ROUND_ROBIN = "round-robin"

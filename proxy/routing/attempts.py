@@ -17,8 +17,8 @@ import enum
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from protocol.strategies import LatencyAverage
 from proxy.routing.resolve import Target
-from proxy.routing.strategies import LatencyAverage
 
 
 class Outcome(enum.Enum):
