@@ -167,9 +167,11 @@ class KeyLimits:
     expires_at: str | None = None
     expires: float | None = None
     _allows: Callable[[str], bool] | None = None
+    priority: str | None = None  # "batch", or None: interactive (SPEC §18)
 
     def __repr__(self) -> str:
-        return f"KeyLimits(models={self.models!r}, rpm={self.rpm}, expires={self.expires_at})"
+        return (f"KeyLimits(models={self.models!r}, rpm={self.rpm}, "
+                f"expires={self.expires_at}, priority={self.priority})")
 
     @property
     def limited(self) -> bool:
@@ -192,21 +194,21 @@ UNLIMITED: Final = KeyLimits()
 
 @functools.lru_cache(maxsize=1024)
 def limits_of(models: tuple[str, ...] | None, rpm: int | None,
-              expires_at: str | None) -> KeyLimits:
+              expires_at: str | None, priority: str | None = None) -> KeyLimits:
     """The parsed limits for these stored values (made once per distinct set: a request
     pays a cache look-up, the patterns are compiled once)."""
-    if models is None and rpm is None and expires_at is None:
+    if models is None and rpm is None and expires_at is None and priority is None:
         return UNLIMITED
     return KeyLimits(models, rpm, expires_at,
                      None if expires_at is None else _epoch(expires_at),
-                     None if models is None else _matcher(models))
+                     None if models is None else _matcher(models), priority)
 
 
 def stored_limits(entry: Mapping[str, Any]) -> KeyLimits:
     """The limits of an ``access_keys`` entry (already checked: :func:`check_stored`)."""
     models = entry.get("models")
     return limits_of(None if models is None else tuple(models), entry.get("rpm"),
-                     entry.get("expires_at"))
+                     entry.get("expires_at"), entry.get("priority"))
 
 
 class TokenBucket:

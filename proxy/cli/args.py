@@ -11,7 +11,7 @@ __all__ = ["parse_args", "parser"]
 # The event types of SPEC §9.3 (as proxy.cli.lines has them, kept here so that parsing the
 # arguments loads nothing else).
 EVENT_TYPES = ("node", "circuit", "settings", "notification", "request", "stats", "model",
-               "pairing", "discovered")
+               "pairing", "discovered", "queue")
 FEED_TYPES = ("hello", "resync")
 
 

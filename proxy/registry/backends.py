@@ -58,6 +58,8 @@ class LocalBackend:
         # many checks pass before /slots is asked again at this address after it was refused.
         self.slots: Slots | None = None
         self.slots_skip = 0
+        # SPEC §18: its slots when it reports none, else a cap on them (None: no cap).
+        self.max_concurrent = cfg.max_concurrent
 
     @property
     def api_key(self) -> str | None:
@@ -137,6 +139,7 @@ class BackendRegistry:
             old = configured.pop(cfg.name, None)
             if (old is not None and old.url == cfg.url and old.kind == cfg.kind
                     and old.api_key == keys.get(cfg.name)):
+                old.max_concurrent = cfg.max_concurrent
                 kept.append(old)
             else:
                 kept.append(LocalBackend(cfg, keys.get(cfg.name)))
@@ -205,8 +208,10 @@ class BackendRegistry:
         while it was asked."""
         if backend.address != address or not backend.online:
             return
-        backend.slots = slots
         backend.slots_skip = SLOTS_RETRY_CHECKS if refused else 0
+        if backend.slots != slots:
+            backend.slots = slots
+            self.changes.publish(self)  # a slot may have freed (SPEC §18)
 
     def reindex(self) -> None:
         index: dict[str, LocalBackend] = {}

@@ -30,9 +30,10 @@ from protocol.config import Strategy
 from protocol.headers import FORWARDED, Header, header_value
 from protocol.request_info import RequestInfo, total_timeout
 from protocol.routing_choice import Choice, Rules, choose, needs_nodes
-from protocol.slots import free_slots, waiting
+from protocol.slots import capacity, free_slots, waiting
 from protocol.strategies import Candidate, RoundRobinCursor, WeightedCursor
 from proxy.observe.hub import Hub
+from proxy.publish import Subscribers
 from proxy.registry.backends import BackendRegistry, LocalBackend
 from proxy.registry.nodes import NodeIndex
 from proxy.routing.affinity import Affinity, Conversation
@@ -124,6 +125,8 @@ class Router:
         self.breakers: dict[str, CircuitBreaker] = {}
         self.counters: dict[str, Counters] = {}
         self._published: dict[str, int] = {}  # fingerprint -> breaker generation last published
+        # An attempt ended (its slot is free again): the scheduler's cue (SPEC §18).
+        self.freed: Subscribers[None] = Subscribers()
         self.affinity = Affinity(settings.config.load_balancing.affinity)
         self._affinity_config = settings.config.load_balancing.affinity
         backends.changes.subscribe(self.affinity.backends_changed)
@@ -231,7 +234,7 @@ class Router:
     def _local_candidate(self, backend: LocalBackend, priority: int) -> Candidate:
         """A local backend as the choice sees it (named as ``servedBy``)."""
         busy = self.backend_in_flight(backend.name)
-        slots = backend.slots
+        slots = capacity(backend.slots, backend.max_concurrent)
         return Candidate(backend.served_by.decode(), priority, busy,
                          waiting=waiting(busy, slots), local=True,
                          free=free_slots(busy, slots))
@@ -251,8 +254,13 @@ class Router:
         if first is None:
             return None
         backend = next(b for b in local if b.served_by.decode() == first.fingerprint)
-        return Plan(backend, Attempt(self._backend_counters(backend.name), trio.current_time()),
-                    affinity=choice.affinity, conversation=conversation)
+        attempt = Attempt(self._backend_counters(backend.name), trio.current_time(),
+                          ended=self._ended)
+        return Plan(backend, attempt, affinity=choice.affinity, conversation=conversation)
+
+    def _ended(self) -> None:
+        if self.freed:
+            self.freed.publish(None)
 
     def _conversation(self, info: RequestInfo, headers: Sequence[Header]
                       ) -> Conversation | None:
@@ -270,7 +278,7 @@ class Router:
         key = self.settings.secrets.node_keys.get(target.fingerprint)
         upstream = NodeUpstream(endpoint, key, self.settings.node_id.encode())
         attempt = Attempt(self._node_counters(target.fingerprint), now, target, endpoint.speed,
-                          reported=self.watch_circuits)
+                          reported=self.watch_circuits, ended=self._ended)
         return upstream, attempt
 
     def views(self) -> list[NodeView]:
