@@ -326,3 +326,66 @@ def test_max_concurrent_validation() -> None:
     with pytest.raises(ConfigError) as caught:
         validate_config(bad)
     assert caught.value.path == "models[0].max_concurrent"
+
+
+async def test_a_batch_key_and_headers_that_lower_but_never_raise(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery,
+        start_gateway: StartGateway, short_tmp: Path) -> None:
+    gw, server = await one_slot(nursery, start_gateway, short_tmp)
+    made = await request(gw.unix, "POST", "/api/v1/access-keys",
+                         b'{"name": "job", "priority": "batch"}', admin_headers(gw))
+    assert made.status == 201, made.body
+    assert made.json()["priority"] == "batch"
+    bad = await request(gw.unix, "POST", "/api/v1/access-keys", b'{"priority": "urgent"}',
+                        admin_headers(gw))
+    assert bad.status == 422
+    assert bad.json()["error"]["param"] == "priority"
+    key = [("authorization", f"Bearer {made.json()['key']}"),
+           ("x-sluice-priority", "interactive")]  # a header never raises the key's class
+    replies: dict[str, Reply] = {}
+    async with trio.open_nursery() as inner:
+        await send_all(inner, gw, ["k0", "k1", "k2"], 5.0, replies, headers=key)
+        await send_all(inner, gw, ["mine"], 1.0, replies)
+    assert server.arrived == ["k0", "mine", "k1", "k2"]
+    entries = await log(gw)
+    by_class = sorted((e["priority"], e["status"]) for e in entries.values()
+                      if e["path"] == CHAT)
+    assert by_class == [("batch", 200)] * 3 + [("interactive", 200)]
+
+
+async def test_metrics_of_the_queue(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery,
+        start_gateway: StartGateway, short_tmp: Path) -> None:
+    gw, _ = await one_slot(nursery, start_gateway, short_tmp)
+    scheduling(gw, max_waiting=1)
+    replies: dict[str, Reply] = {}
+    async with trio.open_nursery() as inner:
+        await send_all(inner, gw, ["a", "b"], 5.0, replies)
+        await send_all(inner, gw, ["c"], 5.0, replies, headers=[("x-sluice-priority", "batch")])
+        scrape = (await request(gw.unix, "GET", "/metrics")).body.decode()
+        assert 'sluice_queue_waiting{model="slot-model",priority="interactive"} 1' in scrape
+        assert 'sluice_queue_waiting{model="slot-model",priority="batch"} 0' in scrape
+    assert replies["c"].status == 429
+    await trio.sleep(0.1)
+    scrape = (await request(gw.unix, "GET", "/metrics")).body.decode()
+    assert 'sluice_queue_rejected_total{model="slot-model",reason="queue_full"} 1' in scrape
+    assert 'sluice_queue_wait_seconds_count{model="slot-model",priority="interactive"} 2' \
+        in scrape
+    assert 'sluice_queue_wait_seconds_count{model="slot-model",priority="batch"} 1' in scrape
+    assert 'sluice_queue_wait_seconds_bucket{le="1.0",model="slot-model",' \
+           'priority="interactive"} 1' in scrape  # a went at once, b waited 5 s
+
+
+async def test_queue_events_carry_the_waiting_counts(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery,
+        start_gateway: StartGateway, short_tmp: Path) -> None:
+    gw, _ = await one_slot(nursery, start_gateway, short_tmp)
+    seen: list[dict[str, Any]] = []
+    gw.gateway.hub.subscribe(lambda kind, at, data: seen.append(data), ("queue",))
+    replies: dict[str, Reply] = {}
+    async with trio.open_nursery() as inner:
+        await send_all(inner, gw, ["a", "b", "c"], 5.0, replies, gap=1.0)
+    counts = [sum(m["waiting"]["interactive"] for m in e["models"]) for e in seen]
+    assert max(counts) == 2  # b and c waited while a had the slot
+    assert counts[-1] == 0
+    assert max(e["longestMs"] for e in seen) >= 3000
