@@ -2,8 +2,8 @@
 send.
 
 A key is shown once, in the answer to its creation; secrets.yaml keeps only its hash and
-its limits (``models``, ``rpm``, ``expires_at``, ``priority``: :mod:`protocol.key_limits`). The key store
-makes each change and writes it (:meth:`KeyStore.add`, :meth:`KeyStore.update`,
+its limits (``models``, ``rpm``, ``expires_at``, ``priority``: :mod:`protocol.key_limits`).
+The key store makes each change and writes it (:meth:`KeyStore.add`, :meth:`KeyStore.update`,
 :meth:`KeyStore.revoke`: :mod:`proxy.access.key_store`); a failed write answers 500 and changes
 nothing. A field the body should not have, or a bad value, answers
 422 naming it in ``error.param``.
