@@ -211,10 +211,11 @@ def table(result: dict[str, Any]) -> str:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bursts", default="8,12", help="the batch's burst sizes (default 8,12)")
-    ap.add_argument("--words", type=int, default=1400,
-                    help="words of each long prompt (default 1400: about 1,900 tokens)")
+    ap.add_argument("--words", type=int, default=300,
+                    help="words of each long prompt (default 300: about 400 tokens, 10 s or "
+                         "more of prefill for one thread of a busy 2-core machine)")
     ap.add_argument("--tokens", type=int, default=16, help="tokens each long prompt asks for")
-    ap.add_argument("--context", type=int, default=4096, help="the server's context")
+    ap.add_argument("--context", type=int, default=2048, help="the server's context")
     ap.add_argument("--threads", type=int, default=1, help="the server's threads")
     ap.add_argument("--modes", default="off,on", help="queue off, on, or both (default)")
     ap.add_argument("--smoke", action="store_true",

@@ -389,3 +389,43 @@ async def test_queue_events_carry_the_waiting_counts(
     assert max(counts) == 2  # b and c waited while a had the slot
     assert counts[-1] == 0
     assert max(e["longestMs"] for e in seen) >= 3000
+
+
+async def test_a_node_with_one_slot_is_queued_for_too(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery,
+        start_gateway: StartGateway, short_tmp: Path) -> None:
+    """A node's reported slots are its capacity (SPEC §18): nothing beyond them is
+    forwarded; when its answer ends (an attempt on a node), the next request goes."""
+    from tests.fakenode import Hold
+    from tests.test_cache_aware import PromptCache
+    from tests.test_forwarding import MODEL as NODE_MODEL
+    from tests.test_forwarding import pool
+
+    hold = Hold(PromptCache("node-a"))
+    gw, [node_a] = await pool(nursery, start_gateway, short_tmp, hold)
+    node_a.slots[NODE_MODEL] = (0, 1)
+    await trio.sleep(6)  # the next check reads the slots
+    assert gw.gateway.nodes.endpoints[0].slots[NODE_MODEL].total == 1
+    replies: list[Reply] = []
+
+    async def one(n: int) -> None:
+        replies.append(await request(gw.unix, "POST", CHAT, json_body(NODE_MODEL, n)))
+
+    async with trio.open_nursery() as inner:
+        for n in range(3):
+            inner.start_soon(one, n)
+            await trio.sleep(0.01)
+        await hold.wait_arrived(1)
+        await trio.sleep(1)
+        assert hold.arrived == 1  # the other two wait in sluice
+        assert gw.gateway.ctx.scheduler.waiting_for(NODE_MODEL) == 2
+        hold.release()  # every parked and later request goes on at once
+    assert [r.status for r in replies] == [200, 200, 200]
+    assert hold.arrived == 3
+
+
+def json_body(model: str, n: int) -> bytes:
+    import json
+
+    return json.dumps({"model": model, "messages": [{"role": "user", "content": f"q{n}"}]}
+                      ).encode()
