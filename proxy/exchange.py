@@ -271,8 +271,10 @@ class Exchange:
         else:  # its turn and a free slot (SPEC §18); a client that leaves is dropped unsent
             placed = None
             try:
-                with self.scope.open():
-                    placed = await ctx.scheduler.place(ticket, info, headers)
+                placed = ctx.scheduler.place_now(ticket, info, headers)
+                if placed is None:
+                    with self.scope.open():
+                        placed = await ctx.scheduler.place(ticket, info, headers)
             finally:
                 waited = ticket.waited(trio.current_time()) - (self.load_wait or 0.0)
                 self.queue_ms = self.out.response.queue_ms = max(0, round(waited * 1000))

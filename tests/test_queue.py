@@ -330,7 +330,10 @@ def test_max_concurrent_validation() -> None:
 
 async def test_a_batch_key_and_headers_that_lower_but_never_raise(
         autojump_clock: trio.testing.MockClock, nursery: trio.Nursery,
-        start_gateway: StartGateway, short_tmp: Path) -> None:
+        start_gateway: StartGateway, short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One wall-clock minute for the whole test: the key's use is written (in a worker
+    # thread) only at its first use in a minute, so the burst's order is not a thread's.
+    monkeypatch.setattr("proxy.access.key_store.now_iso", lambda: "2026-12-06T06:00:00Z")
     gw, server = await one_slot(nursery, start_gateway, short_tmp)
     made = await request(gw.unix, "POST", "/api/v1/access-keys",
                          b'{"name": "job", "priority": "batch"}', admin_headers(gw))
@@ -342,15 +345,17 @@ async def test_a_batch_key_and_headers_that_lower_but_never_raise(
     assert bad.json()["error"]["param"] == "priority"
     key = [("authorization", f"Bearer {made.json()['key']}"),
            ("x-sluice-priority", "interactive")]  # a header never raises the key's class
+    warm = await chat(gw, "warm", 0.1, headers=key)  # the key's first use writes the file
+    assert warm.status == 200
     replies: dict[str, Reply] = {}
     async with trio.open_nursery() as inner:
         await send_all(inner, gw, ["k0", "k1", "k2"], 5.0, replies, headers=key)
         await send_all(inner, gw, ["mine"], 1.0, replies)
-    assert server.arrived == ["k0", "mine", "k1", "k2"]
+    assert server.arrived == ["warm", "k0", "mine", "k1", "k2"]
     entries = await log(gw)
     by_class = sorted((e["priority"], e["status"]) for e in entries.values()
                       if e["path"] == CHAT)
-    assert by_class == [("batch", 200)] * 3 + [("interactive", 200)]
+    assert by_class == [("batch", 200)] * 4 + [("interactive", 200)]
 
 
 async def test_metrics_of_the_queue(
@@ -429,3 +434,23 @@ def json_body(model: str, n: int) -> bytes:
 
     return json.dumps({"model": model, "messages": [{"role": "user", "content": f"q{n}"}]}
                       ).encode()
+
+
+async def test_a_slot_a_report_saw_busy_with_ours_is_free_when_ours_ends(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery,
+        start_gateway: StartGateway, short_tmp: Path) -> None:
+    """A health check that finds the one slot busy with our own request must not hold the
+    next request until the check after: it goes as soon as ours ends."""
+    gw, server = await one_slot(nursery, start_gateway, short_tmp)
+    replies: dict[str, Reply] = {}
+    async with trio.open_nursery() as inner:
+        await send_all(inner, gw, ["first"], 7.0, replies)
+        await trio.sleep(6)  # a check (every 5 s) saw the slot busy: with our request
+        assert gw.gateway.backends.backends[0].slots.busy == 1  # type: ignore[union-attr]
+        await trio.sleep(1.5)  # ours has ended; the next check is at about 10 s
+        started = trio.current_time()
+        second = await chat(gw, "second", 0.5)
+        assert trio.current_time() - started < 1.0  # sent at once, not at the next check
+    assert second.status == 200
+    assert int(second.header("x-sluice-queue-ms") or -1) == 0
+    assert server.arrived == ["first", "second"]

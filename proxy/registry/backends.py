@@ -209,9 +209,8 @@ class BackendRegistry:
         if backend.address != address or not backend.online:
             return
         backend.slots_skip = SLOTS_RETRY_CHECKS if refused else 0
-        if backend.slots != slots:
-            backend.slots = slots
-            self.changes.publish(self)  # a slot may have freed (SPEC §18)
+        backend.slots = slots
+        self.changes.publish(self)  # a report: routing reads it now; a slot may have freed
 
     def reindex(self) -> None:
         index: dict[str, LocalBackend] = {}

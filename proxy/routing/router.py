@@ -30,16 +30,17 @@ from protocol.config import Strategy
 from protocol.headers import FORWARDED, Header, header_value
 from protocol.request_info import RequestInfo, total_timeout
 from protocol.routing_choice import Choice, Rules, choose, needs_nodes
-from protocol.slots import capacity, free_slots, waiting
+from protocol.slots import Slots, capacity, free_slots, waiting
 from protocol.strategies import Candidate, RoundRobinCursor, WeightedCursor
 from proxy.observe.hub import Hub
 from proxy.publish import Subscribers
 from proxy.registry.backends import BackendRegistry, LocalBackend
-from proxy.registry.nodes import NodeIndex
+from proxy.registry.nodes import NodeEndpoint, NodeIndex
 from proxy.routing.affinity import Affinity, Conversation
-from proxy.routing.attempts import Attempt, Counters, Outcome
+from proxy.routing.attempts import Attempt, Counters
 from proxy.routing.breaker import CircuitBreaker
 from proxy.routing.cache_stats import count_tokens
+from proxy.routing.plan import Plan
 from proxy.routing.resolve import (
     Forward,
     NodeView,
@@ -49,64 +50,17 @@ from proxy.routing.resolve import (
     forward,
     holders,
     permits,
-    resolve,
 )
-from proxy.routing.upstreams import NodeUpstream, Upstream
+from proxy.routing.slot_reports import SlotReports
+from proxy.routing.upstreams import NodeUpstream
+
+__all__ = ["Plan", "Router"]  # Plan lives in proxy/routing/plan.py
 
 CACHE_AWARE = Strategy.CACHE_AWARE.value
 
 if TYPE_CHECKING:
     from protocol.config import CircuitBreakerConfig
     from proxy.settings.store import Settings
-
-
-class Plan:
-    """Where one request goes. ``upstream`` and ``attempt`` are the current try."""
-
-    __slots__ = ("_request", "_router", "affinity", "attempt", "conversation", "failed",
-                 "may_fail_over", "upstream")
-
-    def __init__(self, upstream: Upstream, attempt: Attempt, *, router: Router | None = None,
-                 request: RouteRequest | None = None, may_fail_over: bool = False,
-                 affinity: str | None = None, conversation: Conversation | None = None) -> None:
-        self.upstream = upstream
-        self.attempt = attempt
-        self.may_fail_over = may_fail_over
-        self.failed: NodeUpstream | None = None  # the node failed over from
-        self._router = router
-        self._request = request
-        self.affinity = affinity  # hit | miss | session | spill (SPEC §15), or None
-        self.conversation = conversation  # cache-aware: what the index is told once answered
-
-    @property
-    def affinity_header(self) -> bytes | None:
-        """``x-sluice-affinity``'s value, when there is one."""
-        return None if self.affinity is None else self.affinity.encode()
-
-    def __repr__(self) -> str:
-        return f"Plan({self.upstream!r}, {self.attempt!r}, may_fail_over={self.may_fail_over})"
-
-    def alternate(self, now: float) -> bool:
-        """After a connect error or a 5xx before anything reached the client: switch to the
-        next eligible node (once per request). False when failover is off, already used,
-        or no other node can take it; the current attempt is then left as it is."""
-        router, request = self._router, self._request
-        if not self.may_fail_over or router is None or request is None:
-            return False
-        self.may_fail_over = False
-        target = self.attempt.target
-        assert target is not None
-        retry = attrs.evolve(request, failover=False,
-                             tried=request.tried | {target.fingerprint})
-        route = resolve(retry, router.views(), router.cursor, now, weighted=router.weighted)
-        router.watch_circuits(now)
-        if not isinstance(route, Forward):
-            return False
-        self.attempt.finish(Outcome.FAILURE, now)
-        self.failed = self.upstream  # type: ignore[assignment]  # only nodes fail over
-        self.upstream, self.attempt = router.start(route, now)
-        router.failovers += 1
-        return True
 
 
 class Router:
@@ -129,8 +83,12 @@ class Router:
         self.freed: Subscribers[None] = Subscribers()
         self.affinity = Affinity(settings.config.load_balancing.affinity)
         self._affinity_config = settings.config.load_balancing.affinity
+        # Each report of slots, read with our in-flight count as it comes.
+        self.slot_reports = SlotReports()
         backends.changes.subscribe(self.affinity.backends_changed)
+        backends.changes.subscribe(self._backends_reported)
         nodes.changes.subscribe(self.affinity.node_changed)
+        nodes.changes.subscribe(self._node_reported)
         if hub is not None:
             hub.subscribe(partial(count_tokens, self), ("request",))
 
@@ -173,9 +131,14 @@ class Router:
         open)."""
         config = self.settings.config
         lb = config.load_balancing
+        local = self.backends.holders_of(info.model)
+        if len(local) == 1 and not lb.spill_over:  # the hot path, as choose() would say:
+            only = local[0]  # one local candidate is the choice, unless the queue finds it full
+            if not queue or self._local_candidate(only, 1).free != 0:
+                return self._start_local(only)
+            return None
         rules = Rules(lb.strategy, lb.prefer_loaded, lb.spill_over, lb.affinity.load_bound,
                       queue)
-        local = self.backends.holders_of(info.model)
         candidates = [self._local_candidate(b, len(local) - i) for i, b in enumerate(local)]
         conversation = None
         if len(local) > 1 and lb.strategy == CACHE_AWARE:
@@ -234,7 +197,8 @@ class Router:
     def _local_candidate(self, backend: LocalBackend, priority: int) -> Candidate:
         """A local backend as the choice sees it (named as ``servedBy``)."""
         busy = self.backend_in_flight(backend.name)
-        slots = capacity(backend.slots, backend.max_concurrent)
+        slots = capacity(self._busy_now(backend.served_by.decode(), backend.slots, busy),
+                         backend.max_concurrent)
         return Candidate(backend.served_by.decode(), priority, busy,
                          waiting=waiting(busy, slots), local=True,
                          free=free_slots(busy, slots))
@@ -254,9 +218,13 @@ class Router:
         if first is None:
             return None
         backend = next(b for b in local if b.served_by.decode() == first.fingerprint)
+        return self._start_local(backend, choice.affinity, conversation)
+
+    def _start_local(self, backend: LocalBackend, affinity: str | None = None,
+                     conversation: Conversation | None = None) -> Plan:
         attempt = Attempt(self._backend_counters(backend.name), trio.current_time(),
                           ended=self._ended)
-        return Plan(backend, attempt, affinity=choice.affinity, conversation=conversation)
+        return Plan(backend, attempt, affinity=affinity, conversation=conversation)
 
     def _ended(self) -> None:
         if self.freed:
@@ -295,12 +263,15 @@ class Router:
             if cfg is None or cfg.base_url != endpoint.cfg.base_url:
                 continue
             counters = self.counters.get(fp)
+            in_flight = counters.active if counters is not None else 0
+            slots = {model: self.slot_reports.now(f"node:{fp}\x00{model}", reported, in_flight)
+                     for model, reported in endpoint.slots.items()}
             views.append(NodeView(
                 fingerprint=fp, priority=cfg.priority, models=endpoint.model_ids,
                 loaded=endpoint.loaded_ids,
                 breaker=self._breaker(fp, cb), enabled=True, online=endpoint.online,
-                in_flight=counters.active if counters is not None else 0,
-                latency_ms=endpoint.speed.value, weight=cfg.weight, slots=endpoint.slots))
+                in_flight=in_flight, latency_ms=endpoint.speed.value, weight=cfg.weight,
+                slots=slots))
         return views
 
     def forget_removed(self, known: set[str]) -> None:
@@ -319,6 +290,22 @@ class Router:
         """A plan's upstream answered (SPEC §15): the index learns it."""
         if plan.conversation is not None:
             self.affinity.served(plan.conversation, plan.upstream.served_by.decode(), cached)
+
+    def _busy_now(self, key: str, slots: Slots | None, in_flight: int) -> Slots | None:
+        """SlotReports.now (None: no report)."""
+        return None if slots is None else self.slot_reports.now(key, slots, in_flight)
+
+    def _backends_reported(self, registry: BackendRegistry) -> None:
+        """A backend's report may have come: read it with our in-flight count now."""
+        for backend in registry.backends:
+            self._busy_now(backend.served_by.decode(), backend.slots,
+                           self.backend_in_flight(backend.name))
+
+    def _node_reported(self, endpoint: NodeEndpoint) -> None:
+        counters = self.counters.get(endpoint.fingerprint)
+        in_flight = 0 if counters is None else counters.active
+        for model, slots in endpoint.slots.items():
+            self.slot_reports.now(f"node:{endpoint.fingerprint}\x00{model}", slots, in_flight)
 
     def backend_in_flight(self, name: str) -> int:
         """Our requests in flight to local backend ``name`` now."""

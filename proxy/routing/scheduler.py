@@ -135,6 +135,20 @@ class Scheduler:
         self._changed()
         return ticket
 
+    def place_now(self, ticket: Ticket, info: RequestInfo,
+                  headers: Sequence[Header]) -> Plan | None:
+        """The common case without an await: a local server holds the model, and this
+        request's turn and a free slot are there now (its plan; raises its error). None:
+        :meth:`place` must wait."""
+        if self.router.backends.holder_of(info.model) is None:
+            return None  # the router may have to wait for the first checks (ready_for)
+        ticket.info, ticket.headers = info, headers
+        self.dispatch(ticket.model)
+        if ticket.error is not None:
+            self.leave(ticket)
+            raise ticket.error
+        return ticket.plan
+
     async def place(self, ticket: Ticket | None, info: RequestInfo,
                     headers: Sequence[Header]) -> Plan:
         """Where the request goes: at once without a ticket (the queue off); else when its
@@ -188,9 +202,11 @@ class Scheduler:
             del self.lines[ticket.model]  # never served (no such model?): not kept
 
     def _wake(self, _: Any = None) -> None:
-        if self.lines:
-            for model in list(self.lines):
-                self.dispatch(model)
+        """A slot may have freed: the models with someone waiting are dispatched (a cheap
+        look when nobody waits: this runs at the end of every attempt)."""
+        waiting = [model for model, line in self.lines.items() if line.tickets]
+        for model in waiting:
+            self.dispatch(model)
 
     def dispatch(self, model: str) -> None:
         """Place the waiting requests of ``model`` in order, until one finds no free slot.
@@ -210,14 +226,24 @@ class Scheduler:
         if line is None:
             return
         now = trio.current_time()
-        for entry in line.order.ordered(now):
+        while line.tickets:
+            entry = line.order.next(now)
+            assert entry is not None
             ticket = line.tickets[entry.seq]
-            if ticket.info is None:
-                continue  # not ready (its model loads): the others may go
+            if ticket.info is None:  # not ready (its model loads): the next ready one goes
+                ready = [e for e in line.order.ordered(now)
+                         if line.tickets[e.seq].info is not None]
+                if not ready:
+                    return
+                entry = ready[0]
+                ticket = line.tickets[entry.seq]
+            info = ticket.info
+            assert info is not None
             try:
-                plan = self.router.place(ticket.info, ticket.headers, queue=True)
-            except SluiceError as err:
+                plan = self.router.place(info, ticket.headers, queue=True)
+            except SluiceError as err:  # nobody holds it now (503): it leaves the line
                 ticket.error = err
+                line.order.remove(entry)
             else:
                 if plan is None:
                     return  # no free slot: the rest wait too
