@@ -22,13 +22,14 @@ REQUEST_TIMEOUT = 180.0  # one turn, start to end (the 8-user queues take second
 Target = Callable[[int], dict[str, str]]  # user -> address ({"unix": path} or {"tcp": h:p})
 
 
-def _connection(target: dict[str, str]) -> http.client.HTTPConnection:
+def _connection(target: dict[str, str], timeout: float = REQUEST_TIMEOUT
+                ) -> http.client.HTTPConnection:
     from bench.run import UnixHTTPConnection  # (bench.run imports S12 lazily: no cycle)
 
     if "unix" in target:
-        return UnixHTTPConnection(target["unix"], REQUEST_TIMEOUT)
+        return UnixHTTPConnection(target["unix"], timeout)
     host, port = target["tcp"].rsplit(":", 1)
-    return http.client.HTTPConnection(host, int(port), timeout=REQUEST_TIMEOUT)
+    return http.client.HTTPConnection(host, int(port), timeout=timeout)
 
 
 def _usage(event: dict[str, Any], turn: dict[str, Any]) -> None:
@@ -47,20 +48,22 @@ def _usage(event: dict[str, Any], turn: dict[str, Any]) -> None:
 
 
 def stream_turn(target: dict[str, str], name: str, messages: list[dict[str, str]],
-                max_tokens: int, t0: float) -> dict[str, Any]:
-    """Send one streamed turn; its record (times in seconds, ``start``/``end`` since
-    ``t0``), and the answer's text under ``answer``."""
+                max_tokens: int, t0: float, headers: dict[str, str] | None = None,
+                timeout: float = REQUEST_TIMEOUT) -> dict[str, Any]:
+    """Send one streamed turn (with ``headers`` besides the content type); its record
+    (times in seconds, ``start``/``end`` since ``t0``), and the answer's text under
+    ``answer``; ``timeout`` bounds it, start to end."""
     turn: dict[str, Any] = {"status": None, "ttft_s": None, "total_s": None,
                             "served_by": name, "affinity": None, "prompt_tokens": None,
                             "cached_tokens": None, "completion_tokens": None, "events": 0,
                             "done": False, "error": None, "answer": ""}
-    conn = _connection(target)
+    conn = _connection(target, timeout)
     pieces: list[str] = []
     start = time.monotonic()
     turn["start"] = round(start - t0, 4)
     try:
         conn.request("POST", "/v1/chat/completions", body=texts.body(messages, max_tokens),
-                     headers={"Content-Type": "application/json"})
+                     headers={"Content-Type": "application/json", **(headers or {})})
         resp = conn.getresponse()
         turn["status"] = resp.status
         turn["served_by"] = resp.getheader("x-sluice-served-by") or name
@@ -68,7 +71,8 @@ def stream_turn(target: dict[str, str], name: str, messages: list[dict[str, str]
         if resp.status != 200:
             turn["error"] = resp.read()[:300].decode(errors="replace")
             return turn
-        while time.monotonic() - start < REQUEST_TIMEOUT:
+        turn["queue_ms"] = resp.getheader("x-sluice-queue-ms")
+        while time.monotonic() - start < timeout:
             line = resp.readline()
             if not line:
                 break

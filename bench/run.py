@@ -804,7 +804,9 @@ def main(argv: list[str] | None = None) -> int:
                          "S3's loads through A -> B over the pinned TLS link against the "
                          "plain one (bench/s7tls.py); S12 (named alone) multi-turn "
                          "conversations on two llama.cpp servers behind gateways, every "
-                         "strategy against an oracle, with both controls (bench/multiturn.py)")
+                         "strategy against an oracle, with both controls (bench/multiturn.py); "
+                         "S13 (named alone) the queue on one real llama.cpp slot, before and "
+                         "after (bench/scheduling.py)")
     ap.add_argument("--transport", choices=("tcp", "unix", "both"), default="both")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny run of every scenario, 1 round, no nginx; exit 1 unless every "
@@ -835,6 +837,13 @@ def main(argv: list[str] | None = None) -> int:
         return multiturn.main(["--controls", "--rounds", str(max(1, opts.rounds))]
                               + (["--smoke"] if opts.smoke else [])
                               + (["--json", str(opts.json)] if opts.json else []))
+    if "S13" in wanted:  # its own harness on real llama.cpp (bench/scheduling.py), alone
+        if wanted != ["S13"]:
+            ap.error("S13 runs alone: --scenarios S13")
+        from bench import scheduling
+
+        return scheduling.main((["--smoke"] if opts.smoke else [])
+                               + (["--json", str(opts.json)] if opts.json else []))
     bad = [s for s in wanted
            if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S9CMD", "S10", "S11", "S7TLS")]
     if bad:

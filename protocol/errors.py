@@ -69,8 +69,10 @@ class SluiceError(Exception):
         param: str | None = None,
         source: Source = Source.GATEWAY,
         headers: tuple[tuple[bytes, bytes], ...] = (),
+        anthropic: str | None = None,
     ) -> None:
         super().__init__(message)
+        self.anthropic = anthropic  # Anthropic's error type when not the status's
         self.status = status
         self.message = message
         self.type = type
@@ -91,7 +93,7 @@ class SluiceError(Exception):
     def anthropic_dict(self) -> dict[str, object]:
         """Anthropic's ``error`` object: its type by status, the message naming our code."""
         message = self.message if self.code is None else f"{self.message} ({self.code})"
-        return {"type": anthropic_type(self.status), "message": message}
+        return {"type": self.anthropic or anthropic_type(self.status), "message": message}
 
     def payload(self, family: Family = Family.OPENAI) -> object:
         """The error body's JSON value in ``family``'s shape."""
@@ -178,6 +180,22 @@ def rate_limit_error(message: str, retry_after: int | bytes,
     value = retry_after if isinstance(retry_after, bytes) else str(retry_after).encode()
     return SluiceError(429, message, type="rate_limit_error", code="rate_limit_exceeded",
                        source=source, headers=((b"retry-after", value),))
+
+
+def queue_full(model: str, retry_after: int) -> SluiceError:
+    """SPEC §18: 429 ``queue_full`` with ``Retry-After``; Anthropic's ``overloaded_error``."""
+    return SluiceError(429, f"too many requests are waiting for model {model!r}",
+                       type="rate_limit_error", code="queue_full", source=Source.GATEWAY,
+                       headers=((b"retry-after", str(retry_after).encode()),),
+                       anthropic="overloaded_error")
+
+
+def queue_timeout(model: str, seconds: float) -> SluiceError:
+    """SPEC §18: 504 ``queue_timeout`` after ``timeouts.request.queue``; Anthropic's
+    ``overloaded_error``."""
+    return SluiceError(504, f"no slot for model {model!r} within {seconds:g}s "
+                       "(timeouts.request.queue)", type="server_error", code="queue_timeout",
+                       source=Source.GATEWAY, anthropic="overloaded_error")
 
 
 def headers_too_large(message: str) -> SluiceError:

@@ -30,13 +30,16 @@ REQUEST_ID = b"x-sluice-request-id"  # ours on every answer (an upstream gateway
 FORWARDED = b"x-sluice-forwarded"  # set on a request one gateway forwards to another
 AFFINITY = b"x-sluice-affinity"  # why cache-aware routing chose the upstream (SPEC §15)
 SESSION = b"x-sluice-session"  # a client's conversation key (SPEC §15)
+QUEUE_MS = b"x-sluice-queue-ms"  # the time a request waited in our queue (SPEC §18)
+PRIORITY = b"x-sluice-priority"  # a request's class: "batch" lowers it (SPEC §18)
 
 # Request headers the gateway sets itself, or credentials for the gateway (Anthropic's
 # clients send their key as x-api-key), so the client's copies are dropped.
 _REPLACED_UPSTREAM = frozenset(
     {b"host", b"authorization", b"x-api-key", b"content-length", b"expect", FORWARDED})
 # Response headers the gateway sets itself.
-_REPLACED_DOWNSTREAM = frozenset({b"content-length", SERVED_BY, REQUEST_ID, AFFINITY})
+_REPLACED_DOWNSTREAM = frozenset({b"content-length", SERVED_BY, REQUEST_ID, AFFINITY,
+                                  QUEUE_MS})
 
 
 def connection_tokens(headers: Iterable[Header]) -> frozenset[bytes]:

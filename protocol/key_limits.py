@@ -6,7 +6,8 @@ callers pass ``now``.
 
 Stored in secrets.yaml beside the key's hash, snake_case: ``models`` (a list; absent = every
 model), ``rpm`` (an int; absent = unlimited), ``expires_at`` (ISO 8601 UTC, to the second,
-``2025-06-30T23:59:59Z``; absent = never). An expiry is accepted with ``Z`` or an offset;
+``2025-06-30T23:59:59Z``; absent = never), ``priority`` (``batch``; absent = interactive,
+SPEC §18). An expiry is accepted with ``Z`` or an offset;
 a date alone means the end of that day in UTC (``23:59:59Z``); a date and time without a
 zone is refused (whose midnight would it be?).
 """
@@ -27,7 +28,7 @@ from protocol.errors import ConfigError
 
 __all__ = ["MAX_MODELS", "MAX_RPM", "UNLIMITED", "KeyLimits", "TokenBucket", "check_stored",
            "expiry_from_cli", "format_expiry", "limits_of", "parse_expiry", "parse_models",
-           "parse_rpm", "retry_after", "stored_limits"]
+           "parse_priority", "parse_rpm", "retry_after", "stored_limits"]
 
 MAX_RPM: Final = 1_000_000  # requests a minute: more is no limit at all, and likely a typo
 MAX_MODELS: Final = 256  # entries of one key's ``models``
@@ -73,6 +74,16 @@ def parse_rpm(value: object, field: str = "rpm") -> int | None:
         raise ConfigError(field, f"must be between 1 and {MAX_RPM} requests a minute, "
                                  f"not {value}")
     return value
+
+
+def parse_priority(value: object, field: str = "priority") -> str | None:
+    """A key's class in the queue (SPEC §18): ``"batch"``, or None for ``"interactive"``
+    (the default, and null). Raises :class:`ConfigError` naming ``field``."""
+    if value is None or value == "interactive":
+        return None
+    if value != "batch":
+        raise ConfigError(field, "must be interactive or batch")
+    return "batch"
 
 
 def parse_expiry(value: object, field: str = "expiresAt") -> str | None:
@@ -134,6 +145,9 @@ def check_stored(entry: Mapping[str, Any], where: str) -> None:
     them; raises :class:`ConfigError` naming ``<where>.models`` and so on."""
     parse_models(entry.get("models"), f"{where}.models")
     parse_rpm(entry.get("rpm"), f"{where}.rpm")
+    if entry.get("priority") is not None and parse_priority(entry.get("priority"),
+                                                            f"{where}.priority") is None:
+        raise ConfigError(f"{where}.priority", "is stored only as batch (absent: interactive)")
     expiry = entry.get("expires_at")
     if expiry is not None and parse_expiry(expiry, f"{where}.expires_at") != expiry:
         raise ConfigError(f"{where}.expires_at", "must be UTC to the second, e.g. "
@@ -167,9 +181,11 @@ class KeyLimits:
     expires_at: str | None = None
     expires: float | None = None
     _allows: Callable[[str], bool] | None = None
+    priority: str | None = None  # "batch", or None: interactive (SPEC §18)
 
     def __repr__(self) -> str:
-        return f"KeyLimits(models={self.models!r}, rpm={self.rpm}, expires={self.expires_at})"
+        return (f"KeyLimits(models={self.models!r}, rpm={self.rpm}, "
+                f"expires={self.expires_at}, priority={self.priority})")
 
     @property
     def limited(self) -> bool:
@@ -192,21 +208,21 @@ UNLIMITED: Final = KeyLimits()
 
 @functools.lru_cache(maxsize=1024)
 def limits_of(models: tuple[str, ...] | None, rpm: int | None,
-              expires_at: str | None) -> KeyLimits:
+              expires_at: str | None, priority: str | None = None) -> KeyLimits:
     """The parsed limits for these stored values (made once per distinct set: a request
     pays a cache look-up, the patterns are compiled once)."""
-    if models is None and rpm is None and expires_at is None:
+    if models is None and rpm is None and expires_at is None and priority is None:
         return UNLIMITED
     return KeyLimits(models, rpm, expires_at,
                      None if expires_at is None else _epoch(expires_at),
-                     None if models is None else _matcher(models))
+                     None if models is None else _matcher(models), priority)
 
 
 def stored_limits(entry: Mapping[str, Any]) -> KeyLimits:
     """The limits of an ``access_keys`` entry (already checked: :func:`check_stored`)."""
     models = entry.get("models")
     return limits_of(None if models is None else tuple(models), entry.get("rpm"),
-                     entry.get("expires_at"))
+                     entry.get("expires_at"), entry.get("priority"))
 
 
 class TokenBucket:

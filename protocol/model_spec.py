@@ -83,6 +83,16 @@ def llama_args(model: ModelConfig) -> list[str]:
     return args
 
 
+def slot_cap(model: ModelConfig) -> int | None:
+    """SPEC §18: the bundled llama.cpp has ``parallel`` slots (capped by
+    ``max_concurrent``); a command's server has what it reports, capped the same way."""
+    if model.command:
+        return model.max_concurrent
+    if model.max_concurrent is None:
+        return model.parallel
+    return min(model.parallel, model.max_concurrent)
+
+
 @attrs.frozen
 class ModelSpec:
     """What the lifecycle needs of a catalogue entry."""
@@ -97,6 +107,7 @@ class ModelSpec:
     preload: bool = False
     problem: str | None = None  # why its file cannot be loaded (a load then fails with it)
     engine: Engine = Bundled()
+    max_concurrent: int | None = None  # SPEC §18: its slots' cap (slot_cap)
     kind: str = "llm"
     declared: bool = False  # estimate is its declared memory: it counts loaded or not
     field: str = ""  # its config entry (models[2]) for errors; "" for a folder's model

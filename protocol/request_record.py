@@ -208,6 +208,8 @@ class RequestRecord:
     timings_in: bytes | None = None  # where llama.cpp's timings are (see find_usage)
     cached: int | None = None  # prompt tokens the server reused (``cachedTokens``, SPEC §15)
     affinity: str | None = None  # hit | miss | session | spill: why it went there (SPEC §15)
+    queue: float | None = None  # seconds it waited in the queue (SPEC §18; None: no model)
+    priority: str | None = None  # its class in the queue: interactive | batch (SPEC §18)
 
     def __repr__(self) -> str:
         return (f"RequestRecord({self.id} {self.method} {self.path} {self.status} "
@@ -253,6 +255,8 @@ class RequestRecord:
             "loadMs": None if self.load is None else round(self.load * 1000, 3),
             "cachedTokens": self.cached,
             "affinity": self.affinity,
+            "queueMs": None if self.queue is None else round(self.queue * 1000, 3),
+            "priority": self.priority,
         }
 
     def json_text(self) -> str:
@@ -261,8 +265,8 @@ class RequestRecord:
         because a live feed sends one for every request and the json module's walk of the
         dict cost three times this."""
         self.find_usage()
-        usage, ttfb, ttft, events, load = (self.usage, self.ttfb, self.ttft, self.events,
-                                           self.load)
+        usage, ttfb, ttft, events, load, queue = (self.usage, self.ttfb, self.ttft,
+                                                  self.events, self.load, self.queue)
         route = _route_json(self.method, self.path, self.model, self.served_model, self.stream,
                             self.transport, self.served_by)
         return (f'{{"id":{encode_basestring(self.id)},'
@@ -277,7 +281,9 @@ class RequestRecord:
                 f'"error":{_string_or_null(self.error)},'
                 f'"loadMs":{"null" if load is None else _millis(load)},'
                 f'"cachedTokens":{"null" if self.cached is None else format(self.cached, "d")},'
-                f'"affinity":{_string_or_null(self.affinity)}}}')
+                f'"affinity":{_string_or_null(self.affinity)},'
+                f'"queueMs":{"null" if queue is None else _millis(queue)},'
+                f'"priority":{_string_or_null(self.priority)}}}')
 
 
 def _string_or_null(value: str | None) -> str:

@@ -22,7 +22,7 @@ import enum
 from collections.abc import Sequence
 
 from protocol.errors import Family, SluiceError
-from protocol.headers import REQUEST_ID, Header
+from protocol.headers import QUEUE_MS, REQUEST_ID, Header
 from protocol.http1 import (
     CONTINUE,
     LAST_CHUNK,
@@ -62,13 +62,14 @@ class Response:
     """
 
     __slots__ = ("bodiless", "chunked", "continued", "cors_origin", "family", "keep_alive",
-                 "request_id", "state", "status")
+                 "queue_ms", "request_id", "state", "status")
 
     def __init__(self, *, http11: bool = True, keep_alive: bool = True,
                  cors_origin: bytes | None = None, request_id: bytes | None = None) -> None:
         self.state = State.IDLE
         self.status = 0  # the status of the head sent (0: none yet)
         self.request_id = request_id  # sent as x-sluice-request-id (SPEC §9.1)
+        self.queue_ms: int | None = None  # sent as x-sluice-queue-ms once queued (SPEC §18)
         self.chunked = http11
         self.keep_alive = keep_alive and http11
         self.cors_origin = cors_origin
@@ -132,6 +133,8 @@ class Response:
         headers[:] = [h for h in headers if not h[0].startswith(b"access-control-")]
         if self.request_id is not None:
             headers.append((REQUEST_ID, self.request_id))
+        if self.queue_ms is not None:
+            headers.append((QUEUE_MS, str(self.queue_ms).encode()))
         if self.cors_origin is not None:
             headers += cors_headers(self.cors_origin)
             headers += cors

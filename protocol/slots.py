@@ -7,8 +7,10 @@ Pure values: the polls that fetch the documents are :mod:`proxy.registry.slots_p
 (local backends) and :mod:`proxy.registry.node_checks` (nodes).
 
 *In flight* is always sluice's own count of requests it sent to the server and that are not
-finished; :attr:`Slots.others` is the part of the server's busy slots that was *not* ours at
-the last look, so the busy slots now are about ``others + in_flight``.
+finished; :attr:`Slots.busy` is the busy count the server reported at the last look. SPEC
+§18: the busy slots now are the larger of the two (ours are among the busy ones it reports),
+so free = total - max(in flight, busy); the registries keep what was reported and routing
+reads it with its own live count (nothing is computed at poll time).
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ import attrs
 
 @attrs.frozen
 class Slots:
-    """A server's slot count and how many of them were busy with requests that were not
-    ours at the last look (busy reported - our own in flight to it then, at least 0)."""
+    """A server's slot count and how many of them it reported busy at the last look."""
 
     total: int
-    others: int
+    busy: int
 
 
 def _count(value: Any) -> int | None:
@@ -78,22 +79,38 @@ def slots_entry(busy: int, total: int) -> dict[str, int]:
     return {"busy": busy, "total": total}
 
 
+def capacity(reported: Slots | None, max_concurrent: int | None) -> Slots | None:
+    """A candidate's slots (SPEC §18 "Capacity"): the reported ones capped by
+    ``max_concurrent`` when that is set; ``max_concurrent`` alone when none are reported;
+    None (unknown: unlimited) with neither."""
+    if max_concurrent is None:
+        return reported
+    if reported is None:
+        return Slots(max_concurrent, 0)
+    return Slots(min(reported.total, max_concurrent), reported.busy)
+
+
+def free_slots(in_flight: int, slots: Slots | None) -> int | None:
+    """Free slots now: total - max(in flight, busy), at least 0; None when unknown."""
+    if slots is None:
+        return None
+    return max(0, slots.total - max(in_flight, slots.busy))
+
+
 def waiting(in_flight: int, slots: Slots | None) -> int:
-    """Requests in flight beyond the free slots: with slots, free = total - others (at
-    least 0); unknown slots count as one free slot."""
+    """Requests in flight beyond the slots (the busy ones taken as ours when they are more):
+    unknown slots count as one."""
     if slots is None:
         return max(0, in_flight - 1)
-    free = max(0, slots.total - slots.others)
-    return max(0, in_flight - free)
+    return max(0, max(in_flight, slots.busy) - slots.total)
 
 
 def has_free_slot(in_flight: int, slots: Slots | None) -> bool | None:
     """Whether one more request would find a free slot; None when the slots are unknown."""
-    if slots is None:
-        return None
-    return in_flight < slots.total - slots.others
+    free = free_slots(in_flight, slots)
+    return None if free is None else free > 0
 
 
 def busy_now(in_flight: int, slots: Slots) -> int:
-    """The busy slots now as a node reports them: others + in flight, at most total."""
-    return min(slots.total, slots.others + in_flight)
+    """The busy slots now as a node reports them: max(busy, in flight), at most total."""
+    return min(slots.total, max(slots.busy, in_flight))

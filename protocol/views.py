@@ -11,8 +11,10 @@ config as YAML data (durations as ``"30s"``), then what the server computes.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
+
+import attrs
 
 from protocol.config import Config, NodeConfig, by_priority, config_to_dict, discovery_effect
 from protocol.config.fields import (
@@ -230,3 +232,36 @@ def listed_models(entries: Iterable[dict[str, Any]], models: Mapping[str, LocalM
              "sluice": {"state": model.state.value}}
             for name, model in models.items() if name not in shown]
     return out
+
+
+# -- the queue (SPEC §18) --------------------------------------------------------------------
+
+
+@attrs.frozen
+class Waiting:
+    """One waiting request: its id, class now, client and seconds waited."""
+
+    id: str
+    priority: str
+    client: str
+    waited: float
+
+
+@attrs.frozen
+class QueueLine:
+    """One model's line: who waits, in serving order; sluice's requests of it in flight;
+    its slots over its servers (None: unknown, unlimited)."""
+
+    model: str
+    waiting: list[Waiting]
+    in_flight: int
+    slots: int | None
+
+
+def queue_view(lines: Sequence[QueueLine]) -> dict[str, Any]:
+    """``GET /api/v1/queue`` (admin: it names clients)."""
+    return {"models": [{"model": line.model,
+                        "waiting": [{"id": w.id, "priority": w.priority, "client": w.client,
+                                     "waitedMs": round(w.waited * 1000)} for w in line.waiting],
+                        "inFlight": line.in_flight, "slots": line.slots}
+                       for line in lines]}

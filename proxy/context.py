@@ -7,6 +7,8 @@ passed explicitly (no module-level singletons). Each part has its own owner:
 - ``backends`` — local model servers and their models (:mod:`proxy.registry.backends`);
 - ``nodes`` — network nodes and their models (:mod:`proxy.registry.nodes`);
 - ``router`` — the routing decision, breakers and counters (:mod:`proxy.routing.router`);
+- ``scheduler`` — the queue: which waiting request goes to which free slot
+  (:mod:`proxy.routing.scheduler`, SPEC §18);
 - ``clients`` — the client connections: how many, draining or not (:class:`Clients`);
 - ``listening`` — where the gateway listens (:class:`Listening`, fixed at start);
 - ``hub`` — the one feed of what happens (:mod:`proxy.observe.hub`, SPEC §9),
@@ -49,6 +51,7 @@ from proxy.observe.request_log import RequestLog
 from proxy.registry.backends import BackendRegistry
 from proxy.registry.nodes import NodeIndex
 from proxy.routing.router import Router
+from proxy.routing.scheduler import Scheduler
 from proxy.upstream.pool import ConnectionPool
 
 if TYPE_CHECKING:
@@ -160,6 +163,8 @@ class GatewayContext:
     identity: Identity | None = None  # this gateway's certificate (SPEC §16)
     node_peers: NodePeers | None = None  # the paired peers (SPEC §16)
     llama: LlamaBackends = attrs.field(factory=LlamaBackends)  # SPEC §11.1
+    scheduler: Scheduler = attrs.field(  # the queue in front of every server (SPEC §18)
+        default=attrs.Factory(lambda ctx: Scheduler(ctx.settings, ctx.router), takes_self=True))
 
     def __repr__(self) -> str:
         return f"GatewayContext({self.listening!r}, {self.clients!r}, {self.connections!r})"

@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Protocol
 import h11
 import trio
 
+from protocol.affinity import session_key
 from protocol.errors import SluiceError, family_of
-from protocol.headers import Header, connection_tokens, header_value
+from protocol.headers import PRIORITY, SESSION, Header, connection_tokens, header_value
+from protocol.queue_order import client_of, request_class
 from protocol.rebinding import PREFLIGHT_METHODS, preflight_headers
 from protocol.request_info import RequestInfo, parse_request_body, request_path
 from protocol.response import Response
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from proxy.link.listener import Peer
     from proxy.models.managed import Managed
     from proxy.models.ondemand import OnDemand
+    from proxy.routing.scheduler import Ticket
 
 DENIED_BODY_CAP = 64 * 1024  # a denied request's body is read (to keep the connection) up to
 
@@ -92,7 +95,8 @@ class Exchange:
     """One request (see the module docstring)."""
 
     __slots__ = ("ctx", "grant", "info", "learned", "load_wait", "out", "outcome", "peer",
-                 "relay", "request", "scope", "source", "started", "wall")
+                 "priority", "queue_ms", "relay", "request", "scope", "source", "started",
+                 "wall")
 
     def __init__(self, ctx: GatewayContext, source: RequestSource, out: Downstream,
                  scope: RequestScope, peer: Peer) -> None:
@@ -110,6 +114,8 @@ class Exchange:
         self.load_wait: float | None = None  # seconds it waited for its model to load
         self.grant: Grant | None = None  # the access key it presented, with its limits
         self.learned = False  # the routing index learned its answer (learn)
+        self.priority: str | None = None  # its class in the queue (SPEC §18), for a model
+        self.queue_ms: int | None = None  # ms it waited in the queue (0: not queued)
 
     def __repr__(self) -> str:
         return f"Exchange({self.peer.listener.name}, {self.out!r})"
@@ -203,21 +209,45 @@ class Exchange:
             info, body = await aliasing.apply(ctx, info, headers, body)
         if self.grant is not None:  # SPEC §13: the key's models and rpm
             ctx.key_grants.admit(self.grant, asked, info.model)
-        ondemand = ctx.ondemand
-        if ondemand is None or not ondemand.holds(info.model):
-            await self.relay_to(ctx, method, target, path, headers, body, info, out)
-            return
-        # A managed model on demand (SPEC §11): loaded (or its load joined) first, pinned
-        # while the request runs. No await when it is loaded already.
-        managed = ondemand.take(info.model)
-        if managed is None:
-            managed = await self.wait_for_load(ondemand, info.model)
+        ticket = self.enter_queue(headers, info)  # SPEC §18: before a load, in arrival order
         try:
-            if keep_alive is not None:
-                ondemand.lifecycle.keep_alive(managed, keep_alive)
-            await self.relay_to(ctx, method, target, path, headers, body, info, out)
+            ondemand = ctx.ondemand
+            if ondemand is None or not ondemand.holds(info.model):
+                await self.relay_to(ctx, method, target, path, headers, body, info, out, ticket)
+                return
+            # A managed model on demand (SPEC §11): loaded (or its load joined) first, pinned
+            # while the request runs. No await when it is loaded already.
+            managed = ondemand.take(info.model)
+            if managed is None:
+                managed = await self.wait_for_load(ondemand, info.model)
+            try:
+                if keep_alive is not None:
+                    ondemand.lifecycle.keep_alive(managed, keep_alive)
+                await self.relay_to(ctx, method, target, path, headers, body, info, out,
+                                    ticket)
+            finally:
+                ondemand.release(managed)
         finally:
-            ondemand.release(managed)
+            if ticket is not None:
+                ctx.scheduler.leave(ticket)
+
+    def enter_queue(self, headers: list[Header], info: RequestInfo) -> Ticket | None:
+        """The request's ticket in its model's queue (None with the queue off): its class
+        and its client (SPEC §18). Raises 429 ``queue_full``."""
+        scheduler = self.ctx.scheduler
+        if not scheduler.on:
+            return None
+        grant = self.grant
+        doc = info.doc if isinstance(info.doc, dict) else {}
+        self.priority = request_class(None if grant is None else grant.limits.priority,
+                                      header_value(headers, PRIORITY), doc)
+        client = client_of(None if grant is None else grant.key_id,
+                           session_key(header_value(headers, SESSION), doc),
+                           self.peer.address or None)
+        self.queue_ms = 0
+        request_id = self.out.response.request_id
+        return scheduler.enter(info.model, client, self.priority,
+                               "" if request_id is None else request_id.decode())
 
     async def wait_for_load(self, ondemand: OnDemand, model: str) -> Managed:
         """Pin managed ``model``, waiting for its load (``load_wait``: how long) inside the
@@ -235,8 +265,22 @@ class Exchange:
 
     async def relay_to(self, ctx: GatewayContext, method: bytes, target: bytes, path: str,
                        headers: list[Header], body: bytes, info: RequestInfo,
-                       out: AnswerSink) -> None:
-        plan = await ctx.router.plan(info, headers)
+                       out: AnswerSink, ticket: Ticket | None = None) -> None:
+        if ticket is None:
+            plan = await ctx.router.plan(info, headers)
+        else:  # its turn and a free slot (SPEC §18); a client that leaves is dropped unsent
+            placed = None
+            try:
+                placed = ctx.scheduler.place_now(ticket, info, headers)
+                if placed is None:
+                    with self.scope.open():
+                        placed = await ctx.scheduler.place(ticket, info, headers)
+            finally:
+                waited = ticket.waited(trio.current_time()) - (self.load_wait or 0.0)
+                self.queue_ms = self.out.response.queue_ms = max(0, round(waited * 1000))
+            if placed is None:
+                raise ClientGone
+            plan = placed
         self.relay = relay = Relay(plan, method, target, path, headers, body,
                                    info, out=out, scope=self.scope,
                                    connections=ctx.connections, timeouts=ctx.config.timeouts,
@@ -287,7 +331,10 @@ class Exchange:
         else:
             outcome = Outcome.FAILURE
         self.outcome = _IN_THE_LOG[outcome]
-        attempt.finish(outcome, trio.current_time())
+        now = trio.current_time()
+        attempt.finish(outcome, now)
+        if self.queue_ms is not None and outcome is Outcome.SUCCESS:  # for Retry-After
+            self.ctx.scheduler.served(relay.info.model, now - attempt.started)
         if outcome is Outcome.SUCCESS and relay.plan.conversation is not None:
             self.learn(relay)  # a stream that ended without its last event (else learned)
 

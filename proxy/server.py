@@ -45,6 +45,7 @@ from proxy.registry.backends import BackendRegistry, run_health_checks
 from proxy.registry.node_checks import run_node_checks
 from proxy.registry.nodes import NodeIndex
 from proxy.routing.router import Router
+from proxy.routing.scheduler import Scheduler
 from proxy.settings.config_watch import ConfigWatcher, Follower
 from proxy.settings.store import Settings
 from proxy.start_steps import Kind, Step
@@ -105,7 +106,9 @@ class Gateway:
             self.hub, settings, self.nodes, self.backends, self.router, self.notifications,
             external=external, identity=None if identity is None else identity.fingerprint)
         self.clients = Clients()
-        self.metrics = Metrics(self.router, self.clients.by_transport, version())
+        self.scheduler = Scheduler(settings, self.router)  # the queue (SPEC §18)
+        self.metrics = Metrics(self.router, self.clients.by_transport, version(),
+                               self.scheduler)
         self.metrics.attach(self.hub)
         self._extra_models = extra_models
         self.models = self._model_configs()
@@ -192,7 +195,8 @@ class Gateway:
             request_log=self.request_log, metrics=self.metrics, ondemand=self._ondemand,
             reports=Reports(AccessLog(logsetup.line_sink()), self.hub),
             own_host=self.discovery.own_host, discovery=self.discovery,
-            identity=self.identity, node_peers=self.node_peers, llama=self.llama)
+            identity=self.identity, node_peers=self.node_peers, llama=self.llama,
+            scheduler=self.scheduler)
         self.settings.subscribe(Follower(self._follow, self.settings.config))
         self.settings.subscribe(PlainLinks(self.notifications, self.settings.config))
         self.nodes.changes.subscribe(IdentityChanges(self.notifications))

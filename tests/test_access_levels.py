@@ -227,8 +227,8 @@ def _old_rule(method: bytes, path: str) -> Access:
     if method == b"POST" and path == "/api/v1/pairing/exchange":
         return Access.PAIRING  # SPEC §16: a claim's kind, on the node listener only
     if path == "/admin" or path.startswith("/admin/") or (path.startswith("/api/v1/") and (
-            method in WRITES or path == "/api/v1/pairing"
-            or path.startswith("/api/v1/pairing/peers"))):  # SPEC §16: the admin's
+            method in WRITES or path in ("/api/v1/pairing", "/api/v1/queue")
+            or path.startswith("/api/v1/pairing/peers"))):  # SPEC §16, §18: the admin's
         return Access.ADMIN
     return Access.OPEN if path == "/health" else Access.KEY
 

@@ -267,7 +267,9 @@ async def test_spill_over_to_a_node_with_a_free_slot(
         autojump_clock: trio.testing.MockClock, nursery: trio.Nursery,
         start_gateway: StartGateway, short_tmp: Any) -> None:
     """The local llama.cpp has one slot, busy: with spill_over on, the next request goes to
-    the node that reports a free slot (``spill``); off, it stays local (local first)."""
+    the node that reports a free slot (``spill``); off, it stays local (local first: sent
+    to the full server, as with ``scheduling.queue: false``; with the queue it waits in
+    sluice instead, tests/test_queue.py)."""
     hold = Hold(PromptCache("local"))
     local = FakeUpstream(models=[MODEL], unix_path=str(short_tmp / "local.sock"))
     local.on("POST", CHAT, hold)
@@ -281,11 +283,14 @@ async def test_spill_over_to_a_node_with_a_free_slot(
     node_a = await start_node(nursery, str(short_tmp / "a.sock"), [MODEL],
                               answer=PromptCache("node-a"))
     node_a.slots[MODEL] = (1, 2)
+    cfg = gw.gateway.settings.config
+    gw.gateway.settings.config = attrs.evolve(
+        cfg, scheduling=attrs.evolve(cfg.scheduling, queue=False))
     spill(gw, True)
     configure(gw, (node("node-a", node_a.url, 1),), enabled=True)
     await trio.sleep(0.1)
-    assert gw.gateway.backends.backends[0].slots == Slots(total=1, others=0)
-    assert gw.gateway.nodes.endpoints[0].slots[MODEL] == Slots(total=2, others=1)
+    assert gw.gateway.backends.backends[0].slots == Slots(total=1, busy=0)
+    assert gw.gateway.nodes.endpoints[0].slots[MODEL] == Slots(total=2, busy=1)
     async with trio.open_nursery() as inner:
         inner.start_soon(ask, gw, conversation(1, 1))
         await hold.wait_arrived(1)
@@ -299,7 +304,7 @@ async def test_spill_over_to_a_node_with_a_free_slot(
     node_a.slots[MODEL] = (2, 2)  # the node is full too: stays local even with spill-over
     spill(gw, True)
     await trio.sleep(6)  # the next node check
-    assert gw.gateway.nodes.endpoints[0].slots[MODEL] == Slots(total=2, others=2)
+    assert gw.gateway.nodes.endpoints[0].slots[MODEL] == Slots(total=2, busy=2)
     hold2 = Hold(PromptCache("local"))
     local.on("POST", CHAT, hold2)
     async with trio.open_nursery() as inner:

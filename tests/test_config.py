@@ -29,7 +29,7 @@ from protocol.errors import ConfigError
 from protocol.names import is_fingerprint, is_label
 
 SPEC_ORDER = ["api", "local", "backends", "models", "load_balancing", "nodes", "aliases",
-              "ollama_api", "discovery", "model_loading",
+              "ollama_api", "discovery", "model_loading", "scheduling",
               "observability", "health_checks",
               "circuit_breaker", "timeouts"]
 
@@ -474,7 +474,8 @@ def test_dump_default_is_complete_and_round_trips() -> None:
     data = yaml.safe_load(text)
     assert list(data) == SPEC_ORDER
     assert set(data["timeouts"]) == {"connection", "request", "model_load", "health_check"}
-    assert set(data["timeouts"]["request"]) == {"standard", "streaming", "image_generation"}
+    assert set(data["timeouts"]["request"]) == {"standard", "streaming", "image_generation",
+                                                "queue"}
     assert parse_config_text(text) == default_config()
     assert all(len(line) <= 100 for line in text.splitlines())
 

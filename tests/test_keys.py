@@ -39,7 +39,9 @@ async def test_create_list_revoke(start_gateway: StartGateway) -> None:
     made = await admin(gw, "POST", "/api/v1/access-keys", {"name": "laptop"})
     assert made.status == 201
     doc = made.json()
-    assert set(doc) == {"id", "name", "key", "createdAt", "models", "rpm", "expiresAt"}
+    assert set(doc) == {"id", "name", "key", "createdAt", "models", "rpm", "expiresAt",
+                        "priority"}
+    assert doc["priority"] == "interactive"
     assert (doc["models"], doc["rpm"], doc["expiresAt"]) == (None, None, None)
     assert doc["name"] == "laptop"
     assert doc["key"].startswith("sk-sluice-")
@@ -47,7 +49,8 @@ async def test_create_list_revoke(start_gateway: StartGateway) -> None:
     assert unnamed["name"] == ""
     listed = await request(gw.unix, "GET", "/api/v1/access-keys")
     assert listed.status == 200
-    unlimited = {"models": None, "rpm": None, "expiresAt": None, "expired": False}
+    unlimited = {"models": None, "rpm": None, "expiresAt": None, "priority": "interactive",
+                 "expired": False}
     assert listed.json() == [
         {"id": doc["id"], "name": "laptop", "createdAt": doc["createdAt"], "lastUsedAt": None,
          **unlimited},
@@ -134,6 +137,17 @@ async def test_keys_cli(start_gateway: StartGateway) -> None:
     assert key not in listed.stdout.decode()
     as_json = await sluice("keys", "list", "--json", "--data-dir", folder)
     assert json.loads(as_json.stdout)[0]["id"] == stored[0]["id"]
+    batch = await sluice("keys", "create", "--name", "job", "--priority", "batch",
+                         "--data-dir", folder)  # SPEC §18
+    assert batch.returncode == 0, batch.stderr
+    assert "batch priority" in batch.stderr.decode()
+    assert gw.gateway.settings.keys.all[1]["priority"] == "batch"
+    assert gw.gateway.settings.keys.all[1].limits.priority == "batch"
+    back = await sluice("keys", "update", gw.gateway.settings.keys.all[1].id, "--priority",
+                        "interactive", "--data-dir", folder)
+    assert back.returncode == 0, back.stderr
+    assert "priority" not in gw.gateway.settings.keys.all[1]
+    await sluice("keys", "revoke", gw.gateway.settings.keys.all[1].id, "--data-dir", folder)
     revoked = await sluice("keys", "revoke", stored[0]["id"], "--data-dir", folder)
     assert revoked.returncode == 0, revoked.stderr
     assert gw.gateway.settings.keys.all == ()

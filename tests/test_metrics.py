@@ -48,6 +48,9 @@ FAMILIES = {  # SPEC §9.2: every name and its type
     "sluice_failovers": "counter",
     "sluice_prompt_tokens_cached": "counter",  # SPEC §15
     "sluice_routing_affinity": "counter",
+    "sluice_queue_waiting": "gauge",  # SPEC §18
+    "sluice_queue_wait_seconds": "histogram",
+    "sluice_queue_rejected": "counter",
     "sluice_upstream_active_requests": "gauge",
     "sluice_node_up": "gauge",
     "sluice_node_latency_seconds": "gauge",

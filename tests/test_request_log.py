@@ -145,7 +145,7 @@ def test_the_ring_keeps_the_newest_and_filters() -> None:
                           "servedBy", "status", "outcome", "failover", "ttfbMs", "ttftMs",
                           "durationMs",
                           "bytesOut", "events", "usage", "error", "loadMs", "cachedTokens",
-                          "affinity"}
+                          "affinity", "queueMs", "priority"}
 
 
 # ------------------------------------------------------------------ a real gateway

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from protocol.strategies import RoundRobinCursor
 from proxy.routing.breaker import BreakerState, CircuitBreaker
 from proxy.routing.resolve import (
     ALL_CIRCUITS_OPEN,
@@ -18,7 +19,6 @@ from proxy.routing.resolve import (
     RouteRequest,
     resolve,
 )
-from proxy.routing.strategies import RoundRobinCursor
 
 NOW = 1000.0
 TTL = 30.0

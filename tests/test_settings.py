@@ -81,7 +81,8 @@ def test_first_start_creates_everything(fresh: Settings) -> None:
     assert parse_config_text(text) == default_config()
     data = yaml.safe_load(text)
     assert list(data) == ["api", "local", "backends", "models", "load_balancing", "nodes",
-                          "aliases", "ollama_api", "discovery", "model_loading", "observability",
+                          "aliases", "ollama_api", "discovery", "model_loading", "scheduling",
+                          "observability",
                           "health_checks",
                           "circuit_breaker", "timeouts"]
     assert data["timeouts"]["request"]["streaming"] == {

@@ -121,7 +121,8 @@ async def test_timeouts_get_and_partial_put(start_gateway: StartGateway) -> None
         "connection": "10s",
         "request": {"standard": {"first_byte": "30s", "total": "5m"},
                     "streaming": {"first_byte": "2m", "chunk_interval": "30s", "total": "10m"},
-                    "image_generation": {"first_byte": "1m", "total": "3m"}},
+                    "image_generation": {"first_byte": "1m", "total": "3m"},
+                    "queue": "10m"},
         "model_load": "2m",
         "health_check": {"timeout": "4s", "interval": "5s"},
     }

@@ -24,7 +24,8 @@ from proxy.registry.backends import (
     check_backend,
     run_health_checks,
 )
-from proxy.registry.nodes import ONLINE, NodeIndex
+from proxy.registry.nodes import ONLINE
+from proxy.routing.attempts import Counters
 from proxy.upstream.pool import ConnectionPool
 from tests.client import request
 from tests.conftest import StartGateway, configure, node
@@ -110,17 +111,14 @@ async def test_slots_of_a_llama_server(
     await check(registry, backend, pool)
     assert backend.online
     assert [m["id"] for m in backend.models] == ["m"]
-    assert backend.slots == Slots(total=3, others=0)
+    assert backend.slots == Slots(total=3, busy=0)
     llama.busy = 2
     await check(registry, backend, pool)
-    assert backend.slots == Slots(total=3, others=2)  # none of them ours
-    registry.in_flight = lambda name: {"b": 1}.get(name, 0)
+    assert backend.slots == Slots(total=3, busy=2)  # as reported: routing adds its own count
+    llama.busy = 3
     await check(registry, backend, pool)
-    assert backend.slots == Slots(total=3, others=1)  # one of the two is ours
-    registry.in_flight = lambda name: 5  # more of ours than it says are busy: 0 others
-    await check(registry, backend, pool)
-    assert backend.slots == Slots(total=3, others=0)
-    assert asked(up) == (4, 0)  # /props is not needed
+    assert backend.slots == Slots(total=3, busy=3)
+    assert asked(up) == (3, 0)  # /props is not needed
     assert up.connections_opened == 1  # the same pooled connection as /v1/models
 
 
@@ -133,11 +131,11 @@ async def test_props_when_slots_is_refused(
     await check(registry, backend, pool)
     assert backend.online
     assert backend.last_error is None
-    assert backend.slots == Slots(total=4, others=0)  # busy unknown
+    assert backend.slots == Slots(total=4, busy=0)  # busy unknown
     assert asked(up) == (1, 1)
     for _ in range(SLOTS_RETRY_CHECKS):  # not asked again for a while; the count stays
         await check(registry, backend, pool)
-        assert backend.slots == Slots(total=4, others=0)
+        assert backend.slots == Slots(total=4, busy=0)
     assert asked(up) == (1, 1)
     await check(registry, backend, pool)
     assert asked(up) == (2, 2)  # asked again
@@ -161,7 +159,7 @@ async def test_neither_slots_nor_props(
     assert asked(up) == (1, 1)
     Llama(up, total=2)  # it learnt /slots (a newer server at the same address)
     await check(registry, backend, pool)
-    assert backend.slots == Slots(total=2, others=0)
+    assert backend.slots == Slots(total=2, busy=0)
     assert asked(up) == (2, 1)
 
 
@@ -204,7 +202,7 @@ async def test_a_slow_slots_answer_is_unknown_without_back_off(
     assert backend.slots_skip == 0
     llama.slots_delay = 0
     await check(registry, backend, pool)
-    assert backend.slots == Slots(total=2, others=0)
+    assert backend.slots == Slots(total=2, busy=0)
 
 
 async def test_other_kinds_are_not_asked(
@@ -303,10 +301,11 @@ async def test_model_list_reports_slots_summed_over_holders(
     llama_a.busy, llama_b.busy = 1, 3
     gw = await start_gateway([("a", a.url), ("b", b.url), ("c", c.url)])
     registry = gw.gateway.backends
-    ours = {"a": 1}  # one of a's busy slots is our request
-    registry.in_flight = lambda name: ours.get(name, 0)
-    await trio.sleep(INTERVAL + 0.1)  # a check that reads our in-flight count
-    assert registry.backends[0].slots == Slots(2, 0)
+    ours = Counters()
+    ours.active = 1  # one of a's busy slots is our request
+    gw.gateway.ctx.router.backend_counters["a"] = ours
+    await trio.sleep(INTERVAL + 0.1)
+    assert registry.backends[0].slots == Slots(2, 1)  # as reported
     assert registry.backends[1].slots == Slots(4, 3)
 
     reply = await request(gw.unix, "GET", "/v1/models")
@@ -315,7 +314,7 @@ async def test_model_list_reports_slots_summed_over_holders(
     assert entries["only-a"]["sluice"] == {"slots": {"busy": 1, "total": 2}}
     assert entries["plain"] == {"id": "plain", "object": "model", "created": 1_700_000_000,
                                 "owned_by": "llamacpp"}  # no sluice object added
-    ours["a"] = 2  # the count now, not the one at the check
+    ours.active = 2  # the count now, not the one at the check
     reply = await request(gw.unix, "GET", "/v1/models")
     entries = {e["id"]: e for e in reply.json()["data"]}
     assert entries["shared"]["sluice"]["slots"] == {"busy": 2 + 3, "total": 6}
@@ -325,12 +324,12 @@ def test_with_slots_keeps_the_state_and_copies() -> None:
     registry = BackendRegistry([BackendConfig(name="x", url="http://127.0.0.1:9")], {})
     backend = registry.backends[0]
     registry.checked(backend, [{"id": "m"}, {"id": "n"}], None, None)
-    backend.slots = Slots(total=2, others=1)
+    backend.slots = Slots(total=2, busy=1)
     managed = {"id": "m", "object": "model", "sluice": {"state": "loaded"}}
     plain = {"id": "n", "object": "model"}
     unknown = {"id": "u", "object": "model", "sluice": {"state": "unloaded"}}
     entries = [managed, plain, unknown]
-    out = with_slots(registry, entries)
+    out = with_slots(registry, entries, lambda name: 0)
     assert out[0] == {"id": "m", "object": "model",
                       "sluice": {"state": "loaded", "slots": {"busy": 1, "total": 2}}}
     assert out[1]["sluice"] == {"slots": {"busy": 1, "total": 2}}
@@ -338,7 +337,7 @@ def test_with_slots_keeps_the_state_and_copies() -> None:
     assert managed == {"id": "m", "object": "model", "sluice": {"state": "loaded"}}
     assert entries == [managed, plain, unknown]
     backend.slots = None
-    assert with_slots(registry, entries) is entries  # nothing to add: the same list
+    assert with_slots(registry, entries, lambda name: 0) is entries  # nothing to add: the same list
 
 
 async def test_node_slots_from_its_model_list(autojump_clock: trio.testing.MockClock,
@@ -357,15 +356,13 @@ async def test_node_slots_from_its_model_list(autojump_clock: trio.testing.MockC
     up = await start_node(nursery, str(short_tmp / "n.sock"), ["plain"], extra)
     gw = await start_gateway([])
     nodes = gw.gateway.ctx.nodes
-    ours = {"n": 1}
-    nodes.in_flight = lambda fp: ours.get(fp, 0)
     configure(gw, (node("n", up.url, 1),), enabled=True)
     await trio.sleep(0.1)
     endpoint = nodes.endpoint("n")
     assert endpoint is not None
     assert endpoint.status == ONLINE
     assert endpoint.model_ids == {"plain", "busy", "idle", "bad", "zero", "odd"}
-    assert endpoint.slots == {"busy": Slots(total=4, others=1), "idle": Slots(total=1, others=0)}
+    assert endpoint.slots == {"busy": Slots(total=4, busy=2), "idle": Slots(total=1, busy=0)}
 
     # our own remote entries never carry the node's slots
     reply = await request(gw.unix, "GET", "/v1/models")
@@ -375,9 +372,8 @@ async def test_node_slots_from_its_model_list(autojump_clock: trio.testing.MockC
 
     up.extra = [{"id": "busy", "object": "model",
                  "sluice": {"slots": {"busy": 4, "total": 4}}}]
-    ours["n"] = 0
     await trio.sleep(INTERVAL)
-    assert endpoint.slots == {"busy": Slots(total=4, others=4)}
+    assert endpoint.slots == {"busy": Slots(total=4, busy=4)}
 
     up.status = 500  # offline: forgotten
     await trio.sleep(INTERVAL)
@@ -385,15 +381,13 @@ async def test_node_slots_from_its_model_list(autojump_clock: trio.testing.MockC
     assert endpoint.slots == {}
     up.status = 200
     await trio.sleep(INTERVAL)
-    assert endpoint.slots == {"busy": Slots(total=4, others=4)}
+    assert endpoint.slots == {"busy": Slots(total=4, busy=4)}
     configure(gw, enabled=False)  # paused: forgotten
     await trio.sleep(0.1)
     assert endpoint.slots == {}
 
 
 def test_slots_defaults() -> None:
-    registry, backend = one_backend("http://127.0.0.1:9")
+    _, backend = one_backend("http://127.0.0.1:9")
     assert backend.slots is None
     assert backend.slots_skip == 0
-    assert registry.in_flight("b") == 0
-    assert NodeIndex().in_flight("fp") == 0

@@ -10,6 +10,8 @@ import pytest
 from protocol.slots import (
     Slots,
     busy_now,
+    capacity,
+    free_slots,
     has_free_slot,
     node_slots,
     parse_slots,
@@ -80,37 +82,53 @@ def test_slots_entry() -> None:
 
 
 def test_waiting_with_slots() -> None:
-    two = Slots(total=2, others=0)
+    two = Slots(total=2, busy=0)
     assert [waiting(n, two) for n in range(5)] == [0, 0, 0, 1, 2]
-    taken = Slots(total=2, others=1)  # one busy with someone else's request
-    assert [waiting(n, taken) for n in range(4)] == [0, 0, 1, 2]
-    full = Slots(total=2, others=5)  # more others than slots: nothing free
-    assert [waiting(n, full) for n in range(3)] == [0, 1, 2]
+    taken = Slots(total=2, busy=2)  # both reported busy: ours are among them
+    assert [waiting(n, taken) for n in range(4)] == [0, 0, 0, 1]
+    full = Slots(total=2, busy=5)  # more busy than slots (a stale look): nothing free
+    assert [waiting(n, full) for n in range(3)] == [3, 3, 3]
 
 
 def test_waiting_unknown_counts_one_free_slot() -> None:
     assert [waiting(n, None) for n in range(4)] == [0, 0, 1, 2]
 
 
+def test_free_slots_take_the_larger_of_ours_and_reported_busy() -> None:
+    """SPEC §18: free = slots - max(in flight by sluice, reported busy)."""
+    assert free_slots(3, None) is None
+    four = Slots(total=4, busy=1)
+    assert [free_slots(n, four) for n in range(6)] == [3, 3, 2, 1, 0, 0]
+    assert free_slots(0, Slots(total=2, busy=9)) == 0
+
+
+def test_capacity_reported_capped_by_max_concurrent() -> None:
+    assert capacity(None, None) is None  # unknown: unlimited
+    assert capacity(None, 3) == Slots(3, 0)
+    assert capacity(Slots(4, 2), None) == Slots(4, 2)
+    assert capacity(Slots(4, 2), 1) == Slots(1, 2)  # capped: still busy as reported
+    assert capacity(Slots(2, 0), 8) == Slots(2, 0)  # a cap above the slots changes nothing
+
+
 def test_has_free_slot() -> None:
     assert has_free_slot(0, None) is None
     assert has_free_slot(5, None) is None
-    two = Slots(total=2, others=0)
+    two = Slots(total=2, busy=0)
     assert [has_free_slot(n, two) for n in range(3)] == [True, True, False]
-    taken = Slots(total=2, others=1)
-    assert [has_free_slot(n, taken) for n in range(2)] == [True, False]
-    assert has_free_slot(0, Slots(total=2, others=2)) is False
-    assert has_free_slot(0, Slots(total=2, others=3)) is False
+    taken = Slots(total=2, busy=1)
+    assert [has_free_slot(n, taken) for n in range(3)] == [True, True, False]
+    assert has_free_slot(0, Slots(total=2, busy=2)) is False
+    assert has_free_slot(0, Slots(total=2, busy=3)) is False
 
 
 def test_busy_now() -> None:
-    assert busy_now(0, Slots(total=4, others=1)) == 1
-    assert busy_now(2, Slots(total=4, others=1)) == 3
-    assert busy_now(9, Slots(total=4, others=1)) == 4  # never more than total
+    assert busy_now(0, Slots(total=4, busy=1)) == 1
+    assert busy_now(2, Slots(total=4, busy=1)) == 2  # ours are among the busy ones
+    assert busy_now(9, Slots(total=4, busy=1)) == 4  # never more than total
 
 
 def test_slots_is_a_frozen_value() -> None:
-    a = Slots(total=2, others=1)
+    a = Slots(total=2, busy=1)
     assert a == Slots(2, 1)
     assert hash(a) == hash(Slots(2, 1))
     with pytest.raises(AttributeError):

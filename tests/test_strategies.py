@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.config import STRATEGIES, Strategy
-from proxy.routing.strategies import (
+from protocol.strategies import (
     Candidate,
     LatencyAverage,
     RoundRobinCursor,

@@ -21,14 +21,14 @@ from protocol.config import (
     parse_config_text,
 )
 from protocol.errors import ConfigError
-from proxy.routing.breaker import CircuitBreaker
-from proxy.routing.resolve import Forward, NodeView, RouteRequest, resolve
-from proxy.routing.strategies import (
+from protocol.strategies import (
     Candidate,
     RoundRobinCursor,
     WeightedCursor,
     order_candidates,
 )
+from proxy.routing.breaker import CircuitBreaker
+from proxy.routing.resolve import Forward, NodeView, RouteRequest, resolve
 
 A = Candidate("a", priority=1, weight=3)
 B = Candidate("b", priority=3, weight=1)

@@ -277,11 +277,15 @@ def structure_at(path: str, value: object, tp: Any) -> Any:
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """Plain YAML-ready data in SPEC order; durations like ``"30s"``, sizes like ``"32MiB"``.
-    A node without a pin has no ``pin`` key (SPEC §16: absent = a plain link)."""
+    A node without a pin has no ``pin`` key (SPEC §16: absent = a plain link), a backend or
+    model without ``max_concurrent`` none either (SPEC §18)."""
     data: dict[str, Any] = _CONVERTER.unstructure(cfg)
     for node in data.get("nodes", ()):
         if node.get("pin", "") is None:
             del node["pin"]
+    for backend in data.get("backends", ()):  # SPEC §18: only where it is set
+        if backend.get("max_concurrent", "") is None:
+            del backend["max_concurrent"]
     for model in data.get("models", ()):  # §11.1's keys only where they say something
         if model.get("path") == "":  # a command that names no file
             del model["path"]
@@ -293,7 +297,8 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 # models[]' keys of SPEC §11.1, written to config.yaml only when not at their default.
 _MODEL_OPTIONAL: Final = ("command", "env", "health", "memory", "kind", "stop_signal",
-                          "gpu_layers", "flash_attn", "cache_type_k", "cache_type_v", "batch")
+                          "gpu_layers", "flash_attn", "cache_type_k", "cache_type_v", "batch",
+                          "max_concurrent")
 _MODEL_DEFAULTS: Final = {key: value for key, value in
                           _CONVERTER.unstructure(ModelConfig(name="")).items()
                           if key in _MODEL_OPTIONAL}

@@ -88,7 +88,7 @@ CACHE_TYPES: Final = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q
 
 class Strategy(enum.StrEnum):
     """The values of ``load_balancing.strategy``; how each orders the nodes is
-    :mod:`proxy.routing.strategies`."""
+    :mod:`protocol.strategies`."""
 
     PRIORITY = "priority"
     ROUND_ROBIN = "round-robin"
@@ -142,6 +142,7 @@ class BackendConfig:
     name: str
     url: str
     kind: str = "llm"
+    max_concurrent: int | None = None  # its slots when it reports none, else a cap (§18)
 
 
 @attrs.frozen
@@ -167,6 +168,7 @@ class ModelConfig:
     cache_type_k: str | None = None  # CACHE_TYPES
     cache_type_v: str | None = None
     batch: int | None = None  # n_batch
+    max_concurrent: int | None = None  # a cap on its slots (SPEC §18); default: reported
 
 
 @attrs.frozen
@@ -234,6 +236,7 @@ class RequestTimeouts:
     standard: PhaseTimeouts = PhaseTimeouts(first_byte=30.0, total=300.0)
     streaming: StreamingTimeouts = attrs.field(factory=StreamingTimeouts)
     image_generation: PhaseTimeouts = PhaseTimeouts(first_byte=60.0, total=180.0)
+    queue: Duration = 600.0  # the longest wait for a slot (SPEC §18) -> 504 queue_timeout
 
 
 @attrs.frozen
@@ -248,6 +251,15 @@ class TimeoutsConfig:
     request: RequestTimeouts = attrs.field(factory=RequestTimeouts)
     model_load: Duration = 120.0  # a managed model's start must answer /health within this
     health_check: HealthCheckTimeouts = attrs.field(factory=HealthCheckTimeouts)
+
+
+@attrs.frozen
+class SchedulingConfig:
+    """The queue in front of every server (SPEC §18)."""
+
+    queue: bool = True  # false: send at once, as before §18
+    max_waiting: int = 256  # per model; beyond -> 429 queue_full with Retry-After
+    promote_after: Duration = 120.0  # a batch request waiting this long is interactive
 
 
 @attrs.frozen
@@ -273,6 +285,7 @@ class Config:
     ollama_api: OllamaApiConfig = attrs.field(factory=OllamaApiConfig)
     discovery: DiscoveryConfig = attrs.field(factory=DiscoveryConfig)
     model_loading: ModelLoadingConfig = attrs.field(factory=ModelLoadingConfig)
+    scheduling: SchedulingConfig = attrs.field(factory=SchedulingConfig)
     observability: ObservabilityConfig = attrs.field(factory=ObservabilityConfig)
     health_checks: HealthChecksConfig = attrs.field(factory=HealthChecksConfig)
     circuit_breaker: CircuitBreakerConfig = attrs.field(factory=CircuitBreakerConfig)

@@ -51,7 +51,8 @@ _SECTION_NOTES: Final = {
     "backends": "local model servers (llama.cpp, vLLM, Ollama, LM Studio...), e.g.\n"
                 "#   - name: llama\n"
                 "#     url: http://127.0.0.1:8080   # or unix:/path/to/model.sock\n"
-                "#     kind: llm                    # llm | diffusion | embedding",
+                "#     kind: llm                    # llm | diffusion | embedding\n"
+                "#     max_concurrent: null         # its slots when it reports none",
     "models": "managed llama.cpp servers, e.g.\n"
               "#   - name: smollm2-135m             # the model id clients ask for\n"
               "#     path: models/model.gguf        # relative to the data dir\n"
@@ -59,7 +60,8 @@ _SECTION_NOTES: Final = {
               "#     parallel: 2                    # concurrent slots\n"
               "#     threads: 0                     # 0 = all cores\n"
               "#     keep_alive: null               # null = model_loading.keep_alive\n"
-              "#     preload: false                 # true: loaded at start and after idle",
+              "#     preload: false                 # true: loaded at start and after idle\n"
+              "#     max_concurrent: null           # cap on its slots (default: parallel)",
     "nodes": "network nodes, e.g.\n"
              "#   - fingerprint: node-abc\n"
              "#     name: studio-mac\n"
@@ -100,6 +102,10 @@ _KEY_NOTES: Final = {
     ("model_loading", "max_loaded"): "at most this many loaded at once; 0 = no count limit",
     ("model_loading", "memory_budget"): "auto = 75% of physical RAM, or a size (12GiB)",
     ("model_loading", "dirs"): "folders (relative to the data dir) scanned for *.gguf",
+    ("scheduling", "queue"): "false: send at once, as before (no queue in sluice)",
+    ("scheduling", "max_waiting"): "per model; beyond -> 429 queue_full with Retry-After",
+    ("scheduling", "promote_after"): "a batch request waiting this long is interactive",
+    ("request", "queue"): "the longest wait for a slot -> 504 queue_timeout (max 1h)",
     ("timeouts", "model_load"): "a model server's start must answer within this (max 10m)",
     ("observability", "request_log_size"): "finished requests kept for /api/v1/requests "
                                            "(0 = off)",

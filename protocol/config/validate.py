@@ -92,6 +92,8 @@ def _check_lists(cfg: Config) -> None:
     for i, backend in enumerate(cfg.backends):
         _check_name(f"backends[{i}].name", backend.name, names, "backend name")
         _check_url(f"backends[{i}].url", backend.url, unix=True)
+        if backend.max_concurrent is not None:
+            _check_range(f"backends[{i}].max_concurrent", backend.max_concurrent, 1)
         if backend.kind not in BACKEND_KINDS:
             raise ConfigError(f"backends[{i}].kind", f"unknown kind {backend.kind!r}; expected "
                               f"one of {', '.join(BACKEND_KINDS)}")
@@ -102,6 +104,8 @@ def _check_lists(cfg: Config) -> None:
         _check_range(f"models[{i}].context", model.context, 1)
         _check_range(f"models[{i}].parallel", model.parallel, 1)
         _check_range(f"models[{i}].threads", model.threads, 0)
+        if model.max_concurrent is not None:
+            _check_range(f"models[{i}].max_concurrent", model.max_concurrent, 1)
         if model.keep_alive is not None:
             _check_keep_alive(f"models[{i}].keep_alive", model.keep_alive)
     if cfg.load_balancing.strategy not in STRATEGIES:
@@ -178,6 +182,9 @@ def _check_timeouts(cfg: Config) -> None:
     _check_duration(f"{req}.streaming.total", t.request.streaming.total, high="20m")
     _check_duration(f"{req}.image_generation.first_byte", t.request.image_generation.first_byte)
     _check_duration(f"{req}.image_generation.total", t.request.image_generation.total)
+    _check_duration(f"{req}.queue", t.request.queue, high="1h")
+    _check_range("scheduling.max_waiting", cfg.scheduling.max_waiting, 1)
+    _check_duration("scheduling.promote_after", cfg.scheduling.promote_after)
     _check_duration("timeouts.health_check.timeout", t.health_check.timeout)
     _check_duration("timeouts.health_check.interval", t.health_check.interval)
 

@@ -33,7 +33,7 @@ __all__ = ["AccessKey", "KeyStore", "peer_of"]
 
 log = logging.getLogger("sluice.settings")
 
-LIMIT_FIELDS = ("models", "rpm", "expires_at")  # an access key's limits in secrets.yaml
+LIMIT_FIELDS = ("models", "rpm", "expires_at", "priority")  # an access key's limits in secrets.yaml
 
 
 @attrs.frozen(eq=False, repr=False)

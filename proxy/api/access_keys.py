@@ -2,8 +2,8 @@
 send.
 
 A key is shown once, in the answer to its creation; secrets.yaml keeps only its hash and
-its limits (``models``, ``rpm``, ``expires_at``: :mod:`protocol.key_limits`). The key store
-makes each change and writes it (:meth:`KeyStore.add`, :meth:`KeyStore.update`,
+its limits (``models``, ``rpm``, ``expires_at``, ``priority``: :mod:`protocol.key_limits`).
+The key store makes each change and writes it (:meth:`KeyStore.add`, :meth:`KeyStore.update`,
 :meth:`KeyStore.revoke`: :mod:`proxy.access.key_store`); a failed write answers 500 and changes
 nothing. A field the body should not have, or a bad value, answers
 422 naming it in ``error.param``.
@@ -15,12 +15,12 @@ from typing import Any
 
 from protocol.config.fields import unknown_field
 from protocol.errors import ConfigError, no_such_item
-from protocol.key_limits import parse_expiry, parse_models, parse_rpm
+from protocol.key_limits import parse_expiry, parse_models, parse_priority, parse_rpm
 from protocol.names import LABEL_RULE, is_label
 from proxy.access.key_store import AccessKey
 from proxy.api.call import Call, saving
 
-FIELDS = ("name", "models", "rpm", "expiresAt")  # what a POST or PATCH body may hold
+FIELDS = ("name", "models", "rpm", "expiresAt", "priority")  # what a POST or PATCH body may hold
 PREFIX = "/api/v1/access-keys/"
 
 
@@ -30,7 +30,7 @@ def _public(key: AccessKey, now: float) -> dict[str, Any]:
             "createdAt": key.get("created_at"), "lastUsedAt": key.get("last_used_at"),
             "models": None if limits.models is None else list(limits.models),
             "rpm": limits.rpm, "expiresAt": limits.expires_at,
-            "expired": limits.expired(now)}
+            "priority": limits.priority or "interactive", "expired": limits.expired(now)}
 
 
 def _fields(call: Call, *, empty_ok: bool) -> dict[str, Any]:
@@ -51,6 +51,8 @@ def _fields(call: Call, *, empty_ok: bool) -> dict[str, Any]:
         out["rpm"] = parse_rpm(doc["rpm"], "rpm")
     if "expiresAt" in doc:
         out["expires_at"] = parse_expiry(doc["expiresAt"], "expiresAt")
+    if "priority" in doc:  # SPEC §18: its requests' class in the queue
+        out["priority"] = parse_priority(doc["priority"], "priority")
     return out
 
 

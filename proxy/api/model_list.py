@@ -3,6 +3,7 @@ read it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from protocol.aliases import alias_entries
@@ -23,7 +24,7 @@ def model_entries(ctx: GatewayContext, grant: Grant | None = None) -> list[dict[
     local = ctx.backends.model_entries()
     if ctx.ondemand is not None:
         local = ctx.ondemand.listed(local)
-    local = with_slots(ctx.backends, local)
+    local = with_slots(ctx.backends, local, ctx.router.backend_in_flight)
     config = ctx.config
     if config.load_balancing.enabled:
         local = merge_model_lists([("", local)], ctx.nodes.remote_models())
@@ -34,12 +35,13 @@ def model_entries(ctx: GatewayContext, grant: Grant | None = None) -> list[dict[
     return [e for e in listed if allows(e["id"]) or allows(_alias_of(e))]
 
 
-def with_slots(backends: BackendRegistry, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_slots(backends: BackendRegistry, entries: list[dict[str, Any]],
+               in_flight: Callable[[str], int]) -> list[dict[str, Any]]:
     """The local ``entries`` with ``"sluice": {..., "slots": {"busy": B, "total": T}}`` on
     each model that a live backend holding it reports slots for: T and B summed over those
-    backends, B counting our own requests in flight now (what a node tells its peers, SPEC
-    §15). An entry is copied, never changed; one without slots is left as it is."""
-    in_flight = backends.in_flight
+    backends, B counting our own requests in flight now (``in_flight(backend name)``: what
+    a node tells its peers, SPEC §15). An entry is copied, never changed; one without
+    slots is left as it is."""
     out = entries
     for i, entry in enumerate(entries):
         busy = total = 0

@@ -22,7 +22,8 @@ ACTIONS = ("load", "unload")
 
 
 def local_models(ctx: GatewayContext) -> dict[str, Any]:
-    """The body of ``GET /api/v1/models/local``; ``llamaBackends``: the compute backends of
+    """The body of ``GET /api/v1/models/local`` (each model with ``waiting``: its requests
+    in the queue, SPEC §18, for ``sluice ps``); ``llamaBackends``: the compute backends of
     the installed llama.cpp (SPEC §11.1; null when it is not installed), which the exchange
     has asked for first (``NEEDS_LLAMA``)."""
     ondemand = ctx.ondemand
@@ -34,9 +35,12 @@ def local_models(ctx: GatewayContext) -> dict[str, Any]:
             [], budget=memory_budget_bytes(loading.memory_budget, physical_memory()),
             in_use=0, max_loaded=loading.max_loaded, backends=ctx.llama.backends)
     life = ondemand.lifecycle
-    return local_models_view(ondemand.status(), budget=life.budget,
+    body = local_models_view(ondemand.status(), budget=life.budget,
                              in_use=ondemand.memory_in_use(), max_loaded=life.max_loaded,
                              backends=ctx.llama.backends)
+    waiting = ctx.scheduler.waiting_for  # SPEC §18: requests waiting for each one
+    body["models"] = [{**m, "waiting": waiting(m["name"])} for m in body["models"]]
+    return body
 
 
 def list_local(call: Call) -> tuple[int, Any]:

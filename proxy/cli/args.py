@@ -11,7 +11,7 @@ __all__ = ["parse_args", "parser"]
 # The event types of SPEC §9.3 (as proxy.cli.lines has them, kept here so that parsing the
 # arguments loads nothing else).
 EVENT_TYPES = ("node", "circuit", "settings", "notification", "request", "stats", "model",
-               "pairing", "discovered")
+               "pairing", "discovered", "queue")
 FEED_TYPES = ("hello", "resync")
 
 
@@ -135,7 +135,8 @@ def _keys_parser(sub: Any) -> None:
 
 
 def _limit_options(command: Any, *, clearing: bool = False) -> None:
-    """--models, --rpm, --expires; with ``clearing``, each with its way back to no limit."""
+    """--models, --rpm, --priority, --expires; with ``clearing``, each with its way back to
+    no limit."""
     models = command.add_mutually_exclusive_group() if clearing else command
     models.add_argument("--models", metavar="M,...",
                         help="the models it may use: ids or patterns with * (e.g. "
@@ -143,6 +144,9 @@ def _limit_options(command: Any, *, clearing: bool = False) -> None:
     rpm = command.add_mutually_exclusive_group() if clearing else command
     rpm.add_argument("--rpm", type=int, metavar="R", help="requests a minute it may send "
                                                            "(default: no limit)")
+    command.add_argument("--priority", choices=("interactive", "batch"),
+                         help="its requests' class in the queue: batch waits for "
+                              "interactive ones (default: interactive)")
     expires = command.add_mutually_exclusive_group() if clearing else command
     expires.add_argument("--expires", metavar="X",
                          help="when it stops working: a duration from now (30d, 12h, 90m, "

@@ -41,6 +41,8 @@ def limits_body(args: argparse.Namespace, now: float) -> dict[str, Any]:
         body["rpm"] = args.rpm
     elif getattr(args, "no_rpm", False):
         body["rpm"] = None
+    if getattr(args, "priority", None) is not None:
+        body["priority"] = args.priority
     if getattr(args, "expires", None) is not None:
         body["expiresAt"] = expiry_from_cli(args.expires, now)
     elif getattr(args, "no_expiry", False):
@@ -54,6 +56,8 @@ def _limits_line(key: dict[str, Any]) -> str:
     parts = [f"models {', '.join(models) if models else 'all'}",
              f"{rpm} requests a minute" if rpm else "no rate limit",
              f"expires {key['expiresAt']}" if key.get("expiresAt") else "never expires"]
+    if key.get("priority") == "batch":
+        parts.append("batch priority")
     return "; ".join(parts)
 
 
@@ -77,7 +81,7 @@ def _run(data_dir: Path, args: argparse.Namespace) -> tuple[Any, Lines]:
         body = limits_body(args, time.time())
         if not body:
             raise CliError("nothing to change: give --name, --models, --all-models, --rpm, "
-                           "--no-rpm, --expires or --no-expiry")
+                           "--no-rpm, --expires, --no-expiry or --priority")
         changed = call(data_dir, "PATCH", path, body, admin=True)
         return changed, [(False, f"access key {args.id}: {_limits_line(changed)}")]
     done = call(data_dir, "DELETE", path, admin=True)

@@ -20,7 +20,7 @@ __all__ = ["load_main", "ps_main", "show_models", "until"]
 PATH = "/api/v1/models/local"
 LOAD_WAIT = 660.0  # seconds a load may take: timeouts.model_load is at most 10 minutes
 UNLOAD_WAIT = 30.0  # the gateway answers within 15 s (SIGKILL after 10)
-_HEADERS = ("NAME", "STATE", "SIZE", "UNTIL")
+_HEADERS = ("NAME", "STATE", "SIZE", "WAITING", "UNTIL")
 
 
 def _when(text: object) -> datetime.datetime | None:
@@ -55,6 +55,12 @@ def until(model: Mapping[str, Any], now: datetime.datetime) -> str:
     return "now" if left < 1 else f"{_span(left)} from now"
 
 
+def _waiting(model: Mapping[str, Any]) -> str:
+    """Its requests waiting in the queue (SPEC §18); "-" from a gateway that does not say."""
+    waiting = model.get("waiting")
+    return str(waiting) if type(waiting) is int and waiting >= 0 else "-"
+
+
 def _size(model: Mapping[str, Any]) -> str:
     """Measured memory while loaded, else the estimate (with a ~)."""
     memory, estimate = model.get("memoryBytes"), model.get("estimatedBytes")
@@ -68,7 +74,7 @@ def _size(model: Mapping[str, Any]) -> str:
 def show_models(doc: Mapping[str, Any], now: datetime.datetime | None = None) -> str:
     """The table of ``sluice ps`` and a line on memory against the budget."""
     now = now or datetime.datetime.now(datetime.UTC)
-    rows = [(clean(m.get("name")), clean(m.get("state")), _size(m), until(m, now))
+    rows = [(clean(m.get("name")), clean(m.get("state")), _size(m), _waiting(m), until(m, now))
             for m in doc.get("models") or () if isinstance(m, Mapping)]
     if not rows:
         lines = ["no managed models (add *.gguf files to a folder of model_loading.dirs, "

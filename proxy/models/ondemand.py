@@ -77,7 +77,7 @@ class OnDemand:
         self.backends: dict[str, LocalBackend] = {}
         self._look_again = trio.Event()  # set by follow(): rescan now
         for spec, _ in prepared:
-            self._add_backend(spec.name, spec.kind)
+            self._add_backend(spec.name, spec.kind, spec.max_concurrent)
 
     def __repr__(self) -> str:
         return f"OnDemand({self.lifecycle!r})"
@@ -92,8 +92,10 @@ class OnDemand:
 
     # ------------------------------------------------------------------ the catalogue
 
-    def _add_backend(self, name: str, kind: str = "llm") -> None:
-        backend = LocalBackend(BackendConfig(name=name, url="", kind=kind), None,
+    def _add_backend(self, name: str, kind: str = "llm",
+                     max_concurrent: int | None = None) -> None:
+        backend = LocalBackend(BackendConfig(name=name, url="", kind=kind,
+                                             max_concurrent=max_concurrent), None,
                                pinned_model=name)
         self.backends[name] = backend
         self.registry.add(backend)
@@ -128,7 +130,7 @@ class OnDemand:
             seen.add(spec.name)
             self.entries[spec.name] = entry
             if spec.name not in self.backends:
-                self._add_backend(spec.name, spec.kind)
+                self._add_backend(spec.name, spec.kind, spec.max_concurrent)
             if spec.name not in known:
                 added.append(spec.name)
                 log.info("model %s found: %s", spec.name, spec.path)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from protocol.catalogue import Entry
 from protocol.config import Config, ModelConfig
-from protocol.model_spec import ModelSpec, engine_of
+from protocol.model_spec import ModelSpec, engine_of, slot_cap
 from proxy.models.gguf_file import memory_required, read_estimate
 from proxy.models.scan import build
 
@@ -65,6 +65,7 @@ def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path,
             name=entry.name, path=entry.path, estimate=estimate, keep_alive=keep_alive,
             context=model.context, parallel=model.parallel, threads=model.threads,
             preload=model.preload, problem=problem, engine=engine,
+            max_concurrent=slot_cap(model),
             kind=model.kind, declared=model.memory is not None, field=field), entry))
     return out
 

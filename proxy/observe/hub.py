@@ -36,7 +36,7 @@ Callback = Callable[[str, float, Any], None]
 
 # The event types of SPEC §9.3 (``hello`` and ``resync`` are made per subscriber).
 TYPES = ("node", "circuit", "settings", "notification", "request", "stats", "model",
-         "pairing", "discovered")
+         "pairing", "discovered", "queue")
 
 
 BATCH_DELAY = 0.05  # seconds batched work (a flusher's) may wait

@@ -5,11 +5,13 @@ Two kinds of figures:
 - **Counted** from the hub's ``request`` events (one
   :class:`~protocol.request_record.RequestRecord` per finished request) and from nowhere
   else: requests, durations, times to first byte, stream events, tokens, upstream attempts,
-  failovers. Each record costs a few plain dict and list updates (a histogram bucket is found
-  with :func:`bisect.bisect_left`); nothing is formatted until a scrape.
+  failovers, the queue's waits and refusals. Each record costs a few plain dict and list
+  updates (a histogram bucket is found with :func:`bisect.bisect_left`); nothing is
+  formatted until a scrape.
 - **Read at scrape time** from their owners: attempts in flight per upstream (the
   :class:`~proxy.routing.router.Router`'s counters), node up and latency (the node index),
-  circuit states (the router's breakers), client connections per transport
+  circuit states (the router's breakers), the queue's waiting counts (the scheduler's,
+  :mod:`proxy.observe.queue_metrics`), client connections per transport
   (``Clients.by_transport`` of :mod:`proxy.context`), and the process figures
   (:mod:`proxy.observe.process_figures`, prometheus_client's, imported by the first scrape).
 
@@ -35,12 +37,14 @@ from protocol.model_state import ModelState
 from protocol.request_record import RequestRecord, token_counts
 from proxy.observe.exposition import Exposition, bucket_labels, label_set
 from proxy.observe.hub import RequestReader
+from proxy.observe.queue_metrics import QueueFigures
 from proxy.routing.breaker import BreakerState
 
 if TYPE_CHECKING:
     from proxy.models.ondemand import OnDemand
     from proxy.observe.process_figures import ProcessFigures
     from proxy.routing.router import Router
+    from proxy.routing.scheduler import Scheduler
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
@@ -98,9 +102,12 @@ class Metrics(RequestReader):
     """The counted figures (fed by :meth:`attach`) and the scrape (:meth:`render`) that
     writes them with the read ones (see the module docstring)."""
 
-    def __init__(self, router: Router, connections: dict[str, int], version: str) -> None:
+    def __init__(self, router: Router, connections: dict[str, int], version: str,
+                 scheduler: Scheduler | None = None) -> None:
         super().__init__()
         self._router = router
+        self._scheduler = scheduler  # the queue's waiting counts (SPEC §18)
+        self._queue = QueueFigures()
         self._connections = connections  # client connections open per transport (Clients)
         self._version = version
         self._series: dict[tuple[str, str, bool], _Series] = {}
@@ -161,6 +168,17 @@ class Metrics(RequestReader):
             attempts[attempt] = attempts.get(attempt, 0) + 1
         if record.failover is not None:
             self.failovers += 1
+        if record.priority is not None:
+            self._queue.add(record, model)
+
+    def _label(self, model: str) -> str:
+        """A model's label value (the same rule as for the counted figures)."""
+        if model in self._models:
+            return model
+        if len(self._models) < MAX_MODEL_LABELS:
+            self._models.add(model)
+            return model
+        return OTHER
 
     # -- a scrape --------------------------------------------------------------------------
 
@@ -179,6 +197,7 @@ class Metrics(RequestReader):
         out = Exposition()
         self._counted(out)
         self._read(out)
+        self._queue.render(out, self._scheduler, self._label)
         if self.ondemand is not None:
             _models(out, self.ondemand)
         out.family("sluice_build_info", "gauge", "The gateway's version (always 1).")

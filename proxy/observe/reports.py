@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from proxy.observe.access_log import AccessLog
     from proxy.observe.hub import Hub
 
+QUEUE_ERRORS = frozenset({"queue_full", "queue_timeout"})  # refused by the queue (SPEC §18)
 BATCH_MAX = 512  # requests that make a batch go out at once
 
 
@@ -37,6 +38,8 @@ class Finished(Protocol):
     wall: float  # the same moment, wall-clock
     peer: Any  # the proxy.exchange.Peer
     load_wait: float | None  # seconds it waited for a managed model's load, or None
+    queue_ms: int | None  # ms it waited in the queue (SPEC §18), None when no model was asked
+    priority: str | None  # its class in the queue, or None
 
 
 class Reports:
@@ -132,14 +135,19 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
         else:
             usage_in = timings_in = relay.usage_in
     info = exchange.info
+    queue_ms = exchange.queue_ms
+    if queue_ms is None and info is not None:
+        queue_ms = 0  # a model's request that never queued (the queue off)
     return RequestRecord(
         id=request_id, started_at=exchange.wall, method=method, path=path, model=model,
         stream=bool(info is not None and info.stream),
         transport=exchange.peer.listener.transport,
         served_by=served_by, status=status, outcome=outcome, failover=failover, ttfb=ttfb,
         duration=duration, bytes_out=bytes_sent, events=events, usage=None, error=error_code,
-        attempts=attempts, routed=relay is not None, usage_in=usage_in,
+        attempts=attempts, routed=relay is not None or error_code in QUEUE_ERRORS,
+        usage_in=usage_in,
         usage_first=usage_first,
         load=exchange.load_wait, served_model=None if relay is None else relay.info.model,
-        ttft=ttft, timings_in=timings_in, affinity=affinity)
+        ttft=ttft, timings_in=timings_in, affinity=affinity,
+        queue=None if queue_ms is None else queue_ms / 1000, priority=exchange.priority)
 

@@ -9,8 +9,7 @@ one step.
 
 Each check of an ``llm`` backend that answered its model list also asks it for its slots
 (SPEC §15 "Load"; :mod:`proxy.registry.slots_probe`): :attr:`LocalBackend.slots`, None while
-unknown. :attr:`BackendRegistry.in_flight` is routing's count of our own requests in flight
-to a backend, read when a ``/slots`` answer arrives."""
+unknown, as the server reported them; routing reads them with its own in-flight count."""
 
 from __future__ import annotations
 
@@ -59,6 +58,8 @@ class LocalBackend:
         # many checks pass before /slots is asked again at this address after it was refused.
         self.slots: Slots | None = None
         self.slots_skip = 0
+        # SPEC §18: its slots when it reports none, else a cap on them (None: no cap).
+        self.max_concurrent = cfg.max_concurrent
 
     @property
     def api_key(self) -> str | None:
@@ -93,8 +94,6 @@ class BackendRegistry:
         self.backends = [LocalBackend(cfg, keys.get(cfg.name)) for cfg in configs]
         self._by_model: dict[str, LocalBackend] = {}
         self._holders: dict[str, list[LocalBackend]] = {}
-        # Our own requests in flight to a backend, by name: routing replaces it with its count.
-        self.in_flight: Callable[[str], int] = lambda name: 0
         self.changes: Subscribers[BackendRegistry] = Subscribers()  # after each re-index
         self.ready = trio.Event()  # every backend has been checked once
         self.added = trio.Event()  # set when follow() adds a backend: check it now
@@ -140,6 +139,7 @@ class BackendRegistry:
             old = configured.pop(cfg.name, None)
             if (old is not None and old.url == cfg.url and old.kind == cfg.kind
                     and old.api_key == keys.get(cfg.name)):
+                old.max_concurrent = cfg.max_concurrent
                 kept.append(old)
             else:
                 kept.append(LocalBackend(cfg, keys.get(cfg.name)))
@@ -208,8 +208,9 @@ class BackendRegistry:
         while it was asked."""
         if backend.address != address or not backend.online:
             return
-        backend.slots = slots
         backend.slots_skip = SLOTS_RETRY_CHECKS if refused else 0
+        backend.slots = slots
+        self.changes.publish(self)  # a report: routing reads it now; a slot may have freed
 
     def reindex(self) -> None:
         index: dict[str, LocalBackend] = {}
@@ -251,8 +252,7 @@ async def check_backend(registry: BackendRegistry, backend: LocalBackend,
     registry.checked(backend, models, error, probe.latency_ms)
     if error is None and backend.kind == "llm" and registry.slots_due(backend):
         found, refused = await poll_slots(
-            connections, address, api_key=backend.api_key, deadline=deadline,
-            mine=lambda: registry.in_flight(backend.name))
+            connections, address, api_key=backend.api_key, deadline=deadline)
         registry.found_slots(backend, address, found, refused=refused)
 
 

@@ -15,15 +15,15 @@ loaded-first order costs a set lookup per candidate.
 
 A sluice node also reports each model's slots, summed over its own servers (SPEC §15
 "Load"): ``"sluice": {"state": S, "slots": {"busy": B, "total": T}}``.
-:attr:`NodeEndpoint.slots` holds them per model id as :class:`~protocol.slots.Slots`, whose
-``others`` leaves out our own requests in flight to that node (:attr:`NodeIndex.in_flight`,
-routing's count, read as the check's answer arrives); a model without ``slots`` is absent.
+:attr:`NodeEndpoint.slots` holds them per model id as :class:`~protocol.slots.Slots`, as
+reported (routing sets them against its own in-flight count); a model without ``slots`` is
+absent.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import trio
@@ -31,10 +31,10 @@ import trio
 from protocol.config import NodeConfig, by_priority
 from protocol.model_state import ModelState
 from protocol.slots import Slots, node_slots
+from protocol.strategies import LatencyAverage
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from protocol.views import UNCHECKED
 from proxy.publish import Subscribers
-from proxy.routing.strategies import LatencyAverage
 
 log = logging.getLogger("sluice.nodes")
 
@@ -111,8 +111,6 @@ class NodeIndex:
         # A node's state changed: a check found another status, models, error or latency;
         # its config changed (added, edited, reordered); a pause.
         self.changes: Subscribers[NodeEndpoint] = Subscribers()
-        # Our own requests in flight to a node, by fingerprint: routing replaces it.
-        self.in_flight: Callable[[str], int] = lambda fingerprint: 0
 
     def __repr__(self) -> str:
         return f"NodeIndex({self.endpoints!r})"
@@ -213,19 +211,16 @@ class NodeIndex:
                 out.setdefault(model, []).append(endpoint.fingerprint)
         return out
 
-    def _slots(self, endpoint: NodeEndpoint, models: list[dict[str, Any]]) -> dict[str, Slots]:
-        """The slots each model reports, with our own requests in flight to the node now
-        left out of its busy ones (the first entry of an id counts)."""
+    @staticmethod
+    def _slots(models: list[dict[str, Any]]) -> dict[str, Slots]:
+        """The slots each model reports, as reported (the first entry of an id counts)."""
         out: dict[str, Slots] = {}
-        mine: int | None = None
         for entry in models:
             counted = node_slots(entry)
             if counted is None or entry["id"] in out:
                 continue
-            if mine is None:
-                mine = self.in_flight(endpoint.fingerprint)
             busy, total = counted
-            out[entry["id"]] = Slots(total, max(0, busy - mine))
+            out[entry["id"]] = Slots(total, busy)
         return out
 
     def checked(self, endpoint: NodeEndpoint, status: str, models: list[dict[str, Any]],
@@ -237,7 +232,7 @@ class NodeIndex:
         endpoint.model_ids = frozenset(m["id"] for m in models)
         loaded = frozenset(m["id"] for m in models if is_loaded(m))
         endpoint.loaded_ids = endpoint.model_ids if loaded == endpoint.model_ids else loaded
-        endpoint.slots = self._slots(endpoint, models) if status == ONLINE else {}
+        endpoint.slots = self._slots(models) if status == ONLINE else {}
         endpoint.latency_ms = latency_ms if status == ONLINE else None
         if endpoint.latency_ms is not None:
             endpoint.speed.add(endpoint.latency_ms)

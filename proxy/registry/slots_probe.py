@@ -14,7 +14,6 @@ back-off. None of this is an error: the backend's state is its model list's alon
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -52,11 +51,10 @@ async def _document(connections: ConnectionPool, address: UpstreamAddress, path:
 
 
 async def poll_slots(connections: ConnectionPool, address: UpstreamAddress, *,
-                     api_key: str | None, deadline: float,
-                     mine: Callable[[], int]) -> tuple[Slots | None, bool]:
+                     api_key: str | None, deadline: float) -> tuple[Slots | None, bool]:
     """Ask the backend at ``address`` for its slots by ``deadline``: ``(slots, refused)``,
-    for :meth:`~proxy.registry.backends.BackendRegistry.found_slots`. ``mine()``: our own
-    requests in flight to it now, which are not others' (read as the answer arrives)."""
+    for :meth:`~proxy.registry.backends.BackendRegistry.found_slots` (the busy count as
+    reported: routing sets it against its own in-flight count)."""
     found: Slots | None = None
     refused = False
     with trio.move_on_at(deadline):
@@ -65,7 +63,7 @@ async def poll_slots(connections: ConnectionPool, address: UpstreamAddress, *,
                                                   api_key=api_key, cap=SLOTS_CAP))
             if counted is not None:
                 busy, total = counted
-                found = Slots(total, max(0, busy - mine()))
+                found = Slots(total, busy)
             else:
                 total_slots = parse_total_slots(await _document(
                     connections, address, b"/props", api_key=api_key, cap=PROPS_CAP))

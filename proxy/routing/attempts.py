@@ -17,8 +17,8 @@ import enum
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from protocol.strategies import LatencyAverage
 from proxy.routing.resolve import Target
-from proxy.routing.strategies import LatencyAverage
 
 
 class Outcome(enum.Enum):
@@ -73,16 +73,19 @@ class Counters:
 class Attempt:
     """One try of a request on one upstream (see the module docstring). ``reported(now)``,
     when given, is called after a node's breaker heard the outcome (the router looks there
-    for a circuit transition)."""
+    for a circuit transition); ``ended()`` last, once its slot is free again (the queue's
+    cue, SPEC §18)."""
 
-    __slots__ = ("_counters", "_reported", "_speed", "finished", "started", "target")
+    __slots__ = ("_counters", "_ended", "_reported", "_speed", "finished", "started", "target")
 
     def __init__(self, counters: Counters, now: float, target: Target | None = None,
                  speed: LatencyAverage | None = None, *,
-                 reported: Callable[[float], None] | None = None) -> None:
+                 reported: Callable[[float], None] | None = None,
+                 ended: Callable[[], None] | None = None) -> None:
         self._counters = counters
         self._speed = speed
         self._reported = reported
+        self._ended = ended
         self.target = target
         self.started = now
         self.finished = False
@@ -121,3 +124,5 @@ class Attempt:
             report(self.target, now)
             if self._reported is not None:
                 self._reported(now)
+        if self._ended is not None:
+            self._ended()

@@ -30,18 +30,14 @@ import attrs
 
 from protocol.config import Strategy
 from protocol.errors import SluiceError, all_circuits_open, model_not_available
-from protocol.slots import Slots, waiting
+from protocol.routing_choice import Rules, choose
+from protocol.slots import Slots, free_slots, waiting
+from protocol.strategies import Candidate, RoundRobinCursor, WeightedCursor
 from proxy.routing.breaker import CircuitBreaker, Permit
-from proxy.routing.strategies import (
-    Candidate,
-    RoundRobinCursor,
-    WeightedCursor,
-    affinity_result,
-    order_candidates,
-)
 
 MODEL_NOT_AVAILABLE = "model_not_available"
 ALL_CIRCUITS_OPEN = "all_circuits_open"
+NO_FREE_SLOT = "no_free_slot"  # SPEC §18: only with the queue; the request waits
 
 
 @attrs.frozen
@@ -65,14 +61,12 @@ class NodeView:
 
     def candidate(self, model: str, request: RouteRequest | None = None) -> Candidate:
         fp = self.fingerprint
-        if request is None:
-            return Candidate(fp, self.priority, self.in_flight, self.latency_ms,
-                             model in self.loaded, self.weight,
-                             waiting(self.in_flight, self.slots.get(model)))
+        slots = self.slots.get(model)
         return Candidate(fp, self.priority, self.in_flight, self.latency_ms,
-                         model in self.loaded, self.weight,
-                         waiting(self.in_flight, self.slots.get(model)),
-                         request.matches.get(fp, 0), fp == request.session)
+                         model in self.loaded, self.weight, waiting(self.in_flight, slots),
+                         0 if request is None else request.matches.get(fp, 0),
+                         request is not None and fp == request.session,
+                         free=free_slots(self.in_flight, slots))
 
 
 @attrs.frozen
@@ -92,6 +86,12 @@ class RouteRequest:
     matches: Mapping[str, int] = attrs.field(factory=dict, eq=False)
     session: str | None = None
     load_bound: int = 1
+    queue: bool = False  # SPEC §18: only a node with a free slot may be chosen
+
+    @property
+    def rules(self) -> Rules:
+        return Rules(self.strategy, self.prefer_loaded, load_bound=self.load_bound,
+                     queue=self.queue)
 
 
 @attrs.frozen
@@ -161,8 +161,22 @@ def resolve(
     *, weighted: WeightedCursor | None = None,
 ) -> Forward | NoRoute:
     """Resolve one request (see the module docstring). Advances ``cursor`` for round-robin
-    or ``weighted`` for weighted, and takes breaker permits; nothing else changes."""
-    strategy = Strategy(request.strategy)  # an unknown one fails before any permit is taken
+    or ``weighted`` for weighted, and takes breaker permits (those of nodes not in the
+    order are given back); nothing else changes. With ``request.queue`` every permitted
+    node may be full: a NoRoute with ``code`` :data:`NO_FREE_SLOT`."""
+    permitted = permits(request, nodes, now)
+    if isinstance(permitted, NoRoute):
+        return permitted
+    granted, candidates = permitted
+    choice = choose(candidates, request.rules, cursor, weighted)
+    route = forward(request, granted, choice.order, choice.affinity, now)
+    return NoRoute(request.model, NO_FREE_SLOT) if route is None else route
+
+
+def permits(request: RouteRequest, nodes: Sequence[NodeView], now: float
+            ) -> tuple[dict[str, Target], list[Candidate]] | NoRoute:
+    """The eligible nodes' breaker permits and their candidates, or why there are none."""
+    Strategy(request.strategy)  # an unknown one fails before any permit is taken
     eligible = holders(request, nodes)
     if not eligible:
         return NoRoute(request.model, MODEL_NOT_AVAILABLE)
@@ -177,12 +191,18 @@ def resolve(
             candidates.append(node.candidate(request.model, request))
     if not candidates:
         return NoRoute(request.model, ALL_CIRCUITS_OPEN)
-    ordered = order_candidates(strategy, candidates, cursor,
-                               prefer_loaded=request.prefer_loaded, weighted=weighted,
-                               load_bound=request.load_bound)
-    return Forward(
-        targets=tuple(granted[c.fingerprint] for c in ordered),
-        may_fail_over=request.failover and not request.tried,
-        affinity=affinity_result(ordered[0], candidates)
-        if strategy is Strategy.CACHE_AWARE else None,
-    )
+    return granted, candidates
+
+
+def forward(request: RouteRequest, granted: Mapping[str, Target], order: Sequence[Candidate],
+            affinity: str | None, now: float) -> Forward | None:
+    """The Forward to the ordered nodes (None when the order is empty); the permits of
+    the granted nodes left out of it are given back."""
+    chosen = {c.fingerprint for c in order}
+    for fp, target in granted.items():
+        if fp not in chosen:
+            target.neutral(now)
+    if not order:
+        return None
+    return Forward(targets=tuple(granted[c.fingerprint] for c in order),
+                   may_fail_over=request.failover and not request.tried, affinity=affinity)

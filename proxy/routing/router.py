@@ -1,12 +1,15 @@
 """The routing decision of each request, and the routing state that lives as long as the
 gateway.
 
-:meth:`Router.plan` is the one place that decides where a request goes (SPEC §7.1): a local
-backend that lists the model, else a network node chosen by :func:`~proxy.routing.resolve.
-resolve` (pure: this module snapshots the node index into views and reads the clock), else a
-503. The :class:`Plan` it returns is the current try — the upstream and the
-:class:`~proxy.routing.attempts.Attempt` that counts it — and, for a forward that may fail
-over, the way to the next node (:meth:`Plan.alternate`).
+:meth:`Router.place` is the one place that decides where a request goes (SPEC §7.1, §15,
+§18): it snapshots the local backends that list the model and, when they take part, the
+nodes (breaker permits taken by :func:`~proxy.routing.resolve.permits`) into candidates and
+asks the one pure choice, :func:`protocol.routing_choice.choose`; nobody → 503.
+:meth:`Router.plan` is the same without the queue, after :meth:`Router.ready_for`'s waits
+right after start; the scheduler (:mod:`proxy.routing.scheduler`) calls :meth:`place` with
+``queue=True`` whenever a slot may have freed. The :class:`Plan` it returns is the current
+try — the upstream and the :class:`~proxy.routing.attempts.Attempt` that counts it — and,
+for a forward that may fail over, the way to the next node (:meth:`Plan.alternate`).
 
 :class:`Router` owns a circuit breaker and a set of counters per node, the counters of the
 local backends, the round-robin and weighted cursors and the failover count; their JSON is
@@ -23,82 +26,41 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from protocol.affinity_choice import SPILL
 from protocol.config import Strategy
 from protocol.headers import FORWARDED, Header, header_value
 from protocol.request_info import RequestInfo, total_timeout
-from protocol.slots import has_free_slot, waiting
+from protocol.routing_choice import Choice, Rules, choose, needs_nodes
+from protocol.slots import Slots, capacity, free_slots, waiting
+from protocol.strategies import Candidate, RoundRobinCursor, WeightedCursor
 from proxy.observe.hub import Hub
+from proxy.publish import Subscribers
 from proxy.registry.backends import BackendRegistry, LocalBackend
-from proxy.registry.nodes import NodeIndex
+from proxy.registry.nodes import NodeEndpoint, NodeIndex
 from proxy.routing.affinity import Affinity, Conversation
-from proxy.routing.attempts import Attempt, Counters, Outcome
+from proxy.routing.attempts import Attempt, Counters
 from proxy.routing.breaker import CircuitBreaker
 from proxy.routing.cache_stats import count_tokens
-from proxy.routing.resolve import Forward, NodeView, NoRoute, RouteRequest, holders, resolve
-from proxy.routing.strategies import (
-    Candidate,
-    RoundRobinCursor,
-    WeightedCursor,
-    affinity_result,
-    order_candidates,
+from proxy.routing.plan import Plan
+from proxy.routing.resolve import (
+    Forward,
+    NodeView,
+    NoRoute,
+    RouteRequest,
+    Target,
+    forward,
+    holders,
+    permits,
 )
-from proxy.routing.upstreams import NodeUpstream, Upstream
+from proxy.routing.slot_reports import SlotReports
+from proxy.routing.upstreams import NodeUpstream
+
+__all__ = ["Plan", "Router"]  # Plan lives in proxy/routing/plan.py
 
 CACHE_AWARE = Strategy.CACHE_AWARE.value
 
 if TYPE_CHECKING:
     from protocol.config import CircuitBreakerConfig
     from proxy.settings.store import Settings
-
-
-class Plan:
-    """Where one request goes. ``upstream`` and ``attempt`` are the current try."""
-
-    __slots__ = ("_request", "_router", "affinity", "attempt", "conversation", "failed",
-                 "may_fail_over", "upstream")
-
-    def __init__(self, upstream: Upstream, attempt: Attempt, *, router: Router | None = None,
-                 request: RouteRequest | None = None, may_fail_over: bool = False,
-                 affinity: str | None = None, conversation: Conversation | None = None) -> None:
-        self.upstream = upstream
-        self.attempt = attempt
-        self.may_fail_over = may_fail_over
-        self.failed: NodeUpstream | None = None  # the node failed over from
-        self._router = router
-        self._request = request
-        self.affinity = affinity  # hit | miss | session | spill (SPEC §15), or None
-        self.conversation = conversation  # cache-aware: what the index is told once answered
-
-    @property
-    def affinity_header(self) -> bytes | None:
-        """``x-sluice-affinity``'s value, when there is one."""
-        return None if self.affinity is None else self.affinity.encode()
-
-    def __repr__(self) -> str:
-        return f"Plan({self.upstream!r}, {self.attempt!r}, may_fail_over={self.may_fail_over})"
-
-    def alternate(self, now: float) -> bool:
-        """After a connect error or a 5xx before anything reached the client: switch to the
-        next eligible node (once per request). False when failover is off, already used,
-        or no other node can take it; the current attempt is then left as it is."""
-        router, request = self._router, self._request
-        if not self.may_fail_over or router is None or request is None:
-            return False
-        self.may_fail_over = False
-        target = self.attempt.target
-        assert target is not None
-        retry = attrs.evolve(request, failover=False,
-                             tried=request.tried | {target.fingerprint})
-        route = resolve(retry, router.views(), router.cursor, now, weighted=router.weighted)
-        router.watch_circuits(now)
-        if not isinstance(route, Forward):
-            return False
-        self.attempt.finish(Outcome.FAILURE, now)
-        self.failed = self.upstream  # type: ignore[assignment]  # only nodes fail over
-        self.upstream, self.attempt = router.start(route, now)
-        router.failovers += 1
-        return True
 
 
 class Router:
@@ -117,13 +79,16 @@ class Router:
         self.breakers: dict[str, CircuitBreaker] = {}
         self.counters: dict[str, Counters] = {}
         self._published: dict[str, int] = {}  # fingerprint -> breaker generation last published
+        # An attempt ended (its slot is free again): the scheduler's cue (SPEC §18).
+        self.freed: Subscribers[None] = Subscribers()
         self.affinity = Affinity(settings.config.load_balancing.affinity)
         self._affinity_config = settings.config.load_balancing.affinity
-        # The registries read our in-flight counts when a server reports its slots.
-        backends.in_flight = self._backend_in_flight
-        nodes.in_flight = self._node_in_flight
+        # Each report of slots, read with our in-flight count as it comes.
+        self.slot_reports = SlotReports()
         backends.changes.subscribe(self.affinity.backends_changed)
+        backends.changes.subscribe(self._backends_reported)
         nodes.changes.subscribe(self.affinity.node_changed)
+        nodes.changes.subscribe(self._node_reported)
         if hub is not None:
             hub.subscribe(partial(count_tokens, self), ("request",))
 
@@ -132,30 +97,94 @@ class Router:
                 f"failovers={self.failovers})")
 
     async def plan(self, info: RequestInfo, headers: Sequence[Header]) -> Plan:
-        """Where this request goes: a local backend that lists the model (asked first, and
-        all a local hit costs), else a node that holds it, else 503 (raised). A request that
-        came from another gateway (``x-sluice-forwarded`` in ``headers``) is never sent on.
-        When no node could take it either, waits for the local backends' first checks, so a
-        request right after start is not refused only because nobody has been asked yet.
-        (A managed model on demand is loaded before this: ``Exchange.answer``.)"""
-        backend = self.backends.holder_of(info.model)
+        """Where this request goes, at once (no queue): :meth:`ready_for`, then
+        :meth:`place`. Raises the 503 when nobody can take it."""
+        await self.ready_for(info, headers)
+        plan = self.place(info, headers)
+        assert plan is not None  # without the queue a choice is never empty
+        return plan
+
+    async def ready_for(self, info: RequestInfo, headers: Sequence[Header]) -> None:
+        """Right after start: when no local backend lists the model and no node could take
+        it, wait for the local backends' first checks, so a request is not refused only
+        because nobody has been asked yet; for a request that goes to a node, wait for the
+        nodes' first round. No await for a local hit. (A managed model on demand is loaded
+        before this: ``Exchange.to_model``.)"""
+        if self.backends.holder_of(info.model) is not None:
+            return
+        request = self._route_request(info, headers)
+        if not holders(request, self.views()) and \
+                await self.backends.wait_for_holder(info.model) is not None:
+            return
+        if request.load_balancing and not request.forwarded:
+            await self.nodes.first_round(self.settings.config.timeouts.health_check.timeout)
+
+    def place(self, info: RequestInfo, headers: Sequence[Header], *,
+              queue: bool = False) -> Plan | None:
+        """The routing decision, synchronous: this request's candidates — the local
+        backends that list the model, and the nodes when those take part
+        (:func:`~protocol.routing_choice.needs_nodes`) — go through the one choice
+        (:func:`~protocol.routing_choice.choose`); the first chosen is started (in flight
+        from now). ``queue`` (SPEC §18): only a candidate with a free slot may be chosen, and
+        None means every one is full. A request from another gateway (``x-sluice-forwarded``)
+        is never sent on. Raises the 503 when nobody holds the model (or every circuit is
+        open)."""
         config = self.settings.config
         lb = config.load_balancing
-        if backend is not None:
-            if lb.strategy != CACHE_AWARE and not lb.spill_over:
-                return self._local(backend)  # all a local hit costs
-            return self._local_choice(info, headers, backend)
-        request = self._route_request(info, headers)
+        local = self.backends.holders_of(info.model)
+        if len(local) == 1 and not lb.spill_over:  # the hot path, as choose() would say:
+            only = local[0]  # one local candidate is the choice, unless the queue finds it full
+            if not queue or self._local_candidate(only, 1).free != 0:
+                return self._start_local(only)
+            return None
+        rules = Rules(lb.strategy, lb.prefer_loaded, lb.spill_over, lb.affinity.load_bound,
+                      queue)
+        candidates = [self._local_candidate(b, len(local) - i) for i, b in enumerate(local)]
+        conversation = None
+        if len(local) > 1 and lb.strategy == CACHE_AWARE:
+            conversation = self._conversation(info, headers)
+            if conversation is not None:
+                candidates = self._matched(conversation, candidates)
+        if not needs_nodes(candidates, rules):
+            return self._local_plan(local, choose(candidates, rules, self.cursor,
+                                                  self.weighted), conversation)
+        request = self._route_request(info, headers, queue)
         views = self.views()
-        fresh: list[NodeView] | None = views
-        if not holders(request, views):
-            backend = await self.backends.wait_for_holder(info.model)
-            fresh = None  # taken before a wait: looked at again
-        if backend is not None:
-            return self._local(backend)
-        return await self._forward(request, fresh, info, headers)
+        if not local:
+            conversation = None
+            if request.strategy == CACHE_AWARE and len(holders(request, views)) > 1:
+                conversation = self._conversation(info, headers)
+            if conversation is not None:
+                names = {f"node:{v.fingerprint}": v.fingerprint
+                         for v in holders(request, views)}
+                session = self.affinity.look(conversation, names)
+                request = attrs.evolve(
+                    request, matches={names[n]: m for n, m in conversation.matches.items()},
+                    session=None if session is None else names[session])
+        now = trio.current_time()
+        permitted = permits(request, views, now)
+        if isinstance(permitted, NoRoute):
+            self.watch_circuits(now)
+            if not local:
+                raise permitted.error()
+            granted: dict[str, Target] = {}
+        else:
+            granted, nodes = permitted
+            candidates = [*candidates, *nodes]
+        choice = choose(candidates, rules, self.cursor, self.weighted)
+        first = choice.first
+        route = forward(request, granted, () if first is None or first.local else choice.order,
+                        choice.affinity, now)
+        self.watch_circuits(now)
+        if route is None:
+            return self._local_plan(local, choice, conversation)
+        upstream, attempt = self.start(route, now)
+        return Plan(upstream, attempt, router=self, request=request,
+                    may_fail_over=route.may_fail_over, affinity=route.affinity,
+                    conversation=None if local else conversation)
 
-    def _route_request(self, info: RequestInfo, headers: Sequence[Header]) -> RouteRequest:
+    def _route_request(self, info: RequestInfo, headers: Sequence[Header],
+                       queue: bool = False) -> RouteRequest:
         config = self.settings.config
         lb = config.load_balancing
         return RouteRequest(
@@ -163,63 +192,43 @@ class Router:
             probe_ttl=total_timeout(config.timeouts, info)[0], strategy=lb.strategy,
             failover=lb.failover_enabled, prefer_loaded=lb.prefer_loaded,
             forwarded=header_value(headers, FORWARDED) is not None,
-            load_bound=lb.affinity.load_bound)
+            load_bound=lb.affinity.load_bound, queue=queue)
 
-    def _local(self, backend: LocalBackend, affinity: str | None = None,
-               conversation: Conversation | None = None) -> Plan:
-        return Plan(backend, Attempt(self._backend_counters(backend.name), trio.current_time()),
-                    affinity=affinity, conversation=conversation)
+    def _local_candidate(self, backend: LocalBackend, priority: int) -> Candidate:
+        """A local backend as the choice sees it (named as ``servedBy``)."""
+        busy = self.backend_in_flight(backend.name)
+        slots = capacity(self._busy_now(backend.served_by.decode(), backend.slots, busy),
+                         backend.max_concurrent)
+        return Candidate(backend.served_by.decode(), priority, busy,
+                         waiting=waiting(busy, slots), local=True,
+                         free=free_slots(busy, slots))
 
-    def _local_choice(self, info: RequestInfo, headers: Sequence[Header],
-                      first: LocalBackend) -> Plan:
-        """A model local backends hold, under cache-aware or with spill-over on: spilled to
-        a node with a free slot when every local server is full (SPEC §15), else the
-        cache-aware pick among several local servers, else the one."""
-        lb = self.settings.config.load_balancing
-        local = self.backends.holders_of(info.model) or [first]
-        if lb.spill_over and self._local_full(local):
-            plan = self._spill(info, headers)
-            if plan is not None:
-                return plan
-        if len(local) < 2 or lb.strategy != CACHE_AWARE:
-            return self._local(first)
-        conversation = self._conversation(info, headers)
-        names = [b.served_by.decode() for b in local]
-        session = (None if conversation is None
-                   else self.affinity.look(conversation, names))
-        matches = {} if conversation is None else conversation.matches
-        contenders = []
-        for i, (backend, name) in enumerate(zip(local, names, strict=True)):
-            busy = self._backend_in_flight(backend.name)
-            contenders.append(Candidate(name, len(local) - i, busy,
-                                        waiting=waiting(busy, backend.slots),
-                                        match=matches.get(name, 0), session=name == session))
-        ordered = order_candidates(CACHE_AWARE, contenders, self.cursor,
-                                   load_bound=lb.affinity.load_bound)
-        chosen = local[names.index(ordered[0].fingerprint)]
-        return self._local(chosen, affinity_result(ordered[0], contenders), conversation)
+    def _matched(self, conversation: Conversation,
+                 candidates: list[Candidate]) -> list[Candidate]:
+        """The candidates with the blocks of the conversation's chain each one holds and
+        whether it served the session last."""
+        session = self.affinity.look(conversation, [c.fingerprint for c in candidates])
+        matches = conversation.matches
+        return [attrs.evolve(c, match=matches.get(c.fingerprint, 0),
+                             session=c.fingerprint == session) for c in candidates]
 
-    def _local_full(self, local: Sequence[LocalBackend]) -> bool:
-        """Every local server holding the model says it has no free slot."""
-        return all(has_free_slot(self._backend_in_flight(b.name), b.slots) is False
-                   for b in local)
-
-    def _spill(self, info: RequestInfo, headers: Sequence[Header]) -> Plan | None:
-        """SPEC §15 spill-over: a node holding the model with a free slot, if any (chosen as
-        the strategy would among those); None to stay local."""
-        request = self._route_request(info, headers)
-        views = [v for v in holders(request, self.views())
-                 if has_free_slot(v.in_flight, v.slots.get(info.model))]
-        if not views:
+    def _local_plan(self, local: Sequence[LocalBackend], choice: Choice,
+                    conversation: Conversation | None) -> Plan | None:
+        first = choice.first
+        if first is None:
             return None
-        now = trio.current_time()
-        route = resolve(request, views, self.cursor, now, weighted=self.weighted)
-        self.watch_circuits(now)
-        if isinstance(route, NoRoute):
-            return None
-        upstream, attempt = self.start(route, now)
-        return Plan(upstream, attempt, router=self, request=request,
-                    may_fail_over=route.may_fail_over, affinity=SPILL)
+        backend = next(b for b in local if b.served_by.decode() == first.fingerprint)
+        return self._start_local(backend, choice.affinity, conversation)
+
+    def _start_local(self, backend: LocalBackend, affinity: str | None = None,
+                     conversation: Conversation | None = None) -> Plan:
+        attempt = Attempt(self._backend_counters(backend.name), trio.current_time(),
+                          ended=self._ended)
+        return Plan(backend, attempt, affinity=affinity, conversation=conversation)
+
+    def _ended(self) -> None:
+        if self.freed:
+            self.freed.publish(None)
 
     def _conversation(self, info: RequestInfo, headers: Sequence[Header]
                       ) -> Conversation | None:
@@ -229,34 +238,6 @@ class Router:
             self.affinity.follow(config)
         return self.affinity.conversation(info, headers)
 
-    async def _forward(self, request: RouteRequest, views: list[NodeView] | None,
-                       info: RequestInfo, headers: Sequence[Header]) -> Plan:
-        if request.load_balancing and not request.forwarded and await self.nodes.first_round(
-                self.settings.config.timeouts.health_check.timeout):
-            views = None  # right after start (or LB switched on): after the first checks
-        if views is None:
-            views = self.views()
-        conversation = None
-        if request.strategy == CACHE_AWARE:
-            eligible = holders(request, views)
-            if len(eligible) > 1:
-                conversation = self._conversation(info, headers)
-            if conversation is not None:
-                names = {f"node:{v.fingerprint}": v.fingerprint for v in eligible}
-                session = self.affinity.look(conversation, names)
-                request = attrs.evolve(
-                    request, matches={names[n]: m for n, m in conversation.matches.items()},
-                    session=None if session is None else names[session])
-        now = trio.current_time()
-        route = resolve(request, views, self.cursor, now, weighted=self.weighted)
-        self.watch_circuits(now)
-        if isinstance(route, NoRoute):
-            raise route.error()
-        upstream, attempt = self.start(route, now)
-        return Plan(upstream, attempt, router=self, request=request,
-                    may_fail_over=route.may_fail_over, affinity=route.affinity,
-                    conversation=conversation)
-
     def start(self, route: Forward, now: float) -> tuple[NodeUpstream, Attempt]:
         """Take the route's first target: the upstream and its attempt (now in flight)."""
         target = route.choose(now)
@@ -265,7 +246,7 @@ class Router:
         key = self.settings.secrets.node_keys.get(target.fingerprint)
         upstream = NodeUpstream(endpoint, key, self.settings.node_id.encode())
         attempt = Attempt(self._node_counters(target.fingerprint), now, target, endpoint.speed,
-                          reported=self.watch_circuits)
+                          reported=self.watch_circuits, ended=self._ended)
         return upstream, attempt
 
     def views(self) -> list[NodeView]:
@@ -282,12 +263,15 @@ class Router:
             if cfg is None or cfg.base_url != endpoint.cfg.base_url:
                 continue
             counters = self.counters.get(fp)
+            in_flight = counters.active if counters is not None else 0
+            slots = {model: self.slot_reports.now(f"node:{fp}\x00{model}", reported, in_flight)
+                     for model, reported in endpoint.slots.items()}
             views.append(NodeView(
                 fingerprint=fp, priority=cfg.priority, models=endpoint.model_ids,
                 loaded=endpoint.loaded_ids,
                 breaker=self._breaker(fp, cb), enabled=True, online=endpoint.online,
-                in_flight=counters.active if counters is not None else 0,
-                latency_ms=endpoint.speed.value, weight=cfg.weight, slots=endpoint.slots))
+                in_flight=in_flight, latency_ms=endpoint.speed.value, weight=cfg.weight,
+                slots=slots))
         return views
 
     def forget_removed(self, known: set[str]) -> None:
@@ -307,12 +291,25 @@ class Router:
         if plan.conversation is not None:
             self.affinity.served(plan.conversation, plan.upstream.served_by.decode(), cached)
 
-    def _backend_in_flight(self, name: str) -> int:
-        counters = self.backend_counters.get(name)
-        return 0 if counters is None else counters.active
+    def _busy_now(self, key: str, slots: Slots | None, in_flight: int) -> Slots | None:
+        """SlotReports.now (None: no report)."""
+        return None if slots is None else self.slot_reports.now(key, slots, in_flight)
 
-    def _node_in_flight(self, fingerprint: str) -> int:
-        counters = self.counters.get(fingerprint)
+    def _backends_reported(self, registry: BackendRegistry) -> None:
+        """A backend's report may have come: read it with our in-flight count now."""
+        for backend in registry.backends:
+            self._busy_now(backend.served_by.decode(), backend.slots,
+                           self.backend_in_flight(backend.name))
+
+    def _node_reported(self, endpoint: NodeEndpoint) -> None:
+        counters = self.counters.get(endpoint.fingerprint)
+        in_flight = 0 if counters is None else counters.active
+        for model, slots in endpoint.slots.items():
+            self.slot_reports.now(f"node:{endpoint.fingerprint}\x00{model}", slots, in_flight)
+
+    def backend_in_flight(self, name: str) -> int:
+        """Our requests in flight to local backend ``name`` now."""
+        counters = self.backend_counters.get(name)
         return 0 if counters is None else counters.active
 
     def watch_circuits(self, now: float) -> None:

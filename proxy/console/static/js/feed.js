@@ -1,7 +1,7 @@
 // The live events feed (/api/v1/events, a WebSocket on the same origin): one connection for
 // the whole console, reconnected with back-off after it closes (a gateway restart), never
 // polled. Subscribers: feed.on(type, callback) -> unsubscribe.
-//   types: node, circuit, settings, notification, request, stats, model (SPEC §9.3 data);
+//   types: node, circuit, settings, notification, request, stats, model, queue (SPEC §9.3, §18);
 //   "refresh": the hello data on every (re)connect, null after a resync (re-read by GET);
 //   "state": "open" or "closed".
 

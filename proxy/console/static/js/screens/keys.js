@@ -73,14 +73,19 @@ export function mount(root, app) {
   const expiresInput = el('input', {
     id: 'keys-expires', name: 'expiresAt', type: 'date', 'aria-describedby': 'keys-expires-hint',
   });
-  const createInputs = { name: nameInput, models: modelsInput, rpm: rpmInput, expiresAt: expiresInput };
+  // SPEC §18: a batch key's requests wait for the interactive ones in the queue.
+  const priorityInput = el('select', { id: 'keys-priority', name: 'priority', 'aria-describedby': 'keys-priority-hint' },
+    el('option', { value: 'interactive', text: 'Interactive' }), el('option', { value: 'batch', text: 'Batch' }));
+  const createInputs = {
+    name: nameInput, models: modelsInput, rpm: rpmInput, expiresAt: expiresInput, priority: priorityInput,
+  };
   const createButton = el('button', { type: 'submit', class: 'primary', text: 'Create key' });
   const createError = el('p', { class: 'form-status bad', id: 'keys-create-error', role: 'alert' });
   const fresh = el('div', { class: 'card stack', role: 'region', 'aria-label': 'New access key', tabindex: '-1' });
   const body = el('tbody');
   const table = el('table', { class: 'table' },
     el('caption', { class: 'sr-only', text: 'Access keys' }),
-    el('thead', {}, el('tr', {}, ['Name', 'Created', 'Last used', 'Models', 'Requests a minute', 'Expires']
+    el('thead', {}, el('tr', {}, ['Name', 'Created', 'Last used', 'Models', 'Requests a minute', 'Expires', 'Priority']
       .map((h) => el('th', { scope: 'col', text: h })),
     el('th', { scope: 'col' }, el('span', { class: 'sr-only', text: 'Actions' })))),
     body);
@@ -109,6 +114,9 @@ export function mount(root, app) {
       el('div', { class: 'field' },
         el('label', { for: 'keys-expires', text: 'Expires' }), expiresInput,
         el('p', { class: 'help muted', id: 'keys-expires-hint', text: 'Works until the end of that day. Empty: never.' }))),
+    el('div', { class: 'field' },
+      el('label', { for: 'keys-priority', text: 'Priority' }), priorityInput,
+      el('p', { class: 'help muted', id: 'keys-priority-hint', text: 'Batch: its requests wait while interactive ones are waiting for the same model.' })),
     createError,
     el('div', { class: 'row wrap' }, createButton));
   for (const input of Object.values(createInputs)) guard(app, input);
@@ -144,10 +152,12 @@ export function mount(root, app) {
     if (models !== null) body.models = models;
     if (rpm !== null) body.rpm = rpm;
     if (expiresAt !== null) body.expiresAt = expiresAt;
+    if (priorityInput.value === 'batch') body.priority = 'batch';
     try {
       const made = await app.api.post(KEYS, body);
       if (!alive) return;
       for (const input of Object.values(createInputs)) input.value = '';
+      priorityInput.value = 'interactive';
       showFresh(made);
       await reload();
     } catch (err) {
@@ -265,6 +275,19 @@ export function mount(root, app) {
       label: 'Expires', name: 'expiresAt', type: 'date', value: expiryDate(key.expiresAt),
       save: async (v) => expiryDate((await patch(current(), { expiresAt: expiryValue(v) })).expiresAt),
     });
+    const priority = el('select', { name: 'priority' },
+      el('option', { value: 'interactive', text: 'Interactive' }), el('option', { value: 'batch', text: 'Batch' }));
+    priority.addEventListener('change', async () => {
+      const asked = priority.value;
+      try {
+        const saved = await patch(current(), { priority: asked });
+        live.textContent = `Priority of "${saved.name || saved.id}" saved: ${saved.priority}.`;
+      } catch (err) {
+        priority.value = current().priority ?? 'interactive';
+        app.notify(`Could not change the priority: ${errorText(err)}`, 'error');
+      }
+    });
+    guard(app, priority);
     const expired = el('span', { class: 'badge warn', text: 'expired' });
     const revoke = el('button', { type: 'button', class: 'danger small', text: 'Revoke' });
     revoke.addEventListener('click', () => askRevoke(current(), revoke));
@@ -273,7 +296,7 @@ export function mount(root, app) {
     const created = el('td');
     const used = el('td');
     r = el('tr', {}, name, created, used, el('td', { class: 'key-models' }, models), el('td', {}, rpm),
-      el('td', {}, expires, expired), el('td', {}, revoke));
+      el('td', {}, expires, expired), el('td', {}, priority), el('td', {}, revoke));
     r.update = (k) => {
       const label = k.name || k.id;
       fill(name, k.name || el('span', { class: 'muted', text: `(no name) ${k.id}` }));
@@ -289,6 +312,8 @@ export function mount(root, app) {
       expires.input.setAttribute('aria-label', `Expiry date of ${label}`);
       expires.input.title = k.expiresAt ? `until ${when(k.expiresAt)}` : 'never expires';
       expired.hidden = !k.expired;
+      priority.value = k.priority ?? 'interactive';
+      priority.setAttribute('aria-label', `Priority of ${label}`);
       revoke.setAttribute('aria-label', `Revoke ${label}`);
     };
     rows.set(key.id, r);

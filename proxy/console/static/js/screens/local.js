@@ -141,6 +141,7 @@ function modelCard(app, name, changed) {
       fact('Memory', memory(entry)),
       fact('Keep alive', keepAlive(entry.keepAlive), entry.preload ? el('span', { class: 'muted', text: ', preloaded' }) : null),
       fact('In flight', String(entry.activeRequests ?? 0)),
+      fact('Waiting', String(entry.waiting ?? 0)),
       fact('PID', entry.pid ? String(entry.pid) : '—'),
       fact('Restarts', String(entry.restarts ?? 0)),
       fact('From', entry.source === 'config' ? 'config.yaml' : 'models folder'),
@@ -165,6 +166,8 @@ export function mount(root, app) {
   let reread = null; // the timer of a pending re-read (readSoon)
   let known = false; // read once: until then "None" would be a guess
   const cards = new Map(); // name -> modelCard
+  let queue = { models: [], longestMs: 0 }; // the last queue event (SPEC §18)
+  const queueText = el('p', { class: 'queue-line', role: 'status' });
 
   const memoryLabel = el('span', { id: uid('local-memory'), class: 'budget-label', text: 'Memory in use' });
   const memoryText = el('span', { class: 'budget-text' });
@@ -193,7 +196,7 @@ export function mount(root, app) {
     rescan.status,
     el('p', { class: 'muted' }, 'Each runs in its own llama.cpp server, started when a request '
       + 'needs it and stopped once idle for its keep alive; the loaded ones must fit the memory budget.'),
-    llamaFacts, budgetBox, list, empty);
+    llamaFacts, budgetBox, queueText, list, empty);
   const backendSection = el('section', { class: 'stack', 'aria-labelledby': 'local-backends' });
   screen(root, 'Local models',
     readOnlyNote(app, 'loading or unloading a model'),
@@ -259,6 +262,16 @@ export function mount(root, app) {
             wide(fact('Last error', lastError(b.lastError))))))));
   }
 
+  /** Each model's waiting requests and the longest wait (SPEC §18), from queue events. */
+  function drawQueue() {
+    const waiting = (queue.models ?? []).filter((m) => m.waiting.interactive + m.waiting.batch > 0);
+    queueText.textContent = waiting.length === 0
+      ? 'Queue: no request is waiting for a slot.'
+      : `Queue: ${waiting.map((m) => `${m.model} ${m.waiting.interactive + m.waiting.batch} waiting`
+        + (m.waiting.batch ? ` (${m.waiting.batch} batch)` : '')).join(', ')}; `
+        + `longest wait ${Math.round((queue.longestMs ?? 0) / 1000)} s`;
+  }
+
   /** A managed model's newer entry (an event, or a load's or unload's answer). */
   function changed(entry) {
     if (entry.state === 'removed') managed = managed.filter((m) => m.name !== entry.name);
@@ -319,6 +332,13 @@ export function mount(root, app) {
     app.feed.on('request', (data) => {
       if (managed.some((m) => m.name === data?.model)) readSoon();
     }),
+    app.feed.on('queue', (data) => {
+      queue = data ?? { models: [], longestMs: 0 };
+      const counts = new Map((queue.models ?? []).map((m) => [m.model, m.waiting.interactive + m.waiting.batch]));
+      managed = managed.map((m) => ({ ...m, waiting: counts.get(m.name) ?? 0 }));
+      drawQueue();
+      drawManaged();
+    }),
     app.feed.on('refresh', (hello) => { reload(hello); }),
   ];
   const ticker = setInterval(() => {
@@ -327,6 +347,7 @@ export function mount(root, app) {
   }, 1000);
   drawManaged();
   drawBackends();
+  drawQueue();
   reload(null);
   return () => {
     alive = false;

@@ -38,7 +38,7 @@ from protocol.config import Strategy
 
 @attrs.frozen
 class Candidate:
-    """One eligible node as the strategies see it."""
+    """One eligible candidate (a node, or a local backend) as the strategies see it."""
 
     fingerprint: str
     priority: int  # higher goes first
@@ -49,6 +49,8 @@ class Candidate:
     waiting: int = 0  # requests in flight beyond its free slots (SPEC §15 "Load")
     match: int = 0  # leading blocks of the request's prefix chain it holds (SPEC §15)
     session: bool = False  # it last served the request's session key
+    local: bool = False  # a local backend (SPEC §7.1: local first), else a node
+    free: int | None = None  # its free slots now (SPEC §18); None: unknown, unlimited
 
 
 def priority_key(candidate: Candidate) -> tuple[int, str]:
