@@ -28,7 +28,9 @@ class Drain:
         self.timeout = timeout
         self.stopping = trio.Event()
         self.drained = trio.Event()
-        self.everything: trio.CancelScope | None = None  # what a second signal cancels
+        # What a second signal cancels: the gateway's every task (Gateway.run runs them
+        # inside it).
+        self.everything = trio.CancelScope()
 
     def __repr__(self) -> str:
         return f"Drain(stopping={self.stopping.is_set()}, {self.clients!r})"
@@ -45,8 +47,7 @@ class Drain:
                 if self.stopping.is_set():
                     log.warning("second %s: cancelling running answers",
                                 signal.Signals(signum).name)
-                    if self.everything is not None:
-                        self.everything.cancel()
+                    self.everything.cancel()
                     self.clients.begin_drain()
                     self.drained.set()
                     return

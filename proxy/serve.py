@@ -59,8 +59,8 @@ def serve(settings: Settings, extra_models: Sequence[ModelConfig] = ()) -> int:
     """Run the gateway until a stop signal; the process exit code."""
     try:
         gateway = Gateway(settings, drain_timeout=drain_timeout(), extra_models=extra_models,
-                          identity=_identity(settings))
-        trio.run(lambda: gateway.run(handle_signals=True))
+                          identity=_identity(settings), handle_signals=True)
+        trio.run(gateway.run)
     except (ListenerError, StartupError) as exc:
         log.error("%s", exc)
         return 2

@@ -71,11 +71,11 @@ class Gateway:
     peers in ``node_peers`` (an empty set when not given). None: neither."""
 
     ctx: GatewayContext
-    watcher: ConfigWatcher
 
     def __init__(self, settings: Settings, *, drain_timeout: float = DRAIN_TIMEOUT,
                  extra_models: Sequence[ModelConfig] = (), identity: Identity | None = None,
-                 node_peers: NodePeers | None = None, llama: LlamaBackends | None = None) -> None:
+                 node_peers: NodePeers | None = None, llama: LlamaBackends | None = None,
+                 handle_signals: bool = False) -> None:
         self.settings = settings
         self.llama = llama or LlamaBackends()  # SPEC §11.1; given: already known (tests)
         self.drain_timeout = drain_timeout
@@ -100,26 +100,30 @@ class Gateway:
         settings.subscribe(self.request_log.follow)
         self.notifications = Notifications(self.hub)
         external = settings.config.api.enabled and settings.config.api.allow_external_access
-        self.discovery = DiscoverySwitch(settings, self.hub, self.notifications, OwnHost(),
-                                         external=external, version=version())
+        self.binding = Binding(settings, self.notifications, external=external,
+                               node=None if self.node_listener is None
+                               else listeners.node(self.node_listener))
+        listening = self.binding.listening  # filled in as the listeners are bound
+        self.discovery = DiscoverySwitch(  # announced beside fp: TXT id=, tls= (SPEC §16)
+            settings, self.hub, self.notifications, OwnHost(), external=external,
+            version=version(), identity="" if identity is None else identity.fingerprint,
+            node_port=lambda: listening.node_port)
         self.state_events = StateEvents(
             self.hub, settings, self.nodes, self.backends, self.router, self.notifications,
             external=external, identity=None if identity is None else identity.fingerprint)
         self.clients = Clients()
         self.scheduler = Scheduler(settings, self.router)  # the queue (SPEC §18)
         self.metrics = Metrics(self.router, self.clients.by_transport, version(),
-                               self.scheduler)
+                               self.scheduler, lambda: self._ondemand)
         self.metrics.attach(self.hub)
         self._extra_models = extra_models
         self.models = self._model_configs()
         if any(isinstance(engine_of(m), Bundled) for m in self.models) \
                 and not llama_available():
             raise StartupError(INSTALL_HINT)
-        self.binding = Binding(settings, self.notifications, external=external,
-                               node=None if self.node_listener is None
-                               else listeners.node(self.node_listener))
         self.drain = Drain(self.clients, drain_timeout)
-        self.handle_signals = False  # the real process (sluice serve): set by run
+        self.watcher = ConfigWatcher(settings, self.notifications)
+        self.handle_signals = handle_signals  # the real process (sluice serve): its signals
         self._ondemand: OnDemand | None = None
         self._ledger: Ledger | None = None
 
@@ -145,32 +149,35 @@ class Gateway:
         """Begin the graceful stop (what SIGTERM does)."""
         self.drain.begin()
 
-    async def run(self, *, handle_signals: bool = False,
-                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
         """Start every part in :data:`START_ORDER`, serve until the stop, drain."""
-        self.handle_signals = handle_signals
         try:
             for step in START_ORDER:
                 if step.kind is Kind.SETUP:
                     await step.begin(self)
-            async with trio.open_nursery() as background:
-                self.drain.everything = background.cancel_scope
-                for step in START_ORDER:
-                    task = None if step.kind is Kind.SETUP else step.begin(self)
-                    if task is None:  # done above, or not in this gateway
-                        continue
-                    if step.kind is Kind.READY:
-                        await background.start(task)
-                    elif step.kind is Kind.SOON:
-                        background.start_soon(task)
-                    else:  # SERVE
-                        await task(task_status)
-                background.cancel_scope.cancel()
+            with self.drain.everything:  # a second stop signal cancels it all
+                await self._start(task_status)
         finally:
             self.binding.close()
             self.connections.close()
             self.binding.remove_state()  # only ours: a second gateway's start leaves it
         log.info("stopped")
+
+    async def _start(self, task_status: trio.TaskStatus[None]) -> None:
+        """The background nursery: every task of START_ORDER, then the drain."""
+        async with trio.open_nursery() as background:
+            for step in START_ORDER:
+                task = None if step.kind is Kind.SETUP else step.begin(self)
+                if task is None:  # done above, or not in this gateway
+                    continue
+                if step.kind is Kind.READY:
+                    await background.start(task)
+                elif step.kind is Kind.SOON:
+                    background.start_soon(task)
+                else:  # SERVE
+                    await task(task_status)
+            background.cancel_scope.cancel()
 
     # -------------------------------------------------------- the steps, in their order
 
@@ -185,7 +192,6 @@ class Gateway:
 
             self._ledger = Ledger(self.binding.record_servers, left)
         self._ondemand = await self._on_demand(self.settings.config)
-        self.metrics.ondemand = self._ondemand
 
     async def _build_context(self) -> None:
         self.ctx = GatewayContext(
@@ -200,10 +206,6 @@ class Gateway:
         self.settings.subscribe(Follower(self._follow, self.settings.config))
         self.settings.subscribe(PlainLinks(self.notifications, self.settings.config))
         self.nodes.changes.subscribe(IdentityChanges(self.notifications))
-        if self.identity is not None:  # announced beside fp (TXT id=, tls=)
-            self.discovery.identity = self.identity.fingerprint
-            self.discovery.node_port = self.binding.listening.node_port
-        self.watcher = ConfigWatcher(self.settings, self.notifications)
 
     async def _serve(self, task_status: trio.TaskStatus[None]) -> None:
         """The accept loops until the stop; then the drain."""

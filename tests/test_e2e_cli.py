@@ -92,7 +92,7 @@ async def test_serve_writes_config_and_drains_on_sigterm(nursery: trio.Nursery,
     written = yaml.safe_load((data / "config.yaml").read_text())
     assert set(written) == {"api", "local", "backends", "models", "load_balancing", "nodes",
                             "aliases", "ollama_api", "discovery", "model_loading", "observability",
-                            "health_checks",
+                            "health_checks", "scheduling",
                             "circuit_breaker", "timeouts"}
     assert set(written["timeouts"]) == {"connection", "request", "model_load", "health_check"}
     assert oct((data / "secrets.yaml").stat().st_mode & 0o777) == "0o600"

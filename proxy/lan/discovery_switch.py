@@ -38,7 +38,8 @@ UNAVAILABLE = "discovery_unavailable"  # the notification's code
 
 class DiscoverySwitch:
     def __init__(self, settings: Settings, hub: Hub, notifications: Notifications,
-                 own_host: OwnHost, *, external: bool, version: str) -> None:
+                 own_host: OwnHost, *, external: bool, version: str, identity: str = "",
+                 node_port: Callable[[], int | None] = lambda: None) -> None:
         self.settings = settings
         self.hub = hub
         self.notifications = notifications
@@ -49,8 +50,8 @@ class DiscoverySwitch:
         self.open_link: Callable[[], Awaitable[Link]] | None = None
         self.service: Discovery | None = None
         self.port: int | None = None  # the API port, once listening
-        self.identity = ""  # SPEC §16: our certificate's pin, announced as TXT id=
-        self.node_port: int | None = None  # SPEC §16: the node listener's, as TXT tls=
+        self.identity = identity  # SPEC §16: our certificate's pin, announced as TXT id=
+        self.node_port = node_port  # SPEC §16: the node listener's once bound, as TXT tls=
         self._scope: trio.CancelScope | None = None
         self._wake = trio.Event()
         self._withdrawn = False
@@ -114,7 +115,7 @@ class DiscoverySwitch:
                 return
             self.notifications.clear(UNAVAILABLE)
             me = Me(short_hostname(), self.settings.node_id, self.version, self.port or 0,
-                    self.identity, self.node_port or 0)
+                    self.identity, self.node_port() or 0)
             service = Discovery(link, me, publish=self._publish, configured=self._configured,
                                 own_host=self.own_host)
             try:

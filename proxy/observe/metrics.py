@@ -29,6 +29,7 @@ request); ``model`` is the id of a model the gateway routed (else ``none``), at 
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -103,7 +104,8 @@ class Metrics(RequestReader):
     writes them with the read ones (see the module docstring)."""
 
     def __init__(self, router: Router, connections: dict[str, int], version: str,
-                 scheduler: Scheduler | None = None) -> None:
+                 scheduler: Scheduler | None = None,
+                 ondemand: Callable[[], OnDemand | None] = lambda: None) -> None:
         super().__init__()
         self._router = router
         self._scheduler = scheduler  # the queue's waiting counts (SPEC §18)
@@ -116,7 +118,7 @@ class Metrics(RequestReader):
         self._affinity: dict[str, int] = {}  # cache-aware routing's results (SPEC §15)
         self.failovers = 0
         self._process: ProcessFigures | None = None  # made by the first scrape
-        self.ondemand: OnDemand | None = None  # the managed models, when the gateway has any
+        self._ondemand = ondemand  # the managed models, when the gateway has any
 
     def __repr__(self) -> str:
         return (f"Metrics({len(self._series)} series, {len(self._models)} models, "
@@ -198,8 +200,9 @@ class Metrics(RequestReader):
         self._counted(out)
         self._read(out)
         self._queue.render(out, self._scheduler, self._label)
-        if self.ondemand is not None:
-            _models(out, self.ondemand)
+        ondemand = self._ondemand()
+        if ondemand is not None:
+            _models(out, ondemand)
         out.family("sluice_build_info", "gauge", "The gateway's version (always 1).")
         out.sample("sluice_build_info", label_set(("version", self._version)), 1)
         out.raw(self._process_figures().text())
