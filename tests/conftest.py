@@ -18,11 +18,12 @@ markers below, set by ``pytest_collection_modifyitems``):
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import json
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -48,14 +49,14 @@ from proxy.server import Gateway
 from proxy.settings.store import Settings
 from tests.client import Reply, request
 from tests.fakeupstream import FakeUpstream
-from tests.figures import Figures
 
 if TYPE_CHECKING:
     from tests.gateways import Launcher
 
 # The web console's browser fixtures (browser, console_gateway, make_console_gateway,
-# console_page, axe, screenshot): see tests/browser.py.
-pytest_plugins = ["tests.browser"]
+# console_page, axe, screenshot): see tests/browser.py. What the run's parallel workers
+# share (a file lock, a value computed once per run, the figures): see tests/workers.py.
+pytest_plugins = ["tests.browser", "tests.workers"]
 
 # No test may send mDNS on this machine's real interfaces (SPEC §14): every gateway this run
 # starts, in process or as a child, refuses to open the mDNS socket (proxy.lan.discovery.link),
@@ -187,18 +188,29 @@ class RunningGateway:
 StartGateway = Callable[..., Awaitable[RunningGateway]]
 
 
-@functools.cache
-def llama_answer() -> list[str] | None:
-    """The installed llama.cpp's compute backends (SPEC §11.1), asked of the real child once
-    for the run: the gateways of ``start_gateway`` are told it, so that no test waits for
-    a child of its own at its first status (a MockClock would jump meanwhile).
-    tests/test_llama_backends.py asks through a gateway of its own."""
+def _ask_llama() -> list[str] | None:
     llama = LlamaBackends()
     return llama.run_child() if llama.installed() else None
 
 
+@pytest.fixture(scope="session")
+def llama_answer(tmp_path_factory: pytest.TempPathFactory) -> list[str] | None:
+    """The installed llama.cpp's compute backends (SPEC §11.1), asked of the real child once
+    for the whole run (by the first worker that needs it; tests/workers.py): the gateways of
+    ``start_gateway`` are told it, so that no test waits for a child of its own at its first
+    status (a MockClock would jump meanwhile). tests/test_e2e_llama_backends.py asks
+    through a gateway of its own."""
+    from tests.workers import once_per_run  # a plugin (pytest_plugins): imported by pytest
+
+    with spawn_allowed():
+        answer: list[str] | None = once_per_run(tmp_path_factory, "llama-backends",
+                                                _ask_llama)
+    return answer
+
+
 @pytest.fixture
-async def start_gateway(nursery: trio.Nursery, short_tmp: Path) -> StartGateway:
+async def start_gateway(nursery: trio.Nursery, short_tmp: Path,
+                        llama_answer: list[str] | None) -> StartGateway:
     count = 0
 
     async def start(backends: list[tuple[str, str]], **options: Any) -> RunningGateway:
@@ -209,7 +221,7 @@ async def start_gateway(nursery: trio.Nursery, short_tmp: Path) -> StartGateway:
         folder = short_tmp / f"g{count}"
         cfg = gateway_config(backends, socket_dir=folder / "s", **options)
         gateway = Gateway(open_settings(folder / "data", cfg), drain_timeout=drain,
-                          identity=identity, llama=LlamaBackends.answered(llama_answer()))
+                          identity=identity, llama=LlamaBackends.answered(llama_answer))
         await nursery.start(gateway.run)
         await gateway.backends.ready.wait()  # every backend checked once
         return RunningGateway(gateway)
@@ -350,17 +362,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(mark)
 
 
-# ------------------------------------------------------------------------------ figures
-
-_FIGURES = Figures()
+_SPAWN_ALLOWED = 0  # > 0 while a fixture runs a child on purpose (spawn_allowed)
 
 
-@pytest.fixture
-def figures() -> Figures:
-    """The run's figures; written to figures.json when the run ends."""
-    return _FIGURES
+@contextlib.contextmanager
+def spawn_allowed() -> Iterator[None]:
+    """Let a child process start inside the quick tier (the run's one llama.cpp question)."""
+    global _SPAWN_ALLOWED
+    _SPAWN_ALLOWED += 1
+    try:
+        yield
+    finally:
+        _SPAWN_ALLOWED -= 1
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _FIGURES:
-        _FIGURES.write()
+@pytest.fixture(scope="session", autouse=True)
+def _interfaces_listed() -> None:
+    """The interface listing (proxy/lan/interfaces.py) finds libc once per process with
+    ctypes.util.find_library, which runs ``ldconfig -p``: done here, before any test."""
+    from proxy.lan.interfaces import list_interfaces
+
+    with spawn_allowed():
+        list_interfaces()
+
+
+@pytest.fixture(autouse=True)
+def _quick_tier_starts_no_process(request: pytest.FixtureRequest,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test of the quick tier (no tier marker) that starts a child process (subprocess,
+    trio.run_process, open_process: all go through ``subprocess.Popen``) fails at once,
+    naming it: such a test belongs in a ``test_e2e_*.py`` file."""
+    if tier_of(request.path.stem):
+        return
+    real = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def refuse(self: subprocess.Popen[Any], args: Any, *rest: Any) -> None:
+        if not _SPAWN_ALLOWED:
+            raise AssertionError(
+                f"{request.node.nodeid} starts a child process ({args!r}): the quick tier "
+                "starts none; move the test to a tests/test_e2e_*.py file")
+        real(self, args, *rest)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
