@@ -22,12 +22,16 @@ from typing import Any
 
 import pytest
 
+from tests.workers import demo_model
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("node") is None, reason="the benchmark needs node")
 def test_bench_smoke(tmp_path: Path) -> None:
+    if importlib.util.find_spec("xllamacpp") is not None:
+        demo_model()  # fetched under the tests' lock, not by the benchmark beside a worker
     out = tmp_path / "smoke.json"
     proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--smoke", "--json", str(out)],
                           capture_output=True, text=True, timeout=300, check=False,

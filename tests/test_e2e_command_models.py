@@ -23,6 +23,7 @@ from proxy.models import process
 from proxy.server import Gateway
 from tests.client import chat_body, error_of, request
 from tests.conftest import RunningGateway, admin, alive, gateway_config, open_settings
+from tests.workers import demo_model
 
 FAKE = str(Path(__file__).with_name("fake_model_server.py"))
 GIB = 1 << 30
@@ -281,10 +282,7 @@ async def test_the_bundled_llama_cpp_run_as_a_command(
         nursery: trio.Nursery, short_tmp: Path) -> None:
     """The launcher of the bundled engine as a user's command: ${MODEL}, ${NAME}, ${PORT}."""
     pytest.importorskip("xllamacpp")
-    from proxy.demo import ensure_demo_model
-    from tests.test_e2e_llama import CACHE
-
-    gguf = ensure_demo_model(CACHE)
+    gguf = demo_model()
     model = ModelConfig(name="smol", path=str(gguf), command=(
         sys.executable, "-m", "proxy.models.launcher", "--model", "${MODEL}",
         "--alias", "${NAME}", "--listen", "127.0.0.1:${PORT}", "--context", "512",

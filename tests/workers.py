@@ -2,7 +2,9 @@
 with ``-n``; each worker is a process of its own with its own module state):
 
 - :func:`file_lock`: an exclusive ``flock`` on a file, so one worker at a time does what
-  the others must not do at once (fetching the demo model into ``.cache/``);
+  the others must not do at once; :func:`demo_model` fetches the demo GGUF into ``.cache/``
+  (or ``$SLUICE_TEST_CACHE``) under it, so two workers never write its partial file at once
+  (the benchmark's smoke tests ask for it before starting a benchmark that wants it);
 - :func:`once_per_run`: a JSON value computed by the first worker that asks and read from
   a file by the others (the ``llama_answer`` fixture: one child for the whole run);
 - the run's figures (tests/figures.py): each worker hands its raw figures to the controller
@@ -26,6 +28,8 @@ import pytest
 
 from tests.figures import Figures
 
+CACHE = Path(os.environ.get("SLUICE_TEST_CACHE", Path(__file__).resolve().parents[1] / ".cache"))
+
 
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
@@ -38,6 +42,14 @@ def file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def demo_model() -> Path:
+    """The verified demo GGUF in :data:`CACHE`, fetched by the first worker that asks."""
+    from proxy.demo import ensure_demo_model
+
+    with file_lock(CACHE / "models" / ".fetch.lock"):
+        return ensure_demo_model(CACHE)
 
 
 def shared_dir(factory: pytest.TempPathFactory) -> Path:
