@@ -7,6 +7,9 @@ with ``-n``; each worker is a process of its own with its own module state):
   (the benchmark's smoke tests ask for it before starting a benchmark that wants it);
 - :func:`once_per_run`: a JSON value computed by the first worker that asks and read from
   a file by the others (the ``llama_answer`` fixture: one child for the whole run);
+- Hypothesis without its per-example deadline (the ``sluice`` profile, loaded here): a
+  worker beside others may take longer than 200 ms for one example, and a test's pass
+  or fail must not hang on the machine's speed;
 - the run's figures (tests/figures.py): each worker hands its raw figures to the controller
   (xdist's ``workeroutput``), which merges them (counters summed, samples pooled, peaks
   maxed) and writes ``figures.json`` once; a run without xdist writes its own.
@@ -25,8 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from tests.figures import Figures
+
+settings.register_profile("sluice", deadline=None)
+settings.load_profile("sluice")
 
 CACHE = Path(os.environ.get("SLUICE_TEST_CACHE", Path(__file__).resolve().parents[1] / ".cache"))
 
