@@ -25,9 +25,15 @@ def tier_of(stem: str) -> list[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks each test with its file's tiers, and runs the files of real processes,
+    namespaces and browsers first (a stable sort: files keep their order within a tier):
+    pytest-xdist hands out files in this order, so the long ones start at once and the
+    many short in-process files fill the workers' ends instead of one browser file
+    running alone last."""
     for item in items:
         for mark in tier_of(item.path.stem):
             item.add_marker(mark)
+    items.sort(key=lambda item: not tier_of(item.path.stem))
 
 
 _SPAWN_ALLOWED = 0  # > 0 while a fixture runs a child on purpose (spawn_allowed)
