@@ -1,24 +1,40 @@
 """Shared fixtures and helpers: short socket folders, fake upstreams, the test config
 builder, in-process gateways (and changing their live config), admin and remote-peer
-requests, the run's figures (tests/figures.py), and the test tiers.
+requests, the test tiers and their guard.
 
 Test files are named by what they run, and the name alone puts each in its tier (the
-markers below, set by ``pytest_collection_modifyitems``):
+markers, set by tests/tiers.py):
 
 - ``test_e2e_*.py`` (marker ``e2e``): real processes: a ``sluice serve`` child
-  (tests/gateways.py), real llama.cpp servers, the benchmark, the soak, the fuzzer.
+  (tests/gateways.py), real llama.cpp servers, the CLI as a child, the benchmark, the soak,
+  the fuzzer.
 - ``test_*_lan.py`` (marker ``lan``): two hosts in network namespaces (tests/netns.py; root).
 - ``test_ui_*.py`` (marker ``ui``): the web console in a real browser (tests/browser.py).
 - everything else: unit tests and in-process tests (a gateway in the test's own trio loop,
-  fakes on real loopback sockets; a few run a short CLI command as a child). Where a
-  file tests a gateway in process it is often ``test_*_gateway.py``.
+  fakes on real loopback sockets). They start no child process: one that does fails,
+  naming itself (tests/tiers.py); the run's one llama.cpp question and
+  the one ``ldconfig`` of the interface listing are asked before any test. Where a file
+  tests a gateway in process it is often ``test_*_gateway.py``.
 
-``scripts/test --quick`` runs only the last group: ``-m "not e2e and not lan and not ui"``.
+The marker ``slow`` (set by hand) marks a test of more than about a second of CPU or wall
+time on an idle machine, mostly long property runs.
+
+``scripts/test --quick`` runs the last group without ``slow``:
+``-m "not e2e and not lan and not ui and not slow"``.
+
+The suite runs in parallel under pytest-xdist (``scripts/test`` passes ``-n`` and
+``--dist loadfile``: a file's tests, and its module fixtures, stay on one worker). Each
+worker is a process with its own module state, so tests share no fixed port, folder or
+process: free ports (port 0, ``free_port``), temporary folders (``short_tmp``,
+``tmp_path``), namespaces named by pid (tests/netns.py). What the workers do share is in
+tests/workers.py: a file lock, a value computed once per run (``llama_answer``), the demo
+model's one fetch (``demo_model``), and the run's figures (the ``figures`` fixture),
+merged by the controller into figures.json. Wait for the event itself (a socket, a log
+line, a state) or use trio's MockClock, never a bare sleep.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -48,14 +64,15 @@ from proxy.server import Gateway
 from proxy.settings.store import Settings
 from tests.client import Reply, request
 from tests.fakeupstream import FakeUpstream
-from tests.figures import Figures
 
 if TYPE_CHECKING:
     from tests.gateways import Launcher
 
 # The web console's browser fixtures (browser, console_gateway, make_console_gateway,
-# console_page, axe, screenshot): see tests/browser.py.
-pytest_plugins = ["tests.browser"]
+# console_page, axe, screenshot): see tests/browser.py. What the run's parallel workers
+# share (a file lock, a value computed once per run, the figures): see tests/workers.py. The
+# tiers' markers and the quick tier's guard against child processes: tests/tiers.py.
+pytest_plugins = ["tests.browser", "tests.workers", "tests.tiers"]
 
 # No test may send mDNS on this machine's real interfaces (SPEC §14): every gateway this run
 # starts, in process or as a child, refuses to open the mDNS socket (proxy.lan.discovery.link),
@@ -187,18 +204,30 @@ class RunningGateway:
 StartGateway = Callable[..., Awaitable[RunningGateway]]
 
 
-@functools.cache
-def llama_answer() -> list[str] | None:
-    """The installed llama.cpp's compute backends (SPEC §11.1), asked of the real child once
-    for the run: the gateways of ``start_gateway`` are told it, so that no test waits for
-    a child of its own at its first status (a MockClock would jump meanwhile).
-    tests/test_llama_backends.py asks through a gateway of its own."""
+def _ask_llama() -> list[str] | None:
     llama = LlamaBackends()
     return llama.run_child() if llama.installed() else None
 
 
+@pytest.fixture(scope="session")
+def llama_answer(tmp_path_factory: pytest.TempPathFactory) -> list[str] | None:
+    """The installed llama.cpp's compute backends (SPEC §11.1), asked of the real child once
+    for the whole run (by the first worker that needs it; tests/workers.py): the gateways of
+    ``start_gateway`` are told it, so that no test waits for a child of its own at its first
+    status (a MockClock would jump meanwhile). tests/test_e2e_llama_backends.py asks
+    through a gateway of its own."""
+    from tests.tiers import spawn_allowed  # plugins (pytest_plugins): pytest imports them
+    from tests.workers import once_per_run
+
+    with spawn_allowed():
+        answer: list[str] | None = once_per_run(tmp_path_factory, "llama-backends",
+                                                _ask_llama)
+    return answer
+
+
 @pytest.fixture
-async def start_gateway(nursery: trio.Nursery, short_tmp: Path) -> StartGateway:
+async def start_gateway(nursery: trio.Nursery, short_tmp: Path,
+                        llama_answer: list[str] | None) -> StartGateway:
     count = 0
 
     async def start(backends: list[tuple[str, str]], **options: Any) -> RunningGateway:
@@ -209,7 +238,7 @@ async def start_gateway(nursery: trio.Nursery, short_tmp: Path) -> StartGateway:
         folder = short_tmp / f"g{count}"
         cfg = gateway_config(backends, socket_dir=folder / "s", **options)
         gateway = Gateway(open_settings(folder / "data", cfg), drain_timeout=drain,
-                          identity=identity, llama=LlamaBackends.answered(llama_answer()))
+                          identity=identity, llama=LlamaBackends.answered(llama_answer))
         await nursery.start(gateway.run)
         await gateway.backends.ready.wait()  # every backend checked once
         return RunningGateway(gateway)
@@ -326,41 +355,3 @@ def blackhole() -> Iterator[str]:
         for sock in fillers:
             sock.close()
         listener.close()
-
-
-# -------------------------------------------------------------------------------- tiers
-
-
-def tier_of(stem: str) -> list[str]:
-    """The tier markers a test file's name (without ``.py``) gives (see the module
-    docstring)."""
-    marks = []
-    if stem.startswith("test_e2e_"):
-        marks.append("e2e")
-    if stem.endswith("_lan"):
-        marks.append("lan")
-    if stem.startswith("test_ui_"):
-        marks.append("ui")
-    return marks
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        for mark in tier_of(item.path.stem):
-            item.add_marker(mark)
-
-
-# ------------------------------------------------------------------------------ figures
-
-_FIGURES = Figures()
-
-
-@pytest.fixture
-def figures() -> Figures:
-    """The run's figures; written to figures.json when the run ends."""
-    return _FIGURES
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _FIGURES:
-        _FIGURES.write()

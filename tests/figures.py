@@ -10,8 +10,10 @@ Tests record through the ``figures`` fixture (tests/conftest.py), never a module
 - ``figures.note("lan_slow_link", {"runs": 3, "delivered": 3, "byte_exact": 3})`` — a
   value as it is (the last one wins).
 
-A run merges into the file that is there (by name), so the default run and ``scripts/soak``
-each keep their figures; ``figures.json`` records when each figure was last measured.
+Under pytest-xdist each worker records its own and the controller merges them before
+writing (tests/workers.py). A run merges into the file that is there (by name), so the
+default run and ``scripts/soak`` each keep their figures; ``figures.json`` records when
+each figure was last measured.
 """
 
 from __future__ import annotations
@@ -61,6 +63,22 @@ class Figures:
 
     def __bool__(self) -> bool:
         return bool(self.counters or self.samples or self.peaks or self.notes)
+
+    def raw(self) -> dict[str, Any]:
+        """Everything recorded, samples whole (for :meth:`merge` in another process)."""
+        return {"counters": self.counters, "samples": self.samples, "peaks": self.peaks,
+                "notes": self.notes}
+
+    def merge(self, raw: dict[str, Any]) -> None:
+        """Take in another process's :meth:`raw` figures (a pytest-xdist worker's): its
+        counters added, its samples pooled, its peaks compared, its notes kept."""
+        for name, n in raw.get("counters", {}).items():
+            self.count(name, n)
+        for name, values in raw.get("samples", {}).items():
+            self.samples.setdefault(name, []).extend(float(v) for v in values)
+        for name, value in raw.get("peaks", {}).items():
+            self.peak(name, value)
+        self.notes.update(raw.get("notes", {}))
 
     def entries(self) -> dict[str, dict[str, Any]]:
         """Every figure as ``{name: {"kind": ..., "value": ...}}``."""

@@ -1,12 +1,14 @@
 """A real LAN of two hosts for end-to-end tests: two Linux network namespaces joined by a
 veth pair, each with ``lo`` up and one address of a private /30 (10.213.N.0/30, N from the
-pid), plus the plumbing the tests need: link down/up, a ``tbf`` slow link, running a command
-(a gateway, the ``sluice`` CLI, a small HTTP client, any helper process) inside a namespace,
-and ``tcpdump`` on a host's veth (:class:`Tcpdump`).
+pid; being inside the namespaces, it cannot meet another run's), plus the plumbing the
+tests need: link down/up, a ``tbf`` slow link, running a command (a gateway, the ``sluice``
+CLI, a small HTTP client, any helper process) inside a namespace, and ``tcpdump`` on a
+host's veth (:class:`Tcpdump`).
 
-Every name starts with ``sl-<pid>`` (devices ``sl<pid>a`` / ``sl<pid>b``: at most 15 bytes)
-so nothing collides with another run; ``Lan.remove()`` deletes both namespaces (which
-deletes the veth pair too) and is safe to call twice or after a half-made setup.
+Every name starts with ``sl-<pid>-<n>`` (devices ``sl<pid>n<n>a`` / ``...b``: at most 15
+bytes; ``n`` counts this process's Lans) so nothing collides with another run, another
+pytest-xdist worker or another Lan of the same process; ``Lan.remove()`` deletes both
+namespaces (which deletes the veth pair too) and is safe to call twice or after a half-made setup.
 ``unavailable()`` says why namespaces cannot be made here (None when they can).
 """
 
@@ -61,10 +63,15 @@ def _run(argv: Sequence[str], *, check: bool = True, timeout: float = COMMAND_TI
 class Lan:
     """Host A and host B (see the module docstring)."""
 
+    made = 0  # Lans made by this process
+
     def __init__(self) -> None:
         pid = os.getpid()
-        self.ns = {"a": f"sl-{pid}-a", "b": f"sl-{pid}-b"}
-        self.dev = {"a": f"sl{pid}a"[:15], "b": f"sl{pid}b"[:15]}
+        Lan.made += 1
+        n = Lan.made % 1000
+        self.ns = {"a": f"sl-{pid}-{n}-a", "b": f"sl-{pid}-{n}-b"}
+        self.dev = {"a": f"sl{pid}n{n}a", "b": f"sl{pid}n{n}b"}
+        assert all(len(dev) <= 15 for dev in self.dev.values()), self.dev
         subnet = f"10.213.{pid % 250 + 1}"
         self.addr = {"a": f"{subnet}.1", "b": f"{subnet}.2"}
 

@@ -115,6 +115,7 @@ def reference(pattern: str, model: str) -> bool:
 ALPHABET = st.sampled_from("ab*.?[]\\+-")
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.text(ALPHABET, max_size=8), st.text(ALPHABET.filter(lambda c: c != "*"), max_size=8))
 def test_patterns_match_the_reference(pattern: str, model: str) -> None:
@@ -253,6 +254,7 @@ MODEL_IDS = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", 
                                                         "Cn")), min_size=1, max_size=12)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.dictionaries(MODEL_IDS, MODEL_IDS.filter(lambda t: "*" not in t), max_size=5))
 def test_any_valid_table_round_trips(mapping: dict[str, str]) -> None:

@@ -505,6 +505,7 @@ def test_rich_config_round_trips() -> None:
     assert parse_config_text(dump_config_yaml(cfg)) == cfg
 
 
+@pytest.mark.slow
 @settings(max_examples=200)
 @given(
     st.floats(min_value=0.001, max_value=540.0),

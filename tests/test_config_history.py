@@ -75,6 +75,7 @@ def test_the_folder_keeps_the_last_100(tmp_path: Path) -> None:
     assert history.read("../config.yaml") is None
 
 
+@pytest.mark.slow
 async def test_settings_changes_are_capped_at_100(tmp_path: Path) -> None:
     settings = Settings.open(tmp_path / "data")
     for i in range(103):

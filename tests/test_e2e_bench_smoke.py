@@ -22,15 +22,19 @@ from typing import Any
 
 import pytest
 
+from tests.workers import demo_model
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("node") is None, reason="the benchmark needs node")
 def test_bench_smoke(tmp_path: Path) -> None:
+    if importlib.util.find_spec("xllamacpp") is not None:
+        demo_model()  # fetched under the tests' lock, not by the benchmark beside a worker
     out = tmp_path / "smoke.json"
     proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--smoke", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300, check=False,
+                          capture_output=True, text=True, timeout=600, check=False,
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -70,7 +74,7 @@ def test_bench_smoke_s7tls(tmp_path: Path) -> None:
     """S7TLS (issue 34) at smoke size: A -> B twice, plain and pinned, both transports."""
     out = tmp_path / "smoke.json"
     proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--smoke", "--scenarios", "S7TLS",
-                           "--json", str(out)], capture_output=True, text=True, timeout=180,
+                           "--json", str(out)], capture_output=True, text=True, timeout=360,
                           check=False, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -16,20 +16,20 @@ import trio
 
 from protocol.config import ModelConfig
 from protocol.model_state import RETRY_AFTER_FAILURE
-from proxy.demo import DEMO_MODEL, ensure_demo_model
+from proxy.demo import DEMO_MODEL
 from proxy.server import Gateway
 from tests.client import CHAT, Client, chat_body, read_events, request
 from tests.conftest import RunningGateway, gateway_config, open_settings
+from tests.workers import demo_model
 
 pytest.importorskip("xllamacpp")
 
-CACHE = Path(os.environ.get("SLUICE_TEST_CACHE", Path(__file__).parents[1] / ".cache"))
 PROMPT = [{"role": "user", "content": "Name three colours."}]
 
 
 @pytest.fixture(scope="session")
 def gguf() -> Path:
-    return ensure_demo_model(CACHE)
+    return demo_model()
 
 
 @pytest.fixture

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.figures import Figures, percentile
-from tests.show_figures import table
+import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.figures import Figures, percentile
+from tests.show_figures import main, table
 
 
 def test_kinds_and_merge(tmp_path: Path) -> None:
@@ -44,15 +42,35 @@ def test_percentile() -> None:
     assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
 
 
-def test_scripts_figures(tmp_path: Path) -> None:
+def test_show_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """scripts/figures runs tests/show_figures.py's main (here in process)."""
     path = tmp_path / "f.json"
     f = Figures()
     f.count("crashes", 0)
     f.write(path)
-    shown = subprocess.run([str(ROOT / "scripts" / "figures"), str(path)], capture_output=True,
-                           text=True, check=True)
-    assert "| crashes | 0 |" in shown.stdout
-    missing = subprocess.run([sys.executable, str(ROOT / "tests" / "show_figures.py"),
-                              str(tmp_path / "none.json")], capture_output=True, text=True)
-    assert missing.returncode == 1
-    assert "no figures yet" in missing.stderr
+    assert main([str(path)]) == 0
+    assert "| crashes | 0 |" in capsys.readouterr().out
+    assert main([str(tmp_path / "none.json")]) == 1
+    assert "no figures yet" in capsys.readouterr().err
+
+
+def test_workers_figures_merge_like_one_run(tmp_path: Path) -> None:
+    """pytest-xdist's workers each record their share; the controller's merge writes what
+    one process recording everything would (tests/workers.py)."""
+    one, first, second = Figures(), Figures(), Figures()
+    for i, share in enumerate([first, second, first, second, second]):
+        for f in (one, share):
+            f.count("tried", i + 1)
+            f.sample("ms", float(10 - i))
+            f.peak("attempts", [3, 1, 2, 5, 4][i])
+    for f in (one, second):
+        f.note("lan", {"runs": 2})
+    merged = Figures()
+    for share in (first, second):
+        merged.merge(json.loads(json.dumps(share.raw())))  # as xdist hands it over
+    assert merged.entries() == one.entries()
+    assert merged.entries()["tried"]["value"] == 15
+    assert merged.entries()["ms"]["value"] == {"n": 5, "p50": 8.0, "p99": 10.0, "max": 10.0}
+    assert merged.entries()["attempts"]["value"] == 5
+    merged.write(tmp_path / "f.json")
+    assert json.loads((tmp_path / "f.json").read_text())["figures"]["tried"]["value"] == 15

@@ -7,7 +7,6 @@ damaged bytes: any input gives a GgufInfo or a GgufError, never another exceptio
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,9 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.gguf import GgufError, GgufInfo, kv_cache_bytes, parse_gguf_header
-from proxy.demo import ensure_demo_model
+from tests.workers import demo_model
 
-CACHE = Path(os.environ.get("SLUICE_TEST_CACHE", Path(__file__).parents[1] / ".cache"))
 READ_CAP = 16 << 20  # what a caller reads of a model file to find its header
 
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL = range(8)
@@ -111,7 +109,7 @@ def fails(data: bytes, match: str, *, truncated: bool = False,
 
 @pytest.fixture(scope="session")
 def gguf() -> Path:
-    return ensure_demo_model(CACHE)
+    return demo_model()
 
 
 def test_the_demo_model(gguf: Path) -> None:

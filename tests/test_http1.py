@@ -181,6 +181,7 @@ _chunk_piece = st.one_of(
 )
 
 
+@pytest.mark.slow
 @given(st.lists(_chunk_piece, max_size=12), st.lists(st.integers(0, 300), max_size=6))
 @settings(max_examples=400, derandomize=True)
 def test_whole_reads_and_byte_reads_agree(parts: list[bytes], cuts: list[int]) -> None:
@@ -208,6 +209,7 @@ _LINE_BYTES = st.sampled_from([b"a", b"Z", b"-", b"0", b":", b" ", b"\t", b"\r",
                                b"Connection", b"close", b"chunked", b","])
 
 
+@pytest.mark.slow
 @given(st.lists(st.lists(_LINE_BYTES, max_size=8).map(b"".join), max_size=6))
 @settings(max_examples=400, derandomize=True)
 def test_the_fast_header_path_agrees_with_the_line_checks(lines: list[bytes]) -> None:

@@ -1,11 +1,12 @@
 """The gateway's identity (SPEC §16, proxy/link/identity.py): an Ed25519 key and a self-signed
 certificate made once in the data dir and reused, made again when a file is missing or
-unusable, with their modes; what the certificate holds; reading it imports no
-``cryptography``. Then the handshake facts the node listener is built on, with two real
-identities over trio.SSLStream on a socket pair (no network): TLS 1.3 with the peer's
-certificate as the only verify location and CERT_OPTIONAL; each side's peer certificate
-hashes to the other's pin; an unknown certificate, TLS 1.2 and plain HTTP are refused; no
-certificate at all is let through."""
+unusable, with their modes; what the certificate holds (made in process, ``make_here``;
+by its child process and reading it without ``cryptography``: tests/test_e2e_identity.py
+and tests/test_e2e_lazy_imports.py). Then the handshake facts the node listener is built
+on, with two real identities over trio.SSLStream on a socket pair (no network): TLS 1.3
+with the peer's certificate as the only verify location and CERT_OPTIONAL; each side's peer
+certificate hashes to the other's pin; an unknown certificate, TLS 1.2 and plain HTTP are
+refused; no certificate at all is let through."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import datetime
 import os
 import ssl
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,51 +25,32 @@ from cryptography.x509.oid import NameOID
 
 from protocol.lan.pinning import fingerprint_of, pin_matches
 from proxy.link.identity import Identity, ensure_identity, load_identity
-
-ROOT = Path(__file__).resolve().parents[1]
+from proxy.link.identity_make import make_here
 
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def signature(path: Path) -> tuple[int, int]:
-    st = path.stat()
-    return st.st_ino, st.st_mtime_ns
-
-
-def test_made_once_then_reused(tmp_path: Path) -> None:
-    assert load_identity(tmp_path) is None
-    made = ensure_identity(tmp_path)
-    assert made.cert_path == tmp_path / "identity" / "cert.pem"
-    assert made.key_path == tmp_path / "identity" / "key.pem"
-    assert made.fingerprint == fingerprint_of(made.der)
-    assert made.der == ssl.PEM_cert_to_DER_cert(made.cert_path.read_text())
-    before = signature(made.cert_path), signature(made.key_path)
-    assert ensure_identity(tmp_path) == made
-    assert load_identity(tmp_path) == made
-    assert (signature(made.cert_path), signature(made.key_path)) == before
-    assert sorted(p.name for p in made.cert_path.parent.iterdir()) == ["cert.pem", "key.pem"]
-
-
 def test_modes(tmp_path: Path) -> None:
-    made = ensure_identity(tmp_path)
+    made = ensure_identity(tmp_path, make_here)
     assert mode(made.cert_path.parent) == 0o700
     assert mode(made.key_path) == 0o600
     assert mode(made.cert_path) == 0o644
 
 
 def test_modes_opened_up_are_closed_again(tmp_path: Path) -> None:
-    made = ensure_identity(tmp_path)
+    made = ensure_identity(tmp_path, make_here)
     os.chmod(made.key_path, 0o644)
     os.chmod(made.cert_path.parent, 0o755)
-    assert ensure_identity(tmp_path) == made
+    assert ensure_identity(tmp_path, make_here) == made
     assert mode(made.key_path) == 0o600
     assert mode(made.cert_path.parent) == 0o700
 
 
 def test_every_gateway_has_its_own(tmp_path: Path) -> None:
-    one, two = ensure_identity(tmp_path / "a"), ensure_identity(tmp_path / "b")
+    one = ensure_identity(tmp_path / "a", make_here)
+    two = ensure_identity(tmp_path / "b", make_here)
     assert one.fingerprint != two.fingerprint
     serials = {x509.load_der_x509_certificate(i.der).serial_number for i in (one, two)}
     assert len(serials) == 2
@@ -81,8 +61,8 @@ def test_every_gateway_has_its_own(tmp_path: Path) -> None:
     "empty key", "another identity's key", "the certificate is a folder",
 ])
 def test_made_again_when_a_file_is_missing_or_unusable(tmp_path: Path, damage: str) -> None:
-    made = ensure_identity(tmp_path / "data")
-    other = ensure_identity(tmp_path / "other")
+    made = ensure_identity(tmp_path / "data", make_here)
+    other = ensure_identity(tmp_path / "other", make_here)
     if damage == "remove the key":
         made.key_path.unlink()
     elif damage == "remove the certificate":
@@ -99,9 +79,9 @@ def test_made_again_when_a_file_is_missing_or_unusable(tmp_path: Path, damage: s
         made.cert_path.unlink()
         made.cert_path.mkdir()
         with pytest.raises(IsADirectoryError):  # a folder is not replaced: told
-            ensure_identity(tmp_path / "data")
+            ensure_identity(tmp_path / "data", make_here)
         return
-    again = ensure_identity(tmp_path / "data")
+    again = ensure_identity(tmp_path / "data", make_here)
     assert again.fingerprint not in (made.fingerprint, other.fingerprint)
     assert mode(again.key_path) == 0o600
     assert mode(again.cert_path) == 0o644
@@ -109,23 +89,23 @@ def test_made_again_when_a_file_is_missing_or_unusable(tmp_path: Path, damage: s
 
 
 def test_load_identity_without_the_key_or_with_a_bad_certificate(tmp_path: Path) -> None:
-    made = ensure_identity(tmp_path)
+    made = ensure_identity(tmp_path, make_here)
     made.key_path.unlink()
     assert load_identity(tmp_path) is None
-    ensure_identity(tmp_path).cert_path.write_text("no certificate here")
+    ensure_identity(tmp_path, make_here).cert_path.write_text("no certificate here")
     assert load_identity(tmp_path) is None
 
 
 def test_leftovers_of_a_killed_write_are_removed(tmp_path: Path) -> None:
-    made = ensure_identity(tmp_path)
+    made = ensure_identity(tmp_path, make_here)
     leftover = made.key_path.parent / ".key.pem.abc123.tmp"
     leftover.write_bytes(b"half a key")
-    assert ensure_identity(tmp_path) == made
+    assert ensure_identity(tmp_path, make_here) == made
     assert not leftover.exists()
 
 
 def test_the_certificate(tmp_path: Path) -> None:
-    made = ensure_identity(tmp_path)
+    made = ensure_identity(tmp_path, make_here)
     cert = x509.load_der_x509_certificate(made.der)
     assert isinstance(cert.public_key(), ed25519.Ed25519PublicKey)
     assert cert.subject == cert.issuer
@@ -148,7 +128,7 @@ def test_the_certificate(tmp_path: Path) -> None:
 
 
 def test_no_repr_shows_the_key(tmp_path: Path) -> None:
-    made = ensure_identity(tmp_path)
+    made = ensure_identity(tmp_path, make_here)
     key = made.key_path.read_text()
     body = "".join(key.splitlines()[1:-1])
     text = repr(made) + str(made)
@@ -156,15 +136,6 @@ def test_no_repr_shows_the_key(tmp_path: Path) -> None:
     assert "PRIVATE" not in text
     assert made.fingerprint in text
     assert repr(made.der) not in text  # nor the (long) DER
-
-
-def test_importing_and_reading_do_not_import_cryptography(tmp_path: Path) -> None:
-    ensure_identity(tmp_path)
-    check = ("import sys; from pathlib import Path; import proxy.link.identity as m; "
-             f"assert m.load_identity(Path({str(tmp_path)!r})) is not None; "
-             f"assert m.ensure_identity(Path({str(tmp_path)!r})) is not None; "
-             "assert 'cryptography' not in sys.modules, 'cryptography was imported'")
-    subprocess.run([sys.executable, "-c", check], check=True, cwd=ROOT)
 
 
 # ----------------------------------------------------------------------- the handshake
@@ -255,8 +226,8 @@ async def connect(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext,
 @pytest.fixture
 def nodes(tmp_path: Path) -> tuple[Identity, Identity, Identity]:
     """The listener's, a paired peer's and a stranger's identities."""
-    return (ensure_identity(tmp_path / "b"), ensure_identity(tmp_path / "a"),
-            ensure_identity(tmp_path / "x"))
+    b, a, x = (ensure_identity(tmp_path / name, make_here) for name in "bax")
+    return b, a, x
 
 
 async def test_a_pinned_peer_completes_a_tls13_handshake(
@@ -278,8 +249,8 @@ async def test_several_peers_in_the_verify_store(
         nodes: tuple[Identity, Identity, Identity], tmp_path: Path) -> None:
     # All are named CN=sluice: the key identifiers are what tells them apart.
     b, a, x = nodes
-    peers = [a, x, *(ensure_identity(tmp_path / f"peer{n}") for n in range(3))]
-    stranger = ensure_identity(tmp_path / "stranger")
+    peers = [a, x, *(ensure_identity(tmp_path / f"peer{n}", make_here) for n in range(3))]
+    stranger = ensure_identity(tmp_path / "stranger", make_here)
     context = server_context(b, *peers)
     for peer in peers:
         server, client = await connect(context, client_context(peer))
@@ -370,15 +341,3 @@ async def test_a_certificate_a_paired_peer_signed_is_refused(
     assert "invalid CA certificate" in str(server.error)
 
 
-def test_a_maker_that_fails_is_an_oserror(tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """The child that makes the identity (proxy.link.identity_make) cannot run, or dies:
-    an OSError (serve then runs without pinned links), and nothing half-written."""
-    monkeypatch.setattr(sys, "executable", "/bin/false")
-    with pytest.raises(OSError, match="the identity maker failed"):
-        ensure_identity(tmp_path)
-    assert load_identity(tmp_path) is None
-    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
-    with pytest.raises(OSError, match="cannot run the identity maker"):
-        ensure_identity(tmp_path)
-    assert not (tmp_path / "identity" / "key.pem").exists()

@@ -129,6 +129,7 @@ def check_agrees(body: bytes) -> None:
     assert model_span(body, checked=True) == span  # the short cut finds the same
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(TOP, st.one_of(st.none(), SCALARS), st.randoms(use_true_random=False))
 def test_span_agrees_with_json_loads(members: list[tuple[str, Any]], model: Any,
@@ -139,6 +140,7 @@ def test_span_agrees_with_json_loads(members: list[tuple[str, Any]], model: Any,
     check_agrees(Writer(rnd).body(members))
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(TOP, STRINGS, st.text(max_size=10), st.randoms(use_true_random=False))
 def test_replace_changes_only_the_model(members: list[tuple[str, Any]], asked: str,
@@ -162,6 +164,7 @@ def test_replace_changes_only_the_model(members: list[tuple[str, Any]], asked: s
     assert list(json.loads(out)) == list(doc)  # the members' order too
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(TOP, st.randoms(use_true_random=False), st.integers(0, 10**6),
        st.sampled_from(["cut", "byte", "garbage", "wrap"]), st.binary(max_size=3))

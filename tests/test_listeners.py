@@ -10,7 +10,6 @@ import logging
 import os
 import socket
 import stat
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -325,45 +324,6 @@ async def test_stop_leaves_a_socket_that_replaced_ours(places: Places) -> None:
 
 
 # -- the loopback TCP fallback ------------------------------------------------------------
-
-async def test_fallback_binds_loopback_with_a_notification(
-        places: Places, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture) -> None:
-    break_every_candidate(places)
-    port = free_port()
-    gateway = Gateway(settings_for(places, socket_dir=places.xdg, fallback_port=port,
-                                   allow_external_access=True))
-    await nursery.start(gateway.run)
-    ctx = gateway.ctx
-    assert ctx.socket_path is None
-    assert ctx.local_tcp_port == port
-    assert listening(port) == {"127.0.0.1"}  # never a wildcard, external access or not
-    [note] = [n for n in ctx.notifications.all() if n["code"] == "local_socket_unavailable"]
-    for folder in (places.xdg, places.tmp_dir, places.data_sockets):
-        assert str(folder) in note["message"]
-    assert f"127.0.0.1:{port}" in note["message"]
-    assert any(r.levelno == logging.WARNING and "127.0.0.1:" in r.getMessage()
-               for r in caplog.records)
-    state = json.loads((places.data / STATE_FILE).read_text())
-    assert state["localTcpPort"] == port
-    assert state["socketPath"] is None
-    client = await Client.open(f"127.0.0.1:{port}")
-    reply = await client.request("GET", "/api/v1/inference/status")
-    await client.aclose()
-    assert reply.status == 200
-    body = reply.json()
-    assert body["localTcp"] == f"127.0.0.1:{port}"
-    assert "socketPath" not in body
-    # The CLI finds the fallback port in state.json and gets through with the admin token.
-    made = await trio.run_process(
-        [sys.executable, "-m", "proxy", "keys", "create", "--name", "cli", "--data-dir",
-         str(places.data)], capture_stdout=True, capture_stderr=True, check=False)
-    assert made.returncode == 0, made.stderr
-    assert made.stdout.decode().strip().startswith("sk-sluice-")
-    shown = await trio.run_process(
-        [sys.executable, "-m", "proxy", "status", "--data-dir", str(places.data)],
-        capture_stdout=True, capture_stderr=True, check=False)
-    assert shown.returncode == 0, shown.stderr
-    assert f"warning: {note['message']}" in shown.stdout.decode()
 
 
 async def test_fallback_any_free_port(places: Places, nursery: trio.Nursery) -> None:

@@ -4,6 +4,7 @@ which get past the first checks and into the records."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zeroconf import DNSNsec, DNSOutgoing, DNSPointer, DNSQuestion, ServiceInfo
@@ -93,6 +94,7 @@ def test_random_bytes_after_a_plausible_header(counts: tuple[int, ...], body: by
     check(bytes(4) + head[4:] + body)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(packets, st.data())
 def test_one_byte_changed(packet: bytes, data: st.DataObject) -> None:
@@ -101,6 +103,7 @@ def test_one_byte_changed(packet: bytes, data: st.DataObject) -> None:
     check(packet[:at] + bytes((value,)) + packet[at + 1 :])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(packets, st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)),
                          min_size=2, max_size=6))
@@ -148,6 +151,7 @@ _message = st.builds(
     *[st.lists(_record, max_size=3).map(tuple)] * 3)
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=300)
 @given(_message)
 def test_random_messages_round_trip(msg: mdns.Message) -> None:

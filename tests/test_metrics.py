@@ -272,6 +272,7 @@ async def test_an_empty_gateway_shows_every_family() -> None:
         labels(transport="unix"): 0, labels(transport="tcp"): 0}
 
 
+@pytest.mark.slow
 async def test_at_most_500_models_then_other() -> None:
     _, _, hub, metrics = gateway_parts()
     for i in range(MAX_MODEL_LABELS + 100):

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -237,24 +235,6 @@ async def test_no_node_listener_without_external_access_an_identity_or_a_port(
         state = json.loads((short_tmp / f"d{n}" / STATE_FILE).read_text())
         assert state["nodePort"] is None
         assert all(kind.column is not Column.NODE for _, kind in gateway.binding.listeners)
-
-
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl binary")
-async def test_openssl_s_client(node: Node) -> None:
-    """What another TLS stack sees: TLS 1.2 refused; TLS 1.3 without a certificate served
-    the unpaired answer only."""
-    connect = ["openssl", "s_client", "-connect", f"127.0.0.1:{node.port}", "-quiet"]
-    with trio.fail_after(30):
-        old = await trio.run_process([*connect, "-tls1_2"], stdin=b"", capture_stdout=True,
-                                     capture_stderr=True, check=False)
-        asked = (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                 b"Authorization: Bearer " + node.key.encode() + b"\r\n\r\n")
-        new = await trio.run_process([*connect, "-tls1_3"], stdin=asked, capture_stdout=True,
-                                     capture_stderr=subprocess.STDOUT, check=False)
-    assert old.returncode != 0
-    assert b"HTTP/1.1" not in old.stdout
-    assert new.stdout.startswith(b"HTTP/1.1 401 "), new.stdout[:300]
-    assert b"unpaired_certificate" in new.stdout
 
 
 async def test_an_error_body_has_the_client_api_shape(node: Node) -> None:

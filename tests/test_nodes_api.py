@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-import trio
 import yaml
 
 import proxy.settings.config_file
@@ -24,7 +21,6 @@ from proxy.api.nodes import derived_fingerprint
 from tests.client import request
 from tests.conftest import RunningGateway, StartGateway, admin
 
-SLUICE = [sys.executable, "-m", "proxy"]
 KEY = "sk-node-key-0123456789-SECRETVALUE"
 
 
@@ -226,65 +222,6 @@ async def test_bad_input_is_refused_without_echoing_keys(start_gateway: StartGat
 
 
 # ------------------------------------------------------------------------------ the CLI
-
-
-async def sluice(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    return await trio.run_process([*SLUICE, *args], capture_stdout=True, capture_stderr=True,
-                                  stdin=stdin, check=False)
-
-
-async def test_nodes_cli(start_gateway: StartGateway, short_tmp: Path) -> None:
-    gw = await start_gateway([])
-    folder = ["--data-dir", str(gw.gateway.settings.data_dir)]
-    key_file = short_tmp / "node.key"
-    key_file.write_text(KEY + "\n")
-    first, second = closed_port_url(), closed_port_url()
-    added = await sluice("nodes", "add", first, "--name", "studio", "--api-key-file",
-                         str(key_file), *folder)
-    assert added.returncode == 0, added.stderr
-    fp1 = derived_fingerprint(parse_upstream_url(first))
-    assert fp1 in added.stdout.decode()
-    added = await sluice("nodes", "add", second, "--api-key-stdin", "--json", *folder,
-                         stdin=b"sk-from-stdin\n")
-    assert added.returncode == 0, added.stderr
-    fp2 = json.loads(added.stdout)["fingerprint"]
-    assert files(gw)[1] == {fp1: KEY, fp2: "sk-from-stdin"}
-    listed = await sluice("nodes", "list", *folder)
-    assert listed.returncode == 0, listed.stderr
-    lines = listed.stdout.decode().splitlines()
-    assert "FINGERPRINT" in lines[0]
-    assert fp1 in lines[1]
-    assert "studio" in lines[1]
-    assert first in lines[1]
-    assert fp2 in lines[2]
-    ordered = await sluice("nodes", "order", fp2, *folder)  # fp2 to the top
-    assert ordered.returncode == 0, ordered.stderr
-    assert [n.fingerprint for n in sorted(gw.gateway.ctx.config.nodes,
-                                          key=lambda n: -n.priority)] == [fp2, fp1]
-    off = await sluice("nodes", "disable", fp1, *folder)
-    assert off.returncode == 0, off.stderr
-    listed = await sluice("nodes", "list", "--json", *folder)
-    assert [n["enabled"] for n in json.loads(listed.stdout)] == [True, False]
-    assert (await sluice("nodes", "enable", fp1, *folder)).returncode == 0
-    assert all(n.enabled for n in gw.gateway.ctx.config.nodes)
-    removed = await sluice("nodes", "remove", fp1, *folder)
-    assert removed.returncode == 0, removed.stderr
-    assert files(gw)[1] == {fp2: "sk-from-stdin"}
-    missing = await sluice("nodes", "remove", fp1, *folder)
-    assert missing.returncode == 1
-    assert "404" in missing.stderr.decode()
-    bad_key = short_tmp / "bad.key"
-    bad_key.write_text("sk-bad key-SECRETVALUE")
-    refused = await sluice("nodes", "add", closed_port_url(), "--api-key-file", str(bad_key),
-                           *folder)
-    assert refused.returncode == 1
-    assert "apiKey" in refused.stderr.decode()
-    everything = b"".join(r.stdout + r.stderr for r in (added, listed, refused))
-    assert b"SECRETVALUE" not in everything
-    assert KEY.encode() not in everything
-    # A key on the command line is not an option.
-    plain = await sluice("nodes", "add", closed_port_url(), "--api-key", KEY, *folder)
-    assert plain.returncode == 2
 
 
 async def test_a_failed_config_write_keeps_the_old_key(

@@ -369,6 +369,7 @@ FIELDS = st.fixed_dictionaries({}, optional={
     "input": JSONISH, "dimensions": JSONISH})
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(kind=st.sampled_from(list(Kind)), fields=FIELDS)
 def test_any_json_object_translates_to_json_or_is_refused(kind: Kind,

@@ -241,6 +241,7 @@ def test_tool_call_deltas_that_are_odd() -> None:
         {"function": {"index": 1, "name": "b", "arguments": {"late": 1}}}]
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(arguments=st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5),
                                  max_size=4),

@@ -163,11 +163,10 @@ async def test_wrong_codes_void_the_code(start_gateway: StartGateway) -> None:
 
 
 async def test_an_expired_code(start_gateway: StartGateway,
-                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(proxy.lan.pairing, "CODE_LIFETIME", 0.2)
+                               autojump_clock: trio.testing.MockClock) -> None:
     gw = await start_gateway([])
     code = await new_code(gw)
-    await trio.sleep(0.4)
+    await trio.sleep(proxy.lan.pairing.CODE_LIFETIME + 1)  # the mock clock's seconds
     assert (await state(gw))["state"] == "expired"
     reply = await request(gw.unix, "POST", CLAIM, json.dumps(claim_doc(code)).encode())
     assert (reply.status, error_of(reply)["code"]) == (401, "invalid_pairing_code")

@@ -278,6 +278,7 @@ op = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 30), st.lists(op, max_size=40))
 def test_the_index_agrees_with_a_reference(cap: int, ops: list[tuple[

@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -72,6 +73,7 @@ def run(parts: list[bytes]) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pieces=st.lists(st.sampled_from(PIECES), min_size=1, max_size=12),
        cuts=st.lists(st.integers(min_value=1, max_value=10_000), max_size=20))

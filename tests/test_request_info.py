@@ -231,6 +231,7 @@ _JSONISH = st.sampled_from([b"{", b"}", b"[", b"]", b'"', b":", b",", b" ", b"\n
                             b"\xed\xa0\x80", b"\xff", b"\x00", b"\xef\xbb\xbf", b"NaN"])
 
 
+@pytest.mark.slow
 @given(st.lists(_JSONISH, max_size=12).map(b"".join))
 @settings(max_examples=500, derandomize=True)
 def test_the_body_is_read_as_json_loads_reads_it(body: bytes) -> None:

@@ -7,6 +7,7 @@ import datetime
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -72,6 +73,7 @@ def test_json_text_finds_the_usage_once() -> None:
     assert '"startedAt":"2025-12-01T12:00:00.250Z"' in text
 
 
+@pytest.mark.slow
 @given(st.dictionaries(_text, st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _text,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),

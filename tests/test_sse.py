@@ -50,6 +50,7 @@ def test_tails(tail: bytes, boundary: bool) -> None:
     assert ends_event(tail) is boundary
 
 
+@pytest.mark.slow
 @given(st.lists(st.sampled_from([b"\n", b"\r", b"\r\n", b"data: ", b"x", b":", b"\xc3\xa9",
                                  b"\x00"]), max_size=12))
 @settings(max_examples=500, derandomize=True)

@@ -183,6 +183,7 @@ CANDIDATES = st.lists(
     max_size=6, unique_by=lambda c: c.fingerprint)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(Strategy))
 @settings(max_examples=100, deadline=None)
 @given(calls=st.lists(CANDIDATES, min_size=1, max_size=5), prefer=st.booleans())

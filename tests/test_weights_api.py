@@ -6,13 +6,12 @@ distributed status; ``sluice nodes list`` (WEIGHT), ``nodes weight FP N``, ``add
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import yaml
 
 from tests.conftest import RunningGateway, StartGateway
-from tests.test_nodes_api import admin, closed_port_url, sluice
+from tests.test_nodes_api import admin, closed_port_url
 
 LB = "/api/v1/settings/load-balancing"
 
@@ -104,35 +103,3 @@ async def test_the_weighted_strategy_and_the_status(start_gateway: StartGateway)
     assert summary.json()["distributed"]["strategy"] == "weighted"
 
 
-async def test_nodes_cli_weights(start_gateway: StartGateway) -> None:
-    gw = await start_gateway([])
-    folder = ["--data-dir", str(gw.gateway.settings.data_dir)]
-    added = await sluice("nodes", "add", closed_port_url(), "--name", "big", "--weight", "3",
-                         "--json", *folder)
-    assert added.returncode == 0, added.stderr
-    fp = json.loads(added.stdout)["fingerprint"]
-    other = await sluice("nodes", "add", closed_port_url(), "--json", *folder)
-    fp2 = json.loads(other.stdout)["fingerprint"]
-    listed = await sluice("nodes", "list", *folder)
-    assert listed.returncode == 0, listed.stderr
-    head, *rows = listed.stdout.decode().splitlines()
-    column = head.split().index("WEIGHT")
-    assert [row.split()[column] for row in rows] == ["3", "1"]
-    assert [row.split()[1] for row in rows] == [fp, fp2]
-    weighed = await sluice("nodes", "weight", fp2, "12", *folder)
-    assert weighed.returncode == 0, weighed.stderr
-    assert weighed.stdout.decode().strip() == f"node {fp2}: weight 12"
-    assert {n.fingerprint: n.weight for n in gw.gateway.ctx.config.nodes} == {fp: 3, fp2: 12}
-    # Out of range: the server's refusal, naming the field; not a number: argparse's.
-    refused = await sluice("nodes", "weight", fp2, "0", *folder)
-    assert refused.returncode == 1
-    assert "weight" in refused.stderr.decode()
-    assert "between 1 and 100" in refused.stderr.decode()
-    nonsense = await sluice("nodes", "weight", fp2, "heavy", *folder)
-    assert nonsense.returncode == 2
-    assert "invalid int value" in nonsense.stderr.decode()
-    missing = await sluice("nodes", "weight", "node-nope", "2", *folder)
-    assert missing.returncode == 1
-    assert "404" in missing.stderr.decode()
-    as_json = await sluice("nodes", "list", "--json", *folder)
-    assert [n["weight"] for n in json.loads(as_json.stdout)] == [3, 12]

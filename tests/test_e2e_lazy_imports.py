@@ -4,7 +4,9 @@ WebSocket, SPEC §9.3) with the first subscriber, prometheus_client (the process
 not hold them (about 4 MB of its memory; docs/performance.md, S5). Nor does a gateway that
 can have no managed model (no ``models:`` entry, no ``model_loading.dirs``) hold the
 modules of models on demand (SPEC §11; docs/performance.md, S10), nor one with both
-switches of `discovery:` off the modules of LAN discovery (SPEC §14)."""
+switches of `discovery:` off the modules of LAN discovery (SPEC §14). Nor does importing
+protocol.lan.pake import spake2, nor importing and reading an identity cryptography. Each
+looks at a fresh interpreter (a child process)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.link.identity import ensure_identity
 from tests.client import request
 from tests.conftest import StartGateway
 from tests.test_events_ws import RawFeed, subscribed
@@ -231,3 +234,19 @@ def test_cryptography_and_spake2_only_to_make_the_identity(short_tmp: Path) -> N
     assert pin1.startswith("sha256:")
     assert port1 == port2 == "None"  # no external access: no node listener
     assert first == second == "[]"
+
+
+def test_importing_the_module_does_not_import_spake2() -> None:
+    check = "import protocol.lan.pake, sys; assert 'spake2' not in sys.modules"
+    subprocess.run([sys.executable, "-c", check], check=True,
+                   cwd=Path(__file__).resolve().parents[1])
+
+
+def test_importing_and_reading_do_not_import_cryptography(tmp_path: Path) -> None:
+    ensure_identity(tmp_path)
+    check = ("import sys; from pathlib import Path; import proxy.link.identity as m; "
+             f"assert m.load_identity(Path({str(tmp_path)!r})) is not None; "
+             f"assert m.ensure_identity(Path({str(tmp_path)!r})) is not None; "
+             "assert 'cryptography' not in sys.modules, 'cryptography was imported'")
+    subprocess.run([sys.executable, "-c", check], check=True,
+                   cwd=Path(__file__).resolve().parents[1])

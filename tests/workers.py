@@ -1,0 +1,107 @@
+"""What the test run shares across pytest-xdist's workers (``scripts/test`` runs the suite
+with ``-n``; each worker is a process of its own with its own module state):
+
+- :func:`file_lock`: an exclusive ``flock`` on a file, so one worker at a time does what
+  the others must not do at once; :func:`demo_model` fetches the demo GGUF into ``.cache/``
+  (or ``$SLUICE_TEST_CACHE``) under it, so two workers never write its partial file at once
+  (the benchmark's smoke tests ask for it before starting a benchmark that wants it);
+- :func:`once_per_run`: a JSON value computed by the first worker that asks and read from
+  a file by the others (the ``llama_answer`` fixture: one child for the whole run);
+- Hypothesis without its per-example deadline (the ``sluice`` profile, loaded here): a
+  worker beside others may take longer than 200 ms for one example, and a test's pass
+  or fail must not hang on the machine's speed;
+- the run's figures (tests/figures.py): each worker hands its raw figures to the controller
+  (xdist's ``workeroutput``), which merges them (counters summed, samples pooled, peaks
+  maxed) and writes ``figures.json`` once; a run without xdist writes its own.
+
+Registered as a plugin by tests/conftest.py (``pytest_plugins``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+
+from tests.figures import Figures
+
+settings.register_profile("sluice", deadline=None)
+settings.load_profile("sluice")
+
+CACHE = Path(os.environ.get("SLUICE_TEST_CACHE", Path(__file__).resolve().parents[1] / ".cache"))
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (made if missing) for the ``with`` block; other
+    processes that ask for it wait."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def demo_model() -> Path:
+    """The verified demo GGUF in :data:`CACHE`, fetched by the first worker that asks."""
+    from proxy.demo import ensure_demo_model
+
+    with file_lock(CACHE / "models" / ".fetch.lock"):
+        return ensure_demo_model(CACHE)
+
+
+def shared_dir(factory: pytest.TempPathFactory) -> Path:
+    """A folder every worker of this run sees (the parent of the workers' base temp
+    folders under xdist; the run's own base temp folder without it)."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def once_per_run(factory: pytest.TempPathFactory, name: str, compute: Callable[[], Any]) -> Any:
+    """``compute()``'s JSON value, computed by the first worker that asks (the others wait
+    for it, then read it)."""
+    folder = shared_dir(factory)
+    answer = folder / f"{name}.json"
+    with file_lock(folder / f"{name}.lock"):
+        if answer.exists():
+            return json.loads(answer.read_text())["value"]
+        value = compute()
+        answer.write_text(json.dumps({"value": value}))
+        return value
+
+
+# ------------------------------------------------------------------------------ figures
+
+_FIGURES = Figures()
+
+
+@pytest.fixture
+def figures() -> Figures:
+    """The run's figures; written to figures.json when the run ends (merged across
+    workers)."""
+    return _FIGURES
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist's controller: a worker finished; take in its figures."""
+    raw = getattr(node, "workeroutput", {}).get("sluice_figures")
+    if raw:
+        _FIGURES.merge(json.loads(raw))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller writes
+        workeroutput["sluice_figures"] = json.dumps(_FIGURES.raw())
+    elif _FIGURES:
+        _FIGURES.write()
