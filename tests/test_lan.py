@@ -264,7 +264,7 @@ async def test_upstream_sockets_bound_unacknowledged_bytes() -> None:
         conn = await ConnectionPool(lambda: 1.5).connect(
             parse_upstream_url(f"http://127.0.0.1:{port}"))
         try:
-            sock = conn.stream.socket
+            sock = conn.wire.sock
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 1500
         finally:
             conn.close()
