@@ -76,13 +76,13 @@ class Translator(Protocol):
     """The face of a translator module (see the module)."""
 
     @property
-    def NAME(self) -> str: ...  # noqa: N802 (a module constant)
+    def NAME(self) -> str: ...
 
     @property
-    def FAMILY(self) -> Family: ...  # noqa: N802
+    def FAMILY(self) -> Family: ...
 
     @property
-    def Stream(self) -> StreamFactory: ...  # noqa: N802 (a module's class)
+    def Stream(self) -> StreamFactory: ...
 
     def to_chat(self, body: dict[str, Any], *, context: int | None) -> dict[str, Any]: ...
 

@@ -10,8 +10,19 @@ import json
 import re
 from typing import Any, NamedTuple
 
-__all__ = ["ToolPiece", "Piece", "Usage", "Whole", "WholeCall", "context_overflow",
-           "estimate_tokens", "read_answer", "read_chunk", "read_usage", "text_of_prompt"]
+__all__ = [
+    "Piece",
+    "ToolPiece",
+    "Usage",
+    "Whole",
+    "WholeCall",
+    "context_overflow",
+    "estimate_tokens",
+    "read_answer",
+    "read_chunk",
+    "read_usage",
+    "text_of_prompt",
+]
 
 
 class Usage(NamedTuple):
@@ -25,7 +36,7 @@ class Usage(NamedTuple):
 class ToolPiece(NamedTuple):
     """A piece of one streamed tool call, keyed by its ``index``."""
 
-    index: int
+    key: int  # the call's ``index``
     id: str | None
     name: str | None
     arguments: str  # "" when the piece carries none
@@ -40,6 +51,7 @@ class Piece(NamedTuple):
     finish: str | None = None
     usage: Usage | None = None
     error: str | None = None  # an ``{"error": ...}`` event's message
+    matched: str | None = None  # the stop sequence that ended it, when the server says
 
 
 class WholeCall(NamedTuple):
@@ -56,6 +68,17 @@ class Whole(NamedTuple):
     calls: tuple[WholeCall, ...]
     finish: str | None
     usage: Usage | None
+    matched: str | None = None
+
+
+def _matched(choice: dict[str, Any]) -> str | None:
+    """The stop string that ended a choice, when the server says (vLLM's ``stop_reason``,
+    SGLang's ``matched_stop``); a token id or nothing is None."""
+    for key in ("stop_reason", "matched_stop"):
+        value = choice.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def _count(value: object) -> int | None:
@@ -114,7 +137,8 @@ def read_chunk(chunk: dict[str, Any]) -> Piece:
         reasoning = delta.get("reasoning")
     return Piece(text=_text(delta.get("content")), reasoning=_text(reasoning),
                  tools=_tool_pieces(delta.get("tool_calls")),
-                 finish=finish if isinstance(finish, str) else None, usage=usage)
+                 finish=finish if isinstance(finish, str) else None, usage=usage,
+                 matched=_matched(choice) if finish is not None else None)
 
 
 def _tool_pieces(calls: object) -> tuple[ToolPiece, ...]:
@@ -173,7 +197,7 @@ def read_answer(answer: dict[str, Any]) -> Whole:
                                _arguments(function.get("arguments"))))
     finish = choice.get("finish_reason")
     return Whole(_text(message.get("content")), _text(reasoning), tuple(calls),
-                 finish if isinstance(finish, str) else None, usage)
+                 finish if isinstance(finish, str) else None, usage, _matched(choice))
 
 
 def estimate_tokens(characters: int) -> int:
