@@ -15,6 +15,7 @@ import attrs
 from protocol.aliases import AliasTable
 
 __all__ = [
+    "APIS_SETTINGS",
     "AUTO_BUDGET",
     "BACKEND_KINDS",
     "CACHE_TYPES",
@@ -81,6 +82,8 @@ Command = Annotated[tuple[str, ...], Unit.COMMAND]
 # Its environment: a YAML mapping of names to strings, kept in file order.
 Env = Annotated[tuple[tuple[str, str], ...], Unit.ENV]
 MODEL_KINDS: Final = ("llm", "embedding", "diffusion", "speech")
+# How a server's missing Messages and Responses APIs are handled (SPEC §17.1).
+APIS_SETTINGS: Final = ("auto", "native", "translate")
 STOP_SIGNALS: Final = ("SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGUSR1", "SIGUSR2",
                        "SIGKILL")
 # llama.cpp's KV cache types (its --cache-type-k / -v).
@@ -142,6 +145,7 @@ class BackendConfig:
     name: str
     url: str
     kind: str = "llm"
+    apis: str = "auto"  # APIS_SETTINGS (SPEC §17.1)
 
 
 @attrs.frozen
@@ -167,6 +171,7 @@ class ModelConfig:
     cache_type_k: str | None = None  # CACHE_TYPES
     cache_type_v: str | None = None
     batch: int | None = None  # n_batch
+    apis: str = "auto"  # APIS_SETTINGS (SPEC §17.1); the bundled llama.cpp's auto is native
 
 
 @attrs.frozen
