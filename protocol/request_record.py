@@ -208,6 +208,8 @@ class RequestRecord:
     timings_in: bytes | None = None  # where llama.cpp's timings are (see find_usage)
     cached: int | None = None  # prompt tokens the server reused (``cachedTokens``, SPEC §15)
     affinity: str | None = None  # hit | miss | session | spill: why it went there (SPEC §15)
+    translated: str | None = None  # the client's API when sent as Chat Completions (§17.1)
+    usage_estimated: bool = False  # usage is characters / 4: the server said none (§17.1)
 
     def __repr__(self) -> str:
         return (f"RequestRecord({self.id} {self.method} {self.path} {self.status} "
@@ -253,6 +255,8 @@ class RequestRecord:
             "loadMs": None if self.load is None else round(self.load * 1000, 3),
             "cachedTokens": self.cached,
             "affinity": self.affinity,
+            "translated": self.translated,
+            "usageEstimated": self.usage_estimated,
         }
 
     def json_text(self) -> str:
@@ -277,7 +281,9 @@ class RequestRecord:
                 f'"error":{_string_or_null(self.error)},'
                 f'"loadMs":{"null" if load is None else _millis(load)},'
                 f'"cachedTokens":{"null" if self.cached is None else format(self.cached, "d")},'
-                f'"affinity":{_string_or_null(self.affinity)}}}')
+                f'"affinity":{_string_or_null(self.affinity)},'
+                f'"translated":{_string_or_null(self.translated)},'
+                f'"usageEstimated":{"true" if self.usage_estimated else "false"}}}')
 
 
 def _string_or_null(value: str | None) -> str:

@@ -32,6 +32,7 @@ from protocol.headers import Header, connection_tokens, header_value
 from protocol.rebinding import PREFLIGHT_METHODS, preflight_headers
 from protocol.request_info import RequestInfo, parse_request_body, request_path
 from protocol.response import Response
+from protocol.translate import TRANSLATABLE
 from proxy import aliasing
 from proxy.access import auth
 from proxy.api.call import Body, Takeover
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from proxy.link.listener import Peer
     from proxy.models.managed import Managed
     from proxy.models.ondemand import OnDemand
+    from proxy.translated import Way
 
 DENIED_BODY_CAP = 64 * 1024  # a denied request's body is read (to keep the connection) up to
 
@@ -91,8 +93,8 @@ def _small_body(headers: list[Header]) -> bool:
 class Exchange:
     """One request (see the module docstring)."""
 
-    __slots__ = ("ctx", "grant", "info", "learned", "load_wait", "out", "outcome", "peer",
-                 "relay", "request", "scope", "source", "started", "wall")
+    __slots__ = ("ctx", "grant", "info", "load_wait", "out", "outcome", "peer", "relay",
+                 "request", "scope", "source", "started", "translation", "wall")
 
     def __init__(self, ctx: GatewayContext, source: RequestSource, out: Downstream,
                  scope: RequestScope, peer: Peer) -> None:
@@ -109,7 +111,7 @@ class Exchange:
         self.outcome = ""  # the request log's word for it, once decided (see decide)
         self.load_wait: float | None = None  # seconds it waited for its model to load
         self.grant: Grant | None = None  # the access key it presented, with its limits
-        self.learned = False  # the routing index learned its answer (learn)
+        self.translation: Way | None = None  # SPEC §17.1: a Messages/Responses request's
 
     def __repr__(self) -> str:
         return f"Exchange({self.peer.listener.name}, {self.out!r})"
@@ -237,10 +239,23 @@ class Exchange:
                        headers: list[Header], body: bytes, info: RequestInfo,
                        out: AnswerSink) -> None:
         plan = await ctx.router.plan(info, headers)
+        missing = None
+        if path in TRANSLATABLE and out is self.out:  # SPEC §17.1: the server may lack it
+            from proxy.translated import Way
+
+            asked = info.model if self.info is None else self.info.model
+            self.translation = way = Way(ctx, plan, path, body, info, asked, self.out)
+            if way.mode == "translate":
+                if way.counting:
+                    await way.count()
+                    return
+                target, body, out = way.start()
+            elif way.mode is None:
+                missing = way.missing
         self.relay = relay = Relay(plan, method, target, path, headers, body,
                                    info, out=out, scope=self.scope,
                                    connections=ctx.connections, timeouts=ctx.config.timeouts,
-                                   on_answer=None if plan.conversation is None else self.learn)
+                                   missing=missing)
         try:
             if not self.scope.cancelled:  # the client may have left while it was routed
                 await relay.run()

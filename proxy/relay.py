@@ -3,11 +3,10 @@
 The answer is committed to the client together with the first body chunk; before that every
 failure becomes an error response in the request family's shape (raised for the exchange to
 send), after it one error event in that shape followed by closing the connection. The relay
-writes only to an :class:`~proxy.downstream.AnswerSink` (the client's
-:class:`~proxy.downstream.Downstream`, or for the Ollama API a
-:class:`~proxy.ollama_out.OllamaOut` that writes Ollama's answer to it) and keeps no state
-of its own about the client side: the request's :class:`protocol.response.Response` says
-whether anything was sent.
+writes only to an :class:`~proxy.downstream.AnswerSink` (the client's Downstream, or an
+OllamaOut or TranslatedOut writing another API's answer to it) and keeps no state of its own
+about the client side: the request's :class:`protocol.response.Response` says whether
+anything was sent.
 """
 
 from __future__ import annotations
@@ -62,8 +61,9 @@ class Relay:
 
     def __init__(self, plan: Plan, method: bytes, target: bytes, path: str,
                  headers: list[Header], body: bytes, info: RequestInfo, *, out: AnswerSink,
-                 scope: RequestScope, connections: ConnectionPool, timeouts: TimeoutsConfig,
-                 on_answer: Callable[[Relay], None] | None = None) -> None:
+                 scope: RequestScope, connections: ConnectionPool,
+                 timeouts: TimeoutsConfig, missing: Callable[[Relay], bool] | None = None
+                 ) -> None:
         self.plan = plan
         self.method = method
         self.target = target
@@ -75,7 +75,7 @@ class Relay:
         self.scope = scope
         self.connections = connections
         self.timeouts = timeouts
-        self.on_answer = on_answer
+        self.missing = missing  # SPEC §17.1's safety net (proxy.translated.Way.missing)
         self.status = 0  # the status relayed to the client
         self.interrupted = False  # cancelled from outside (shutdown)
         self.observer: SseObserver | None = None  # an SSE answer's events and usage
@@ -201,6 +201,10 @@ class Relay:
                     if self._fail_over(str(failure)):
                         continue
                     raise
+                if (self.missing is not None and head.status_code in (404, 405)
+                        and not self.out.response.started and self.missing(self)):
+                    conn.close()  # sent again translated: target, body and out switched
+                    continue
                 sse = is_event_stream(head.headers)
                 if not sse or head.status_code >= 300:  # a stream's, at its first data event
                     plan.attempt.answered(trio.current_time())

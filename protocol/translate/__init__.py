@@ -45,8 +45,8 @@ from protocol.errors import Family, SluiceError
 from protocol.translate import messages
 from protocol.translate.chat import Usage
 
-__all__ = ["CHAT_PATH", "COUNT_PATHS", "TRANSLATORS", "StreamTranslator", "Translator",
-           "Usage", "translator_for"]
+__all__ = ["CHAT_PATH", "COUNT_PATHS", "TRANSLATABLE", "TRANSLATORS", "StreamTranslator",
+           "Translator", "Usage", "translator_for"]
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -104,6 +104,10 @@ TRANSLATORS: dict[str, Translator] = {
 COUNT_PATHS: dict[str, Translator] = {
     "/v1/messages/count_tokens": messages,
 }
+
+
+# Every path a translator takes (the exchange's one test per request).
+TRANSLATABLE: frozenset[str] = frozenset({*TRANSLATORS, *COUNT_PATHS})
 
 
 def translator_for(path: str) -> Translator | None:

@@ -37,6 +37,7 @@ class Finished(Protocol):
     wall: float  # the same moment, wall-clock
     peer: Any  # the proxy.exchange.Peer
     load_wait: float | None  # seconds it waited for a managed model's load, or None
+    translation: Any  # the proxy.translated.Way of a Messages/Responses request, or None
 
 
 class Reports:
@@ -132,6 +133,8 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
         else:
             usage_in = timings_in = relay.usage_in
     info = exchange.info
+    way = exchange.translation  # SPEC §17.1
+    translated = None if way is None or not way.active else way.name
     return RequestRecord(
         id=request_id, started_at=exchange.wall, method=method, path=path, model=model,
         stream=bool(info is not None and info.stream),
@@ -141,5 +144,6 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
         attempts=attempts, routed=relay is not None, usage_in=usage_in,
         usage_first=usage_first,
         load=exchange.load_wait, served_model=None if relay is None else relay.info.model,
-        ttft=ttft, timings_in=timings_in, affinity=affinity)
+        ttft=ttft, timings_in=timings_in, affinity=affinity, translated=translated,
+        usage_estimated=translated is not None and way.usage_estimated)
 
