@@ -49,6 +49,7 @@ from bench import (
     ondemand_command,
     s7tls,
     s7tls_report,
+    translate,
     watch,
 )
 
@@ -83,6 +84,7 @@ TARGET_TEXT = {
     "S9CMD": ondemand_command.TARGET,
     "S10": ondemand.S10_TARGET,
     "S11": ollama.TARGET_TEXT,
+    "S13": translate.TARGET_TEXT,
 }
 S7_SHAPES = ("S3", "S5")  # the loads S7 also runs through gateway A -> gateway B
 S7_MAX_RATIO = 2.0
@@ -791,7 +793,7 @@ def s7_table(s7: dict[str, Any], smoke: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7,S8,S9,S9CMD,S10,S11",
+    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7,S8,S9,S9CMD,S10,S11,S13",
                     help="S6 alone means every scenario; S7 runs S3's and S5's loads "
                          "(which it adds) also through gateway A -> gateway B; S8 holds "
                          "250..4000 streams at once (bench/held.py); S9 cold start of a "
@@ -800,7 +802,9 @@ def main(argv: list[str] | None = None) -> int:
                          "unloaded ones (bench/ondemand.py; they need the llama extra); "
                          "S11 an "
                          "Ollama /api/chat stream against /v1/chat/completions "
-                         "(bench/ollama.py); S7TLS (only when named; needs root) S1's and "
+                         "(bench/ollama.py); S13 a Messages stream translated to Chat "
+                         "Completions against the chat stream relayed (bench/translate.py); "
+                         "S7TLS (only when named; needs root) S1's and "
                          "S3's loads through A -> B over the pinned TLS link against the "
                          "plain one (bench/s7tls.py); S12 (named alone) multi-turn "
                          "conversations on two llama.cpp servers behind gateways, every "
@@ -836,7 +840,8 @@ def main(argv: list[str] | None = None) -> int:
                               + (["--smoke"] if opts.smoke else [])
                               + (["--json", str(opts.json)] if opts.json else []))
     bad = [s for s in wanted
-           if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S9CMD", "S10", "S11", "S7TLS")]
+           if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S9CMD", "S10", "S11", "S13",
+                        "S7TLS")]
     if bad:
         ap.error(f"unknown scenario(s): {', '.join(bad)}")
     every = wanted == ["S6"]
@@ -845,6 +850,7 @@ def main(argv: list[str] | None = None) -> int:
     s9, s10 = every or "S9" in wanted, every or "S10" in wanted
     s9cmd = every or "S9CMD" in wanted
     s11 = every or "S11" in wanted
+    s13 = every or "S13" in wanted
     s7tls_on = "S7TLS" in wanted
     scenarios = [s for s in SCENARIOS if s in wanted or every or (s7 and s in S7_SHAPES)]
     rounds = 1 if opts.smoke else max(1, opts.rounds)
@@ -916,6 +922,7 @@ def main(argv: list[str] | None = None) -> int:
         s11_result: dict[str, Any] | None = None
         if s11:
             s11_result = ollama.run_s11(env, transports, rounds, opts.smoke)
+        s13_result = translate.run_s13(env, transports, rounds, opts.smoke) if s13 else None
         s8_result: dict[str, Any] | None = None
         if s8:
             s8_result = held.run_s8(kids, tmp, env["mock"], transports, rounds, opts.smoke,
@@ -983,6 +990,9 @@ def main(argv: list[str] | None = None) -> int:
         if s11_result is not None:
             problems += s11_result["problems"]
             md += ("\n\n" if md else "") + ollama.table(s11_result, opts.smoke)
+        if s13_result is not None:
+            problems += s13_result["problems"]
+            md += ("\n\n" if md else "") + translate.table(s13_result, opts.smoke)
         if s7tls_result is not None:
             problems += s7tls_result["problems"]
             md += ("\n\n" if md else "") + s7tls_report.tables(s7tls_result, opts.smoke)
@@ -998,7 +1008,8 @@ def main(argv: list[str] | None = None) -> int:
                      "scenarios": scenarios + [name for name, on in
                                                (("S8", s8), ("S9", s9),
                                                 ("S9CMD", s9cmd), ("S10", s10),
-                                                ("S11", s11), ("S7TLS", s7tls_on)) if on],
+                                                ("S11", s11), ("S13", s13),
+                                                ("S7TLS", s7tls_on)) if on],
                      "transports": transports,
                      "targets": targets, "cpus": os.cpu_count(), "machine": platform.platform(),
                      "python": platform.python_version(),
@@ -1016,6 +1027,7 @@ def main(argv: list[str] | None = None) -> int:
             "s9cmd": s9cmd_result,
             "s10": s10_result,
             "s11": s11_result,
+            "s13": s13_result,
             "s7tls": s7tls_result,
             "s7tls_skipped": s7tls_skipped,
             "ondemand_skipped": skipped,
