@@ -871,7 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="slb-", dir="/tmp"))  # short: socket paths ≤ 103 bytes
     try:
         env: dict[str, Any] = {}
-        if scenarios or s7 or s8 or s11:
+        if scenarios or s7 or s8 or s11 or s13:
             env["mock"] = start_mock(kids, tmp)
             env["sluice"] = start_gateway(kids, tmp, env["mock"],
                                           aliases.CONFIG if opts.aliased else "")

@@ -27,6 +27,7 @@ from protocol.errors import SluiceError, anthropic_type
 from protocol.headers import AFFINITY, SERVED_BY, Header
 from protocol.ollama.sse_reader import EventTooLarge, SseReader
 from protocol.ollama.stream import CUT_MESSAGE
+from protocol.ollama.text_delta import TextDelta
 from protocol.ollama.wire import NotJson, load_json
 from protocol.translate.chat import context_overflow
 
@@ -96,6 +97,10 @@ class TranslatedOut:
         self._closed = False  # the stream's finish or fail was called: nothing follows
         self._failed = False  # ... and it was fail
         self._reader = SseReader()
+        # The fast path of text chunks (a stream with ``plain``): the bytes around a parsed
+        # chunk's text (protocol/ollama/text_delta.py), and the stream's plain(strings, thinking)
+        self._template: TextDelta | None = None
+        self._plain: Callable[[list[bytes], bool], bytes] | None = None
         self._error_status = 0
         self._error_headers: list[Header] = []
         self._error_body = bytearray()
@@ -176,6 +181,7 @@ class TranslatedOut:
         if stream is None:
             stream = self.stream = self.translator.Stream(self.model,
                                                           prompt_chars=self.prompt_chars)
+            self._plain = getattr(stream, "plain", None)
         return stream
 
     async def send_head(self, status: int, headers: list[Header], reason: bytes, body: bytes,
@@ -219,15 +225,34 @@ class TranslatedOut:
         stream = self.stream
         if stream is None or not data or self._closed:
             return b""
-        try:
-            events = self._reader.feed(data)
-        except EventTooLarge:
-            return self._fail(stream, "upstream_protocol_error", "the model server sent an "
-                              "event larger than the gateway reads")
-        if not events:  # a keep-alive comment, or part of an event
-            return stream.ping() if data[:1] == b":" else b""
         out = b""
+        template, plain = self._template, self._plain
+        if (template is not None and plain is not None and self._reader.at_event_start
+                and 0 <= data.find(b"\n\n") < len(data) - 2):  # a read of many events
+            many = template.many(data)
+            if many is not None:
+                strings, data = many
+                out = plain(strings, template.thinking)
+                if not data:
+                    return out
+        reader = self._reader
+        if (reader.at_event_start and data[:6] == b"data: " and data.count(b"\n") == 2
+                and data[-2:] == b"\n\n" and b"\r" not in data):
+            events = [data[6:-2]]  # one whole event: most reads of a slow stream
+        else:
+            try:
+                events = reader.feed(data)
+            except EventTooLarge:
+                return out + self._fail(stream, "upstream_protocol_error", "the model server "
+                                        "sent an event larger than the gateway reads")
+        if not events:  # a keep-alive comment, or part of an event
+            return out + stream.ping() if data[:1] == b":" else out
         for event in events:
+            if template is not None and plain is not None:
+                token = template.plain_token(event)
+                if token is not None:  # the learned chunk with another plain text
+                    out += plain([token[1:-1]], template.thinking)
+                    continue
             if event == _DONE:
                 return out + self._finish(stream)
             try:
@@ -247,6 +272,8 @@ class TranslatedOut:
             if choices and type(choices) is list and type(choices[0]) is dict \
                     and choices[0].get("finish_reason"):
                 self._said_finish = True
+            elif template is None and plain is not None:
+                template = self._template = TextDelta.learn(event, chunk)
             out += stream.feed(chunk)
         return out
 

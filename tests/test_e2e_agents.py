@@ -86,7 +86,8 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
             "NO_PROXY": "127.0.0.1,localhost", **extra}
 
 
-async def run_agent(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
+async def run_agent(argv: list[str], env: dict[str, str],
+                    cwd: Path) -> subprocess.CompletedProcess[bytes]:
     with trio.fail_after(RUN_TIMEOUT + 30):
         return await trio.run_process(argv, env=env, cwd=cwd, capture_stdout=True,
                                       capture_stderr=True, check=False,

@@ -230,3 +230,19 @@ def test_invalid_arguments_are_kept_not_lost() -> None:
     _, out = run([chunk({"tool_calls": [call(0, "c", "f", "not json")]}),
                   chunk(finish="tool_calls")])
     assert check(out)[0]["input"] == {"arguments": "not json"}
+
+
+def test_plain_texts_give_the_same_events_as_chunks() -> None:
+    texts = [b"Hel", b"lo, ", b"", b"w\xc3\xb6rld"]
+    by_chunk, by_plain = Stream("m"), Stream("m")
+    slow = b"".join(by_chunk.feed(chunk({"reasoning_content": "hm"})) for _ in range(2))
+    fast = by_plain.plain([b"hm", b"hm"], True)
+    assert fast == slow
+    slow = b"".join(by_chunk.feed(chunk({"content": t.decode()})) for t in texts)
+    fast = by_plain.plain(texts, False)
+    assert events(fast) == events(slow)
+    tool = chunk({"tool_calls": [call(0, "c", "f", "{}")]})
+    assert by_plain.feed(tool) == by_chunk.feed(tool)
+    # after a tool block opened, text is held for the end either way
+    assert by_plain.plain([b"late"], False) == by_chunk.feed(chunk({"content": "late"})) == b""
+    assert events(by_plain.finish())[-3:] == events(by_chunk.finish())[-3:]

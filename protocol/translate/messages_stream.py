@@ -77,6 +77,9 @@ class _Call:
         self.opened = False
 
 
+_TEXT_DELTA = b',"delta":{"type":"text_delta","text":"'
+_THINKING_DELTA = b',"delta":{"type":"thinking_delta","thinking":"'
+_DELTA_END = b'"}}\n\n'
 _MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 _TEXT_HEAD = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
 
@@ -94,6 +97,7 @@ class Stream:
         self._open: str | None = None  # the open block's kind: thinking, text, tool_use
         self._calls: dict[int, _Call] = {}
         self._tool_open: _Call | None = None
+        self._calls_going = False  # a tool_use block was opened: later text waits for the end
         self._held_text: list[str] = []  # text after a tool block opened: sent at the end
         self._finish: str | None = None
         self._matched: str | None = None
@@ -171,8 +175,37 @@ class Stream:
                       + b'_delta","' + field.encode() + b'":' + _quote(text).encode()
                       + b"}}\n\n")
 
+    def plain(self, strings: list[bytes], thinking: bool) -> bytes:
+        """The fast path of :meth:`feed` for chunks that carry only text (or only
+        reasoning): ``strings`` are the bodies of plain JSON strings (no escapes, no control
+        characters, UTF-8: :func:`protocol.ollama.text_delta.is_plain`), so they are the
+        text's JSON as it is, and their deltas are made without parsing or quoting."""
+        if self._calls_going or self._closed:
+            return b"".join(self.feed({"choices": [{"index": 0, "delta": {
+                "reasoning_content" if thinking else "content": text.decode()}}]})
+                for text in strings)
+        if len(strings) != 1:
+            strings = [text for text in strings if text]
+            if not strings:
+                return b""
+        elif not strings[0]:
+            return b""
+        out = b""
+        if thinking:
+            if self._open != "thinking":
+                out = self._open_block("thinking", {"type": "thinking", "thinking": "",
+                                                    "signature": ""})
+            head = _TEXT_HEAD + b"%d" % self._index + _THINKING_DELTA
+        else:
+            if self._open != "text":
+                out = self._open_block("text", {"type": "text", "text": ""})
+            head = _TEXT_HEAD + b"%d" % self._index + _TEXT_DELTA
+        self._chars += sum(map(len, strings))  # bytes, not characters: it is an estimate
+        return out + head + (_DELTA_END + head).join(strings) + _DELTA_END
+
     def _tool_block(self, call: _Call) -> bytes:
         call.opened = True
+        self._calls_going = True
         out = self._open_block("tool_use", {"type": "tool_use", "id": call.id,
                                             "name": call.name, "input": {}})
         self._tool_open = call
@@ -187,8 +220,7 @@ class Stream:
         out = b""
         if piece.usage is not None and piece.usage.input is not None:
             self.usage = piece.usage
-        calls_going = self._tool_open is not None or any(c.opened for c in
-                                                         self._calls.values())
+        calls_going = self._calls_going
         if piece.reasoning and not calls_going:
             out += self._delta("thinking", "thinking", piece.reasoning)
         if piece.text:
@@ -209,8 +241,7 @@ class Stream:
                 call.arguments.append(part.arguments)
                 self._chars += len(part.arguments)
             if (not call.opened and call.id is not None and call.name is not None
-                    and self._tool_open is None and not any(c.opened for c in
-                                                            self._calls.values())):
+                    and not self._calls_going):
                 out += self._tool_block(call)
         if piece.finish is not None:
             self._finish = piece.finish
