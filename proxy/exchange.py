@@ -258,7 +258,11 @@ class Exchange:
                                    missing=missing)
         try:
             if not self.scope.cancelled:  # the client may have left while it was routed
-                await relay.run()
+                translation = self.translation
+                if translation is not None and info.stream and translation.mode != "native":
+                    await translation.relay(relay)  # with its pings (SPEC §17.1)
+                else:
+                    await relay.run()
         finally:
             self.settle(relay)
         if self.scope.cancelled:

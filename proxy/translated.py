@@ -45,6 +45,7 @@ __all__ = ["Way", "served_context"]
 log = logging.getLogger("sluice.translate")
 
 COUNT_CAP = 16 * 1024 * 1024  # a tokenize answer lists every token
+PING_EVERY = 10.0  # seconds between keep-alives while the prompt is read (SPEC §17.1)
 
 
 def _modes(upstream: Upstream) -> ApiModes:
@@ -123,6 +124,23 @@ class Way:
                                   stream=self.info.stream, prompt_chars=text_of_prompt(chat))
         return CHAT_PATH.encode(), json.dumps(chat, separators=(",", ":"),
                                               ensure_ascii=False).encode(), self.sink
+
+    async def relay(self, relay: Relay) -> None:
+        """Run a streamed request's relay with the keep-alive of its translated answer
+        beside it: a ping every :data:`PING_EVERY` seconds while the prompt is read."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pings)
+            try:
+                await relay.run()
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _pings(self) -> None:
+        while True:
+            await trio.sleep(PING_EVERY)
+            sink = self.sink
+            if sink is not None and not await sink.ping():
+                return  # the answer's content began (or it ended): no more pings
 
     def missing(self, relay: Relay) -> bool:
         """The relay's hook: the server answered 404/405 before any byte. When its API was

@@ -23,6 +23,8 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from protocol.errors import SluiceError, anthropic_type
 from protocol.headers import AFFINITY, SERVED_BY, Header
 from protocol.ollama.sse_reader import EventTooLarge, SseReader
@@ -101,6 +103,8 @@ class TranslatedOut:
         # chunk's text (protocol/ollama/text_delta.py), and the stream's plain(strings, thinking)
         self._template: TextDelta | None = None
         self._plain: Callable[[list[bytes], bool], bytes] | None = None
+        self._pinging = False  # a keep-alive is being written: the relay's writes wait
+        self._pinged: trio.Event | None = None  # set when that write is over
         self._error_status = 0
         self._error_headers: list[Header] = []
         self._error_body = bytearray()
@@ -283,10 +287,38 @@ class TranslatedOut:
             self.state = State.BROKEN
             self.response.broken()
 
+    async def ping(self) -> bool:
+        """A keep-alive while the prompt is read (the stream's ``ping``), written between
+        the relay's writes; False once there is no more to send (content began, the answer
+        ended)."""
+        stream = self.stream
+        if self.state is State.IDLE or self.state is State.GATHERING_ERROR:
+            return True  # no answer yet: perhaps later
+        if self.state is not State.STREAMING or stream is None or self._closed:
+            return False
+        data = stream.ping()
+        if not data:
+            return False
+        self._pinging = True
+        self._pinged = pinged = trio.Event()
+        try:
+            await self.real.send_body(self.real.frame(data))
+        finally:
+            self._pinging = False
+            pinged.set()
+        return True
+
+    async def _wait_for_ping(self) -> None:
+        pinged = self._pinged
+        if pinged is not None:
+            await pinged.wait()
+
     async def send_body(self, data: bytes, on_block: Callable[[], None] | None = None) -> None:
         state = self.state
         if state is State.STREAMING:
             out = self._events(data)
+            if self._pinging:
+                await self._wait_for_ping()
             if out:
                 await self.real.send_body(self.real.frame(out), on_block)
             self._after()
@@ -312,6 +344,8 @@ class TranslatedOut:
             out += self._finish(stream) if self._said_finish else self._fail(
                 stream, "upstream_error", CUT_MESSAGE)
         real = self.real
+        if self._pinging:
+            await self._wait_for_ping()
         if self._failed:
             self.state = State.BROKEN
             await real.send_broken(out, "upstream_error")
@@ -325,6 +359,8 @@ class TranslatedOut:
             self.response.broken()
             return
         self.state = State.BROKEN
+        if self._pinging:
+            await self._wait_for_ping()
         data = b"" if self._closed else self._fail(self._stream(), err.code or "upstream_error",
                                                    err.message)
         await self.real.send_broken(data, err.code)
