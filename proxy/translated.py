@@ -90,6 +90,7 @@ class Way:
         self.real = real
         self.body = body
         self.active = False
+        self.options: dict[str, Any] = {}  # the translator's answer_options of the request
         self.sink: TranslatedOut | None = None
         self.mode = _modes(plan.upstream).of(translator.NAME)
 
@@ -111,6 +112,7 @@ class Way:
             raise bad_request("the request body is not JSON") from None
         if not isinstance(doc, dict):
             raise bad_request("the request body must be a JSON object")
+        self.options = self.translator.answer_options(doc)
         model = self.info.model
         chat = self.translator.to_chat(doc, context=served_context(self.ctx, upstream, model))
         chat["model"] = model
@@ -121,7 +123,8 @@ class Way:
         chat = self._chat(self.plan.upstream)
         self.active = True
         self.sink = TranslatedOut(self.real, self.translator, self.asked,
-                                  stream=self.info.stream, prompt_chars=text_of_prompt(chat))
+                                  stream=self.info.stream, prompt_chars=text_of_prompt(chat),
+                                  options=self.options)
         return CHAT_PATH.encode(), json.dumps(chat, separators=(",", ":"),
                                               ensure_ascii=False).encode(), self.sink
 

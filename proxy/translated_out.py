@@ -85,13 +85,14 @@ class TranslatedOut:
     chunked = False
 
     def __init__(self, real: Downstream, translator: Translator, model: str, *, stream: bool,
-                 prompt_chars: int) -> None:
+                 prompt_chars: int, options: dict[str, Any] | None = None) -> None:
         self.real = real
         self.response: Response = real.response
         self.translator = translator
         self.model = model
         self.stream_asked = stream
         self.prompt_chars = prompt_chars
+        self.options = options or {}  # the translator's answer_options of the request
         self.state = State.IDLE
         self.stream: StreamTranslator | None = None  # once a stream began
         self.usage_estimated = False
@@ -154,7 +155,8 @@ class TranslatedOut:
         if self.stream_asked:  # a stream asked, a whole answer given: one chunk of it
             await self._whole_as_stream(answer, headers)
             return
-        out = self.translator.from_chat(answer, model=self.model, prompt_chars=self.prompt_chars)
+        out = self.translator.from_chat(answer, model=self.model, prompt_chars=self.prompt_chars,
+                                        **self.options)
         if answer.get("usage") is None:
             self.usage_estimated = True
         self.state = State.DONE
@@ -183,8 +185,8 @@ class TranslatedOut:
     def _stream(self) -> StreamTranslator:
         stream = self.stream
         if stream is None:
-            stream = self.stream = self.translator.Stream(self.model,
-                                                          prompt_chars=self.prompt_chars)
+            stream = self.stream = self.translator.Stream(
+                self.model, prompt_chars=self.prompt_chars, **self.options)
             self._plain = getattr(stream, "plain", None)
         return stream
 

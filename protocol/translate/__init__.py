@@ -31,6 +31,13 @@ API is one more row of the table, not new branches:
   neither.
 - ``count_answer(tokens)``: the answer of the API's count path (``count_tokens``,
   ``input_tokens``) for the server's exact count.
+- ``answer_options(body)``: what the answer needs to know of the request beyond the model
+  (e.g. the Responses tools' names), as keywords given to ``from_chat`` and ``Stream``;
+  ``{}`` for most.
+
+A stream may also have ``plain(strings, thinking) -> bytes``, the fast path of ``feed`` for
+chunks of text alone (their JSON strings' bodies, plain: no escapes); the relay's writer
+uses it when it is there.
 
 :data:`TRANSLATORS` maps a client path to its module, :data:`COUNT_PATHS` a count path.
 The pieces every translator shares (reading chat chunks and answers into plain values, the
@@ -39,6 +46,7 @@ characters ÷ 4 estimate, the server's context overflow) are in :mod:`.chat`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from protocol.errors import Family, SluiceError
@@ -68,10 +76,6 @@ class StreamTranslator(Protocol):
     def fail(self, code: str, message: str) -> bytes: ...
 
 
-class StreamFactory(Protocol):
-    def __call__(self, model: str, *, prompt_chars: int = 0) -> StreamTranslator: ...
-
-
 class Translator(Protocol):
     """The face of a translator module (see the module)."""
 
@@ -81,21 +85,24 @@ class Translator(Protocol):
     @property
     def FAMILY(self) -> Family: ...
 
+    # Stream(model, *, prompt_chars=0, **answer_options) -> StreamTranslator
     @property
-    def Stream(self) -> StreamFactory: ...
+    def Stream(self) -> Callable[..., StreamTranslator]: ...
 
     def to_chat(self, body: dict[str, Any], *, context: int | None) -> dict[str, Any]: ...
 
-    def from_chat(self, answer: dict[str, Any], *, model: str,
-                  prompt_chars: int = 0) -> dict[str, Any]: ...
+    # from_chat(answer, *, model, prompt_chars=0, **answer_options) -> the client's answer
+    @property
+    def from_chat(self) -> Callable[..., dict[str, Any]]: ...
 
     def overflow_error(self, tokens: int | None, maximum: int | None) -> SluiceError: ...
 
     def count_answer(self, tokens: int) -> dict[str, Any]: ...
 
+    def answer_options(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
-# The client's path -> its translator. (Responses: one row, once protocol/translate/
-# responses.py is there.)
+
+# The client's path -> its translator.
 TRANSLATORS: dict[str, Translator] = {
     "/v1/messages": messages,
 }

@@ -15,8 +15,8 @@ from protocol.errors import Family, SluiceError, bad_request
 from protocol.translate.chat import Usage, estimate_tokens, read_answer, text_of_prompt
 from protocol.translate.messages_stream import Stream, stop_reason, tool_input, usage_object
 
-__all__ = ["FAMILY", "NAME", "Stream", "count_answer", "from_chat", "overflow_error",
-           "to_chat"]
+__all__ = ["FAMILY", "NAME", "Stream", "answer_options", "count_answer", "from_chat",
+           "overflow_error", "to_chat"]
 
 NAME = "messages"
 FAMILY = Family.ANTHROPIC
@@ -290,7 +290,8 @@ def new_id() -> str:
     return "msg_" + secrets.token_hex(12)
 
 
-def from_chat(answer: dict[str, Any], *, model: str, prompt_chars: int = 0) -> dict[str, Any]:
+def from_chat(answer: dict[str, Any], *, model: str, prompt_chars: int = 0,
+              **options: Any) -> dict[str, Any]:
     """A whole chat answer as a Messages answer (see the module)."""
     whole = read_answer(answer)
     content: list[dict[str, Any]] = []
@@ -325,3 +326,8 @@ def overflow_error(tokens: int | None, maximum: int | None) -> SluiceError:
 
 def count_answer(tokens: int) -> dict[str, Any]:
     return {"input_tokens": tokens}
+
+
+def answer_options(body: dict[str, Any]) -> dict[str, Any]:
+    """Nothing of the request but its model shapes a Messages answer."""
+    return {}

@@ -88,7 +88,7 @@ class Stream:
     """One streamed answer (see the module). ``model``: the name the client asked for;
     ``prompt_chars``: the translated prompt's characters, for the estimate."""
 
-    def __init__(self, model: str, *, prompt_chars: int = 0) -> None:
+    def __init__(self, model: str, *, prompt_chars: int = 0, **options: Any) -> None:
         self.model = model
         self.prompt_chars = prompt_chars
         self.usage = Usage()
