@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Protocol
 import h11
 import trio
 
+from protocol.api_modes import API_OF_PATH
 from protocol.errors import SluiceError, family_of
 from protocol.headers import Header, connection_tokens, header_value
 from protocol.rebinding import PREFLIGHT_METHODS, preflight_headers
 from protocol.request_info import RequestInfo, parse_request_body, request_path
 from protocol.response import Response
-from protocol.translate import TRANSLATABLE
 from proxy import aliasing
 from proxy.access import auth
 from proxy.api.call import Body, Takeover
@@ -240,12 +240,15 @@ class Exchange:
                        out: AnswerSink) -> None:
         plan = await ctx.router.plan(info, headers)
         missing = None
-        if path in TRANSLATABLE and out is self.out:  # SPEC §17.1: the server may lack it
+        if path in API_OF_PATH and out is self.out:  # SPEC §17.1: the server may lack it
             from proxy.translated import Way
 
             asked = info.model if self.info is None else self.info.model
-            self.translation = way = Way(ctx, plan, path, body, info, asked, self.out)
-            if way.mode == "translate":
+            way = Way.make(ctx, plan, path, body, info, asked, self.out)
+            self.translation = way
+            if way is None:
+                pass  # no translator for this API yet: relayed as it came
+            elif way.mode == "translate":
                 if way.counting:
                     await way.count()
                     return

@@ -5,7 +5,7 @@ Completions (:mod:`protocol.translate`) and writes the client's answer through a
 
 :class:`Way` is made by the exchange once the request is routed, for a path of
 :data:`protocol.translate.TRANSLATORS` or :data:`~protocol.translate.COUNT_PATHS`. The
-server's ``apis`` (:class:`protocol.translate.apis.ApiModes`) decide: ``native`` relays as
+server's ``apis`` (:class:`protocol.api_modes.ApiModes`) decide: ``native`` relays as
 it came (the relay untouched), ``translate`` relays the chat request; not known yet relays
 as it came, and a 404 or 405 before any byte (:meth:`Way.missing`, the relay's hook) marks
 the server and sends the request again translated, once. A failover after that stays
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from protocol.api_modes import NATIVE, ApiModes
 from protocol.errors import SluiceError, bad_request, not_found
 from protocol.headers import Header
 from protocol.translate import CHAT_PATH, COUNT_PATHS, Translator, translator_for
-from protocol.translate.apis import NATIVE, ApiModes
 from protocol.translate.chat import text_of_prompt
 from proxy.routing.attempts import Outcome
 from proxy.translated_out import JSON_TYPE, TRANSLATED, TranslatedOut
@@ -77,14 +77,21 @@ class Way:
     """One request's translation (see the module). ``active``: the relay sends the chat
     request (from the start, or since :meth:`missing` switched it)."""
 
-    def __init__(self, ctx: GatewayContext, plan: Plan, path: str, body: bytes,
-                 info: RequestInfo, asked: str, real: Downstream) -> None:
+    @classmethod
+    def make(cls, ctx: GatewayContext, plan: Plan, path: str, body: bytes, info: RequestInfo,
+             asked: str, real: Downstream) -> Way | None:
+        """The request's way, or None when no translator takes its path."""
         translator = translator_for(path)
-        assert translator is not None
+        if translator is None:
+            return None
+        return cls(ctx, plan, translator, path in COUNT_PATHS, body, info, asked, real)
+
+    def __init__(self, ctx: GatewayContext, plan: Plan, translator: Translator, counting: bool,
+                 body: bytes, info: RequestInfo, asked: str, real: Downstream) -> None:
         self.ctx = ctx
         self.plan = plan
-        self.translator: Translator = translator
-        self.counting = path in COUNT_PATHS
+        self.translator = translator
+        self.counting = counting
         self.info = info
         self.asked = asked  # the model as the client named it (before an alias)
         self.real = real

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from protocol.api_modes import API_OF_PATH, NATIVE, ApiModes, initial_modes, verdict
 from protocol.config import BackendConfig, config_to_dict, parse_config_text
 from protocol.errors import ConfigError
-from protocol.translate.apis import NATIVE, ApiModes, initial_modes, verdict
 from protocol.upstream_url import parse_upstream_url
 from proxy.registry.backends import BackendRegistry
 
@@ -78,3 +78,11 @@ def test_the_registry_records_verdicts_and_the_safety_net() -> None:
     assert backend.apis.view() == {"messages": "native", "responses": "translate"}
     assert len(seen) == 2
     assert backend.status()["apis"] == backend.apis.view()
+
+
+def test_every_translated_path_is_one_the_exchange_looks_at() -> None:
+    from protocol.translate import COUNT_PATHS, TRANSLATORS
+
+    for path, translator in {**TRANSLATORS, **COUNT_PATHS}.items():
+        assert API_OF_PATH[path] == translator.NAME
+

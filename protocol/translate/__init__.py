@@ -53,7 +53,7 @@ from protocol.errors import Family, SluiceError
 from protocol.translate import messages
 from protocol.translate.chat import Usage
 
-__all__ = ["CHAT_PATH", "COUNT_PATHS", "TRANSLATABLE", "TRANSLATORS", "StreamTranslator",
+__all__ = ["CHAT_PATH", "COUNT_PATHS", "TRANSLATORS", "StreamTranslator",
            "Translator", "Usage", "translator_for"]
 
 CHAT_PATH = "/v1/chat/completions"
@@ -111,10 +111,6 @@ TRANSLATORS: dict[str, Translator] = {
 COUNT_PATHS: dict[str, Translator] = {
     "/v1/messages/count_tokens": messages,
 }
-
-
-# Every path a translator takes (the exchange's one test per request).
-TRANSLATABLE: frozenset[str] = frozenset({*TRANSLATORS, *COUNT_PATHS})
 
 
 def translator_for(path: str) -> Translator | None:

@@ -1,13 +1,13 @@
 """A server's Messages and Responses APIs, probed (SPEC §17.1): ``POST /v1/messages {}`` and
-``POST /v1/responses {}``, each answer judged by :func:`protocol.translate.apis.verdict`.
+``POST /v1/responses {}``, each answer judged by :func:`protocol.api_modes.verdict`.
 Asked with a health check while a backend's ``apis: auto`` has not found both."""
 
 from __future__ import annotations
 
 import trio
 
+from protocol.api_modes import API_NAMES, PROBES, ApiModes, Mode, verdict
 from protocol.headers import Header
-from protocol.translate.apis import API_NAMES, PROBES, ApiModes, Mode, verdict
 from protocol.upstream_url import UpstreamAddress
 from proxy.upstream.connection import UpstreamFailure
 from proxy.upstream.pool import ConnectionPool, whole_exchange

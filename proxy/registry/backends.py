@@ -20,10 +20,10 @@ from typing import Any
 
 import trio
 
+from protocol.api_modes import ApiModes, Mode, initial_modes
 from protocol.config import BackendConfig, Config
 from protocol.openai import merge_model_lists
 from protocol.slots import Slots
-from protocol.translate.apis import ApiModes, Mode, initial_modes
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.publish import Subscribers
 from proxy.registry.apis_probe import probe_apis

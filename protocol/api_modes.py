@@ -13,11 +13,16 @@ from __future__ import annotations
 import json
 from typing import Final, Literal
 
-__all__ = ["API_NAMES", "NATIVE", "PROBES", "ApiModes", "Mode", "initial_modes", "verdict"]
+__all__ = ["API_NAMES", "API_OF_PATH", "NATIVE", "PROBES", "ApiModes", "Mode", "initial_modes",
+           "verdict"]
 
 Mode = Literal["native", "translate"]
 API_NAMES: Final = ("messages", "responses")
 PROBES: Final = {"messages": b"/v1/messages", "responses": b"/v1/responses"}
+# The client paths of those APIs (the exchange's one test per request; the translators are
+# imported by the first such request: :mod:`protocol.translate`).
+API_OF_PATH: Final = {"/v1/messages": "messages", "/v1/messages/count_tokens": "messages",
+                      "/v1/responses": "responses", "/v1/responses/input_tokens": "responses"}
 
 
 class ApiModes:
