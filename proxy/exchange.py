@@ -93,8 +93,8 @@ def _small_body(headers: list[Header]) -> bool:
 class Exchange:
     """One request (see the module docstring)."""
 
-    __slots__ = ("ctx", "grant", "info", "load_wait", "out", "outcome", "peer", "relay",
-                 "request", "scope", "source", "started", "translation", "wall")
+    __slots__ = ("ctx", "grant", "info", "learned", "load_wait", "out", "outcome", "peer",
+                 "relay", "request", "scope", "source", "started", "translation", "wall")
 
     def __init__(self, ctx: GatewayContext, source: RequestSource, out: Downstream,
                  scope: RequestScope, peer: Peer) -> None:
@@ -111,6 +111,7 @@ class Exchange:
         self.outcome = ""  # the request log's word for it, once decided (see decide)
         self.load_wait: float | None = None  # seconds it waited for its model to load
         self.grant: Grant | None = None  # the access key it presented, with its limits
+        self.learned = False  # the routing index learned its answer (learn)
         self.translation: Way | None = None  # SPEC §17.1: a Messages/Responses request's
 
     def __repr__(self) -> str:
@@ -258,6 +259,7 @@ class Exchange:
         self.relay = relay = Relay(plan, method, target, path, headers, body,
                                    info, out=out, scope=self.scope,
                                    connections=ctx.connections, timeouts=ctx.config.timeouts,
+                                   on_answer=None if plan.conversation is None else self.learn,
                                    missing=missing)
         try:
             if not self.scope.cancelled:  # the client may have left while it was routed

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from protocol.errors import Family, SluiceError
-from protocol.translate import messages
+from protocol.translate import messages, responses_row
 from protocol.translate.chat import Usage
 
 __all__ = ["CHAT_PATH", "COUNT_PATHS", "TRANSLATORS", "StreamTranslator",
@@ -105,11 +105,13 @@ class Translator(Protocol):
 # The client's path -> its translator.
 TRANSLATORS: dict[str, Translator] = {
     "/v1/messages": messages,
+    "/v1/responses": responses_row,
 }
 
 # The count paths -> the translator whose prompt they count.
 COUNT_PATHS: dict[str, Translator] = {
     "/v1/messages/count_tokens": messages,
+    "/v1/responses/input_tokens": responses_row,
 }
 
 
