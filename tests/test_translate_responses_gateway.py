@@ -89,3 +89,31 @@ async def test_overflow_and_input_tokens(nursery: trio.Nursery, short_tmp: Path)
     counted = await request(gw.unix, "POST", "/v1/responses/input_tokens", body)
     assert counted.status == 200
     assert counted.json()["input_tokens"] == 3
+
+
+def test_plain_texts_give_the_same_events_as_chunks() -> None:
+    """The Responses stream's fast path (``plain``, used by the relay's writer for chunks of
+    text alone) makes the events ``feed`` makes of the same chunks."""
+    from protocol.translate.responses_stream import Stream
+
+    def chunk(field: str, text: str) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": {field: text}, "finish_reason": None}]}
+
+    def events(data: bytes) -> list[dict[str, Any]]:
+        out = []
+        for block in data.decode().split("\n\n")[:-1]:
+            doc = json.loads(block.split("data: ", 1)[1])
+            doc.pop("item_id", None)
+            if "item" in doc:
+                doc["item"].pop("id", None)
+            out.append(doc)
+        return out
+
+    by_chunk, by_plain = Stream("m"), Stream("m")
+    slow = by_chunk.start() + b"".join(by_chunk.feed(chunk("reasoning_content", t))
+                                       for t in ("hm", "m"))
+    slow += b"".join(by_chunk.feed(chunk("content", t)) for t in ("Hel", "lo", "", " w\u00f6"))
+    slow += by_chunk.finish()
+    fast = by_plain.start() + by_plain.plain([b"hm", b"m"], True)
+    fast += by_plain.plain([b"Hel", b"lo", b"", " w\u00f6".encode()], False) + by_plain.finish()
+    assert events(fast)[2:-1] == events(slow)[2:-1]
