@@ -1,6 +1,7 @@
-"""Messages translated to llama.cpp's own Chat Completions (SPEC §17.1), end to end with
-the real demo model behind ``apis: translate``: the ``anthropic`` SDK's whole and streamed
-answers, the request log's ``translated``, count_tokens from llama.cpp's
+"""Messages and Responses translated to llama.cpp's own Chat Completions (SPEC §17.1), end to
+end with the real demo model behind ``apis: translate``: the ``anthropic`` SDK's and the
+``openai`` SDK's whole and streamed answers, the request log's ``translated``, count_tokens
+from llama.cpp's
 ``/apply-template`` + ``/tokenize`` (against llama.cpp's own Messages count), and the
 server's real context overflow in Anthropic's words."""
 
@@ -19,7 +20,7 @@ from proxy.demo import DEMO_MODEL
 from proxy.server import Gateway
 from tests.client import request
 from tests.conftest import RunningGateway, gateway_config, open_settings
-from tests.test_e2e_clients import anthropic_client
+from tests.test_e2e_clients import anthropic_client, openai_client
 from tests.test_e2e_llama import gguf, wait_running  # noqa: F401 (fixture)
 
 pytest.importorskip("xllamacpp")
@@ -74,6 +75,31 @@ async def test_the_sdk_through_llama_cpps_chat(nursery: trio.Nursery, short_tmp:
     assert [(e["translated"], e["usageEstimated"], e["status"]) for e in log] == [
         ("messages", False, 200)] * 2
     assert log[0]["usage"]["completion_tokens"] == final.usage.output_tokens
+
+
+async def test_the_responses_api_through_llama_cpps_chat(
+        nursery: trio.Nursery, short_tmp: Path, gguf: Path) -> None:  # noqa: F811
+    gw = await start(nursery, short_tmp, gguf, "translate")
+    ask = {"model": DEMO_MODEL, "input": "Name three colours.", "instructions": "Be brief.",
+           "max_output_tokens": 16, "temperature": 0}
+
+    def run() -> tuple[Any, Any]:
+        with openai_client(gw.unix) as sdk:
+            whole = sdk.responses.create(**ask)
+            with sdk.responses.stream(**ask) as stream:
+                final = stream.get_final_response()
+        return whole, final
+
+    with trio.fail_after(120):
+        whole, final = await trio.to_thread.run_sync(run)
+    assert whole.output_text
+    assert final.output_text == whole.output_text  # greedy: the same text both ways
+    assert whole.status in ("completed", "incomplete")
+    assert whole.usage is not None
+    assert 0 < whole.usage.output_tokens <= 16
+    log = (await request(gw.unix, "GET", "/api/v1/requests?limit=2")).json()["requests"]
+    assert [(e["path"], e["translated"], e["status"]) for e in log] == [
+        ("/v1/responses", "responses", 200)] * 2
 
 
 async def test_count_tokens_and_the_context_overflow(nursery: trio.Nursery, short_tmp: Path,

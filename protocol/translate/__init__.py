@@ -39,7 +39,10 @@ A stream may also have ``plain(strings, thinking) -> bytes``, the fast path of `
 chunks of text alone (their JSON strings' bodies, plain: no escapes); the relay's writer
 uses it when it is there.
 
-:data:`TRANSLATORS` maps a client path to its module, :data:`COUNT_PATHS` a count path.
+:data:`TRANSLATORS` maps a client path to its module, :data:`COUNT_PATHS` a count path. A
+new API is its module (or a row module giving a module this face, as ``responses_row.py``
+does), its rows here, and its paths in :data:`protocol.api_modes.API_OF_PATH` (the
+exchange's one test per request; this package is imported by the first such request).
 The pieces every translator shares (reading chat chunks and answers into plain values, the
 characters ÷ 4 estimate, the server's context overflow) are in :mod:`.chat`.
 """
