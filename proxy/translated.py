@@ -113,10 +113,12 @@ class Way:
         return self.sink is not None and self.sink.usage_estimated
 
     def _chat(self, upstream: Upstream) -> dict[str, Any]:
-        try:
-            doc = json.loads(self.body)
-        except ValueError:
-            raise bad_request("the request body is not JSON") from None
+        doc = self.info.doc  # parsed once already (never changed; the model is set below)
+        if doc is None:
+            try:
+                doc = json.loads(self.body)
+            except ValueError:
+                raise bad_request("the request body is not JSON") from None
         if not isinstance(doc, dict):
             raise bad_request("the request body must be a JSON object")
         self.options = self.translator.answer_options(doc)
