@@ -68,7 +68,7 @@ def served_context(ctx: GatewayContext, upstream: Upstream, model: str) -> int |
     ondemand = ctx.ondemand
     if ondemand is not None and ondemand.holds(model):
         spec = ondemand.lifecycle.models[model].spec
-        if not spec.command:
+        if spec.engine.name == "bundled":
             return max(spec.context // max(spec.parallel, 1), 1)
     return None
 

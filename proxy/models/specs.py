@@ -65,7 +65,8 @@ def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path,
             name=entry.name, path=entry.path, estimate=estimate, keep_alive=keep_alive,
             context=model.context, parallel=model.parallel, threads=model.threads,
             preload=model.preload, problem=problem, engine=engine,
-            kind=model.kind, declared=model.memory is not None, field=field), entry))
+            kind=model.kind, declared=model.memory is not None, field=field,
+            apis=model.apis), entry))
     return out
 
 
