@@ -49,6 +49,7 @@ from bench import (
     ondemand_command,
     s7tls,
     s7tls_report,
+    translate,
     watch,
 )
 
@@ -83,6 +84,7 @@ TARGET_TEXT = {
     "S9CMD": ondemand_command.TARGET,
     "S10": ondemand.S10_TARGET,
     "S11": ollama.TARGET_TEXT,
+    "S3T": translate.TARGET_TEXT,
 }
 S7_SHAPES = ("S3", "S5")  # the loads S7 also runs through gateway A -> gateway B
 S7_MAX_RATIO = 2.0
@@ -791,7 +793,7 @@ def s7_table(s7: dict[str, Any], smoke: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7,S8,S9,S9CMD,S10,S11",
+    ap.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S7,S8,S9,S9CMD,S10,S11,S3T",
                     help="S6 alone means every scenario; S7 runs S3's and S5's loads "
                          "(which it adds) also through gateway A -> gateway B; S8 holds "
                          "250..4000 streams at once (bench/held.py); S9 cold start of a "
@@ -800,7 +802,9 @@ def main(argv: list[str] | None = None) -> int:
                          "unloaded ones (bench/ondemand.py; they need the llama extra); "
                          "S11 an "
                          "Ollama /api/chat stream against /v1/chat/completions "
-                         "(bench/ollama.py); S7TLS (only when named; needs root) S1's and "
+                         "(bench/ollama.py); S3T a Messages stream translated to Chat "
+                         "Completions against the chat stream relayed (bench/translate.py); "
+                         "S7TLS (only when named; needs root) S1's and "
                          "S3's loads through A -> B over the pinned TLS link against the "
                          "plain one (bench/s7tls.py); S12 (named alone) multi-turn "
                          "conversations on two llama.cpp servers behind gateways, every "
@@ -845,7 +849,8 @@ def main(argv: list[str] | None = None) -> int:
         return scheduling.main((["--smoke"] if opts.smoke else [])
                                + (["--json", str(opts.json)] if opts.json else []))
     bad = [s for s in wanted
-           if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S9CMD", "S10", "S11", "S7TLS")]
+           if s not in (*SCENARIOS, "S6", "S7", "S8", "S9", "S9CMD", "S10", "S11", "S3T",
+                        "S7TLS")]
     if bad:
         ap.error(f"unknown scenario(s): {', '.join(bad)}")
     every = wanted == ["S6"]
@@ -854,6 +859,7 @@ def main(argv: list[str] | None = None) -> int:
     s9, s10 = every or "S9" in wanted, every or "S10" in wanted
     s9cmd = every or "S9CMD" in wanted
     s11 = every or "S11" in wanted
+    s3t = every or "S3T" in wanted
     s7tls_on = "S7TLS" in wanted
     scenarios = [s for s in SCENARIOS if s in wanted or every or (s7 and s in S7_SHAPES)]
     rounds = 1 if opts.smoke else max(1, opts.rounds)
@@ -874,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="slb-", dir="/tmp"))  # short: socket paths ≤ 103 bytes
     try:
         env: dict[str, Any] = {}
-        if scenarios or s7 or s8 or s11:
+        if scenarios or s7 or s8 or s11 or s3t:
             env["mock"] = start_mock(kids, tmp)
             env["sluice"] = start_gateway(kids, tmp, env["mock"],
                                           aliases.CONFIG if opts.aliased else "")
@@ -925,6 +931,7 @@ def main(argv: list[str] | None = None) -> int:
         s11_result: dict[str, Any] | None = None
         if s11:
             s11_result = ollama.run_s11(env, transports, rounds, opts.smoke)
+        s3t_result = translate.run_s3t(env, transports, rounds, opts.smoke) if s3t else None
         s8_result: dict[str, Any] | None = None
         if s8:
             s8_result = held.run_s8(kids, tmp, env["mock"], transports, rounds, opts.smoke,
@@ -992,6 +999,9 @@ def main(argv: list[str] | None = None) -> int:
         if s11_result is not None:
             problems += s11_result["problems"]
             md += ("\n\n" if md else "") + ollama.table(s11_result, opts.smoke)
+        if s3t_result is not None:
+            problems += s3t_result["problems"]
+            md += ("\n\n" if md else "") + translate.table(s3t_result, opts.smoke)
         if s7tls_result is not None:
             problems += s7tls_result["problems"]
             md += ("\n\n" if md else "") + s7tls_report.tables(s7tls_result, opts.smoke)
@@ -1007,7 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
                      "scenarios": scenarios + [name for name, on in
                                                (("S8", s8), ("S9", s9),
                                                 ("S9CMD", s9cmd), ("S10", s10),
-                                                ("S11", s11), ("S7TLS", s7tls_on)) if on],
+                                                ("S11", s11), ("S3T", s3t),
+                                                ("S7TLS", s7tls_on)) if on],
                      "transports": transports,
                      "targets": targets, "cpus": os.cpu_count(), "machine": platform.platform(),
                      "python": platform.python_version(),
@@ -1025,6 +1036,7 @@ def main(argv: list[str] | None = None) -> int:
             "s9cmd": s9cmd_result,
             "s10": s10_result,
             "s11": s11_result,
+            "s3t": s3t_result,
             "s7tls": s7tls_result,
             "s7tls_skipped": s7tls_skipped,
             "ondemand_skipped": skipped,

@@ -111,3 +111,4 @@ class ModelSpec:
     kind: str = "llm"
     declared: bool = False  # estimate is its declared memory: it counts loaded or not
     field: str = ""  # its config entry (models[2]) for errors; "" for a folder's model
+    apis: str = "auto"  # SPEC §17.1 (the bundled llama.cpp's auto is native)

@@ -210,6 +210,8 @@ class RequestRecord:
     affinity: str | None = None  # hit | miss | session | spill: why it went there (SPEC §15)
     queue: float | None = None  # seconds it waited in the queue (SPEC §18; None: no model)
     priority: str | None = None  # its class in the queue: interactive | batch (SPEC §18)
+    translated: str | None = None  # the client's API when sent as Chat Completions (§17.1)
+    usage_estimated: bool = False  # usage is characters / 4: the server said none (§17.1)
 
     def __repr__(self) -> str:
         return (f"RequestRecord({self.id} {self.method} {self.path} {self.status} "
@@ -257,6 +259,8 @@ class RequestRecord:
             "affinity": self.affinity,
             "queueMs": None if self.queue is None else round(self.queue * 1000, 3),
             "priority": self.priority,
+            "translated": self.translated,
+            "usageEstimated": self.usage_estimated,
         }
 
     def json_text(self) -> str:
@@ -283,7 +287,9 @@ class RequestRecord:
                 f'"cachedTokens":{"null" if self.cached is None else format(self.cached, "d")},'
                 f'"affinity":{_string_or_null(self.affinity)},'
                 f'"queueMs":{"null" if queue is None else _millis(queue)},'
-                f'"priority":{_string_or_null(self.priority)}}}')
+                f'"priority":{_string_or_null(self.priority)},'
+                f'"translated":{_string_or_null(self.translated)},'
+                f'"usageEstimated":{"true" if self.usage_estimated else "false"}}}')
 
 
 def _string_or_null(value: str | None) -> str:

@@ -28,6 +28,7 @@ import h11
 import trio
 
 from protocol.affinity import session_key
+from protocol.api_modes import API_OF_PATH
 from protocol.errors import SluiceError, family_of
 from protocol.headers import PRIORITY, SESSION, Header, connection_tokens, header_value
 from protocol.queue_order import client_of, request_class
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from proxy.models.managed import Managed
     from proxy.models.ondemand import OnDemand
     from proxy.routing.scheduler import Ticket
+    from proxy.translated import Way
 
 DENIED_BODY_CAP = 64 * 1024  # a denied request's body is read (to keep the connection) up to
 
@@ -96,7 +98,7 @@ class Exchange:
 
     __slots__ = ("ctx", "grant", "info", "learned", "load_wait", "out", "outcome", "peer",
                  "priority", "queue_ms", "relay", "request", "scope", "source", "started",
-                 "wall")
+                 "translation", "wall")
 
     def __init__(self, ctx: GatewayContext, source: RequestSource, out: Downstream,
                  scope: RequestScope, peer: Peer) -> None:
@@ -116,6 +118,7 @@ class Exchange:
         self.learned = False  # the routing index learned its answer (learn)
         self.priority: str | None = None  # its class in the queue (SPEC §18), for a model
         self.queue_ms: int | None = None  # ms it waited in the queue (0: not queued)
+        self.translation: Way | None = None  # SPEC §17.1: a Messages/Responses request's
 
     def __repr__(self) -> str:
         return f"Exchange({self.peer.listener.name}, {self.out!r})"
@@ -281,13 +284,34 @@ class Exchange:
             if placed is None:
                 raise ClientGone
             plan = placed
+        missing = None
+        if path in API_OF_PATH and out is self.out:  # SPEC §17.1: the server may lack it
+            from proxy.translated import Way
+
+            asked = info.model if self.info is None else self.info.model
+            way = Way.make(ctx, plan, path, body, info, asked, self.out)
+            self.translation = way
+            if way is None:
+                pass  # no translator for this API yet: relayed as it came
+            elif way.mode == "translate":
+                if way.counting:
+                    await way.count()
+                    return
+                target, body, out = way.start()
+            elif way.mode is None:
+                missing = way.missing
         self.relay = relay = Relay(plan, method, target, path, headers, body,
                                    info, out=out, scope=self.scope,
                                    connections=ctx.connections, timeouts=ctx.config.timeouts,
-                                   on_answer=None if plan.conversation is None else self.learn)
+                                   on_answer=None if plan.conversation is None else self.learn,
+                                   missing=missing)
         try:
             if not self.scope.cancelled:  # the client may have left while it was routed
-                await relay.run()
+                translation = self.translation
+                if translation is not None and info.stream and translation.mode != "native":
+                    await translation.relay(relay)  # with its pings (SPEC §17.1)
+                else:
+                    await relay.run()
         finally:
             self.settle(relay)
         if self.scope.cancelled:

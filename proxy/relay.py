@@ -1,13 +1,11 @@
 """The streaming pipe between one client request and one upstream answer (SPEC §6).
 
-The answer is committed to the client together with the first body chunk; before that every
-failure becomes an error response in the request family's shape (raised for the exchange to
-send), after it one error event in that shape followed by closing the connection. The relay
-writes only to an :class:`~proxy.downstream.AnswerSink` (the client's
-:class:`~proxy.downstream.Downstream`, or for the Ollama API a
-:class:`~proxy.ollama_out.OllamaOut` that writes Ollama's answer to it) and keeps no state
-of its own about the client side: the request's :class:`protocol.response.Response` says
-whether anything was sent.
+The answer is committed to the client with the first body chunk; before that a failure is an
+error response in the request family's shape (raised for the exchange to send), after it one
+error event in that shape and the connection closes. The relay writes only to an AnswerSink
+(the client's Downstream, or an OllamaOut or TranslatedOut writing another API's answer) and
+keeps no client-side state: the request's :class:`protocol.response.Response` says whether
+anything was sent.
 """
 
 from __future__ import annotations
@@ -63,7 +61,8 @@ class Relay:
     def __init__(self, plan: Plan, method: bytes, target: bytes, path: str,
                  headers: list[Header], body: bytes, info: RequestInfo, *, out: AnswerSink,
                  scope: RequestScope, connections: ConnectionPool, timeouts: TimeoutsConfig,
-                 on_answer: Callable[[Relay], None] | None = None) -> None:
+                 on_answer: Callable[[Relay], None] | None = None,
+                 missing: Callable[[Relay], bool] | None = None) -> None:
         self.plan = plan
         self.method = method
         self.target = target
@@ -76,6 +75,7 @@ class Relay:
         self.connections = connections
         self.timeouts = timeouts
         self.on_answer = on_answer
+        self.missing = missing  # SPEC §17.1's safety net (proxy.translated.Way.missing)
         self.status = 0  # the status relayed to the client
         self.interrupted = False  # cancelled from outside (shutdown)
         self.observer: SseObserver | None = None  # an SSE answer's events and usage
@@ -123,10 +123,8 @@ class Relay:
         try:
             await self._run()
         except UpstreamFailure as failure:
-            if failure.connection_error:
-                err = upstream_unreachable(str(failure))
-            else:
-                err = upstream_bad_response(str(failure))
+            err = (upstream_unreachable if failure.connection_error
+                   else upstream_bad_response)(str(failure))
             await self._fail(err)
         except _Timeout as timeout:
             await self._fail(timeout.error)
@@ -151,8 +149,7 @@ class Relay:
                     conn.close()
 
     def _fail_over(self, why: str) -> bool:
-        """Before the client got anything it would read (:attr:`unanswered`): try the next
-        node, if the plan has one."""
+        """Before the client got anything it would read (:attr:`unanswered`): the next node."""
         plan = self.plan
         if not plan.may_fail_over:
             return False
@@ -201,6 +198,10 @@ class Relay:
                     if self._fail_over(str(failure)):
                         continue
                     raise
+                if (self.missing is not None and head.status_code in (404, 405)
+                        and not self.out.response.started and self.missing(self)):
+                    conn.close()  # sent again translated: target, body and out switched
+                    continue
                 sse = is_event_stream(head.headers)
                 if not sse or head.status_code >= 300:  # a stream's, at its first data event
                     plan.attempt.answered(trio.current_time())
@@ -280,8 +281,7 @@ class Relay:
             data = await receive()
         if observer is not None:
             observer.see(data)
-        # The gap limit is the upstream's: while a slow client makes us wait, only the
-        # total applies.
+        # The gap limit is the upstream's: a slow client's wait counts against the total only.
         stream = self.info.stream
         on_block = deadline.to_total if stream else None
         end = conn.body_done()

@@ -120,8 +120,11 @@ class ConsoleGateway:
             self._model_thread.start()
             self._started.append(self._model_thread)
             backends = [("local", self.model.url)]
+        # apis native: tests give the fake model its Messages and Responses routes after the
+        # start, which the health check's probe would have found missing (SPEC §17.1)
         self.process = GatewayProcess(self.folder, "console", nodes=entries,
-                                      backends=backends, **{"lb": self._lb, **self._config})
+                                      backends=backends,
+                                      **{"lb": self._lb, "apis": "native", **self._config})
         if self._port is not None:  # a fixed API port (to restart on it), else a free one
             cfg = self.process.config
             self.process.config = attrs.evolve(cfg, api=attrs.evolve(cfg.api, port=self._port))

@@ -133,11 +133,13 @@ def gateway_config(
     hc_timeout: float | None = None,
     failure_threshold: int | None = None,
     reset_timeout: float | None = None,
+    apis: str = "auto",
     **api: Any,
 ) -> Config:
     """The default config with API port 0 (a free one), ``socket_dir`` for the Unix socket,
     these llm backends (name, url) and nodes, and what else is given: request timeouts,
-    load balancing (``lb``, ``strategy``, ``failover``), health checks (``interval``,
+    the backends' ``apis`` (SPEC §17.1), load balancing (``lb``, ``strategy``, ``failover``),
+    health checks (``interval``,
     ``hc_timeout``; ``timeouts.health_check`` derived from them), the circuit breaker, and
     ``api`` fields by name. What is not given (None) keeps its default."""
     cfg = default_config()
@@ -152,7 +154,7 @@ def gateway_config(
         cfg,
         api=attrs.evolve(cfg.api, **{"port": 0, **api}),
         local=attrs.evolve(cfg.local, socket_dir=str(socket_dir)),
-        backends=tuple(BackendConfig(name=n, url=u, kind="llm") for n, u in backends),
+        backends=tuple(BackendConfig(name=n, url=u, kind="llm", apis=apis) for n, u in backends),
         nodes=tuple(nodes),
         load_balancing=_given(cfg.load_balancing, enabled=lb, strategy=strategy,
                               failover_enabled=failover),

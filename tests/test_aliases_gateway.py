@@ -149,10 +149,11 @@ async def test_the_model_list_shows_exact_aliases(
     listed = (await request(gw.unix, "GET", "/v1/models")).json()["data"]
     by_id = {entry["id"]: entry for entry in listed}
     assert [entry["id"] for entry in listed] == ["small", "other", "gpt-4o", "o1"]
+    apis = by_id["small"]["sluice"]["apis"]  # the backend's APIs (SPEC §17.1)
     assert by_id["gpt-4o"] == {**by_id["small"], "id": "gpt-4o",
-                               "sluice": {"aliasOf": "small"}}
+                               "sluice": {"apis": apis, "aliasOf": "small"}}
     assert by_id["o1"]["owned_by"] == by_id["other"]["owned_by"]
-    assert by_id["small"].get("sluice") is None  # a model that exists stays itself
+    assert by_id["small"]["sluice"] == {"apis": apis}  # a model that exists stays itself
     one = await request(gw.unix, "GET", "/v1/models/gpt-4o")
     assert one.status == 200
     assert one.json() == by_id["gpt-4o"]

@@ -4,7 +4,8 @@ WebSocket, SPEC §9.3) with the first subscriber, prometheus_client (the process
 not hold them (about 4 MB of its memory; docs/performance.md, S5). Nor does a gateway that
 can have no managed model (no ``models:`` entry, no ``model_loading.dirs``) hold the
 modules of models on demand (SPEC §11; docs/performance.md, S10), nor one with both
-switches of `discovery:` off the modules of LAN discovery (SPEC §14). Nor does importing
+switches of `discovery:` off the modules of LAN discovery (SPEC §14), nor a gateway no
+Messages or Responses request has reached the translators (SPEC §17.1). Nor does importing
 protocol.lan.pake import spake2, nor importing and reading an identity cryptography. Each
 looks at a fresh interpreter (a child process)."""
 
@@ -128,6 +129,20 @@ def test_the_ollama_api_is_loaded_by_the_first_ollama_request(short_tmp: Path) -
     before, after = done.stdout.strip().splitlines()
     assert before == "[]"
     assert after == repr(sorted(set(OLLAMA) - {"proxy.ollama"})), after
+
+
+TRANSLATE = ("protocol.translate", "protocol.translate.messages", "protocol.translate.chat",
+             "proxy.translated", "proxy.translated_out")
+
+
+def test_the_translators_wait_for_a_request_that_needs_them(short_tmp: Path) -> None:
+    """SPEC §17.1's translators are imported by the first Messages or Responses request
+    (proxy/exchange.py imports proxy/translated.py then), not at start."""
+    done = subprocess.run([sys.executable, "-c", GATEWAY.format(wanted=TRANSLATE),
+                           str(short_tmp)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 DISCOVERY = ("proxy.lan.discovery", "proxy.lan.discovery.service", "proxy.lan.discovery.link",

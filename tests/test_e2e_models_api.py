@@ -89,7 +89,9 @@ async def test_ps_load_unload_and_a_request_through_the_gateway(
     assert doc["memoryInUse"] == 0
     assert doc["memoryBudget"] > 0
     listed = {m["id"]: m for m in (await gw.get_json("/v1/models"))["data"]}
-    assert listed["two"]["sluice"] == {"state": "unloaded"}
+    native = {"messages": "native", "responses": "native"}  # bundled llama.cpp (SPEC §17.1)
+    assert listed["two"]["sluice"] == {"state": "unloaded", "apis": native}
+    assert models["two"]["apis"] == native
 
     before = await sluice(gw, "ps")
     assert before.returncode == 0, before.stderr

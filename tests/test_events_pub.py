@@ -364,6 +364,9 @@ async def test_backend_down_and_up(autojump_clock: trio.testing.MockClock,
     await trio.sleep(INTERVAL * 3)
     assert seen.of("model")[1:] == [{"source": "backend", "name": "local", "kind": "llm",
                                      "online": True, "models": ["m"], "lastError": None,
+                                     # the fake node has no /v1/messages (SPEC §17.1)
+                                     "apis": {"messages": "translate",
+                                              "responses": "translate"},
                                      "address": f"unix:{short_tmp / 'local.sock'}"}]
 
 

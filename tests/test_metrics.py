@@ -177,14 +177,14 @@ async def test_every_counter_and_histogram_after_a_known_sequence() -> None:
     types, samples = parse(metrics.render())
     assert types == FAMILIES
     assert series(samples, "sluice_requests_total") == {
-        labels(model="m", served_by="local:fake", code="200"): 3,
-        labels(model="m", served_by="local:fake", code="0"): 1,
-        labels(model="m", served_by="local:fake", code="504"): 1,
-        labels(model="m", served_by="local:fake", code="400"): 1,
-        labels(model="m", served_by="node:node-a", code="200"): 1,
-        labels(model="m", served_by="node:node-b", code="200"): 1,
-        labels(model="none", served_by="none", code="404"): 1,
-        labels(model="none", served_by="none", code="503"): 1,
+        labels(model="m", served_by="local:fake", api="openai", code="200"): 3,
+        labels(model="m", served_by="local:fake", api="openai", code="0"): 1,
+        labels(model="m", served_by="local:fake", api="openai", code="504"): 1,
+        labels(model="m", served_by="local:fake", api="openai", code="400"): 1,
+        labels(model="m", served_by="node:node-a", api="openai", code="200"): 1,
+        labels(model="m", served_by="node:node-b", api="openai", code="200"): 1,
+        labels(model="none", served_by="none", api="openai", code="404"): 1,
+        labels(model="none", served_by="none", api="openai", code="503"): 1,
     }
     # Each histogram series, against the values its records carried.
     groups: dict[tuple[str, str, str], list[RequestRecord]] = {}
@@ -283,8 +283,10 @@ async def test_at_most_500_models_then_other() -> None:
     models = {dict(pairs)["model"] for pairs in requests}
     assert len(models) == MAX_MODEL_LABELS + 1
     assert "other" in models
-    assert requests[labels(model="other", served_by="local:fake", code="200")] == 100
-    assert requests[labels(model="model-007", served_by="local:fake", code="200")] == 2
+    other = labels(model="other", served_by="local:fake", api="openai", code="200")
+    assert requests[other] == 100
+    seventh = labels(model="model-007", served_by="local:fake", api="openai", code="200")
+    assert requests[seventh] == 2
     assert "model-499" in models
     assert "model-599" not in models
 
@@ -295,7 +297,7 @@ async def test_label_values_are_escaped() -> None:
     hub.publish("request", record(model=odd))
     _, samples = parse(metrics.render())
     assert series(samples, "sluice_requests_total") == {
-        labels(model=odd, served_by="local:fake", code="200"): 1}
+        labels(model=odd, served_by="local:fake", api="openai", code="200"): 1}
 
 
 async def test_gauges_read_their_owners(autojump_clock: trio.testing.MockClock) -> None:

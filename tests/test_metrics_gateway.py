@@ -144,13 +144,13 @@ async def test_a_known_sequence_end_to_end(
     samples = await scrape(gw)
 
     assert series(samples, "sluice_requests_total") == {
-        labels(model=LOCAL, served_by="local:fake", code="200"): 3,
-        labels(model=LOCAL, served_by="local:fake", code="504"): 1,
-        labels(model=LOCAL, served_by="local:fake", code="400"): 1,
-        labels(model=REMOTE, served_by="node:node-a", code="200"): 1,
-        labels(model=REMOTE, served_by="node:node-b", code="200"): 1,
-        labels(model="none", served_by="none", code="404"): 1,
-        labels(model="none", served_by="none", code="503"): 1,
+        labels(model=LOCAL, served_by="local:fake", api="openai", code="200"): 3,
+        labels(model=LOCAL, served_by="local:fake", api="openai", code="504"): 1,
+        labels(model=LOCAL, served_by="local:fake", api="openai", code="400"): 1,
+        labels(model=REMOTE, served_by="node:node-a", api="openai", code="200"): 1,
+        labels(model=REMOTE, served_by="node:node-b", api="openai", code="200"): 1,
+        labels(model="none", served_by="none", api="openai", code="404"): 1,
+        labels(model="none", served_by="none", api="openai", code="503"): 1,
     }
     # Under the autojump clock every hop takes no time but the timeout: exactly 5 s.
     durations = {

@@ -75,7 +75,8 @@ async def test_a_missing_model_file_fails_at_once_and_says_why(
     await nursery.start(gateway.run)
     gw = RunningGateway(gateway)
     listed = (await request(gw.unix, "GET", "/v1/models")).json()["data"]
-    assert [(m["id"], m["sluice"]) for m in listed] == [("ghost", {"state": "unloaded"})]
+    assert [(m["id"], m["sluice"]) for m in listed] == [
+        ("ghost", {"state": "unloaded", "apis": {"messages": "native", "responses": "native"}})]
     for _ in range(2):  # the second within the back-off: at once, the same reason
         reply = await request(gw.unix, "POST", "/v1/chat/completions", chat_body("ghost"))
         assert reply.status == 503

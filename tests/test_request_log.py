@@ -145,7 +145,8 @@ def test_the_ring_keeps_the_newest_and_filters() -> None:
                           "servedBy", "status", "outcome", "failover", "ttfbMs", "ttftMs",
                           "durationMs",
                           "bytesOut", "events", "usage", "error", "loadMs", "cachedTokens",
-                          "affinity", "queueMs", "priority"}
+                          "affinity", "queueMs", "priority", "translated", "usageEstimated"}
+    assert (entry["translated"], entry["usageEstimated"]) == (None, False)
 
 
 # ------------------------------------------------------------------ a real gateway

@@ -310,10 +310,12 @@ async def test_model_list_reports_slots_summed_over_holders(
 
     reply = await request(gw.unix, "GET", "/v1/models")
     entries = {e["id"]: e for e in reply.json()["data"]}
-    assert entries["shared"]["sluice"] == {"slots": {"busy": 1 + 3, "total": 6}}
-    assert entries["only-a"]["sluice"] == {"slots": {"busy": 1, "total": 2}}
+    # the fakes answer 404 to POST /v1/messages and /v1/responses: translated (SPEC §17.1)
+    apis = {"messages": "translate", "responses": "translate"}
+    assert entries["shared"]["sluice"] == {"slots": {"busy": 1 + 3, "total": 6}, "apis": apis}
+    assert entries["only-a"]["sluice"] == {"slots": {"busy": 1, "total": 2}, "apis": apis}
     assert entries["plain"] == {"id": "plain", "object": "model", "created": 1_700_000_000,
-                                "owned_by": "llamacpp"}  # no sluice object added
+                                "owned_by": "llamacpp", "sluice": {"apis": apis}}  # no slots
     ours.active = 2  # the count now, not the one at the check
     reply = await request(gw.unix, "GET", "/v1/models")
     entries = {e["id"]: e for e in reply.json()["data"]}

@@ -91,6 +91,7 @@ def test_backends_show_their_models_live(console_gateway: ConsoleGateway, consol
     expect(row).to_contain_text("llm")
     expect(row).to_contain_text("online")
     expect(row).to_contain_text("local-m")
+    expect(row).to_contain_text("Messages ")  # its APIs, relayed or translated (SPEC §17.1)
     expect(page.get_by_text("None: no models: entries")).to_be_visible()
     # The model server now lists one more model: the next health check (1 s) sees it, and
     # the screen shows it from the feed's `model` event, with no reload.
@@ -115,6 +116,7 @@ def test_managed_models_show_their_state_and_errors(
     expect(row).to_contain_text("cannot read")  # found when the catalogue was made
     expect(row.get_by_text("unloaded")).to_be_visible()
     expect(row).to_contain_text("bundled llama.cpp")  # its engine (SPEC §11.1)
+    expect(row).to_contain_text("Messages native, Responses native")  # SPEC §17.1
     # What the bundled llama.cpp runs on (SPEC §11.1): these machines have no GPU.
     assert "cpu" in gw.status()["llamaBackends"]
     llama = managed.get_by_role("definition").filter(has_text="CPU")

@@ -18,6 +18,7 @@ itself. Import the names from here.
 
 from protocol.config.convert import config_to_dict, structure_config
 from protocol.config.schema import (
+    APIS_SETTINGS,
     BACKEND_KINDS,
     MAX_WEIGHT,
     MIN_WEIGHT,
@@ -51,7 +52,8 @@ from protocol.config.text import dump_config_yaml, parse_config_text
 from protocol.config.validate import validate_config
 
 __all__ = [
-    "BACKEND_KINDS", "MAX_WEIGHT", "MIN_WEIGHT", "SOCKET_DIR_MAX_BYTES", "STRATEGIES",
+    "APIS_SETTINGS", "BACKEND_KINDS", "MAX_WEIGHT", "MIN_WEIGHT", "SOCKET_DIR_MAX_BYTES",
+    "STRATEGIES",
     "AffinityConfig", "ApiConfig", "BackendConfig",
     "CircuitBreakerConfig", "Config", "DiscoveryConfig", "HealthCheckTimeouts",
     "HealthChecksConfig",

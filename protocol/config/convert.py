@@ -283,9 +283,11 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     for node in data.get("nodes", ()):
         if node.get("pin", "") is None:
             del node["pin"]
-    for backend in data.get("backends", ()):  # SPEC §18: only where it is set
+    for backend in data.get("backends", ()):  # §17.1's and §18's keys where they say something
         if backend.get("max_concurrent", "") is None:
             del backend["max_concurrent"]
+        if backend.get("apis") == "auto":
+            del backend["apis"]
     for model in data.get("models", ()):  # §11.1's keys only where they say something
         if model.get("path") == "":  # a command that names no file
             del model["path"]
@@ -298,7 +300,7 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 # models[]' keys of SPEC §11.1, written to config.yaml only when not at their default.
 _MODEL_OPTIONAL: Final = ("command", "env", "health", "memory", "kind", "stop_signal",
                           "gpu_layers", "flash_attn", "cache_type_k", "cache_type_v", "batch",
-                          "max_concurrent")
+                          "max_concurrent", "apis")
 _MODEL_DEFAULTS: Final = {key: value for key, value in
                           _CONVERTER.unstructure(ModelConfig(name="")).items()
                           if key in _MODEL_OPTIONAL}

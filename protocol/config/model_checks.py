@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from protocol.config.schema import (
+    APIS_SETTINGS,
     CACHE_TYPES,
     MODEL_KINDS,
     STOP_SIGNALS,
@@ -28,6 +29,7 @@ def check_model(at: str, model: ModelConfig) -> None:
     """``at`` is the entry's path (``models[2]``); the first problem is raised."""
     default = ModelConfig(name=model.name)
     _one_of(f"{at}.kind", model.kind, MODEL_KINDS, "kind")
+    _one_of(f"{at}.apis", model.apis, APIS_SETTINGS, "setting")
     if model.memory is not None and model.memory <= 0:
         raise ConfigError(f"{at}.memory", f"must be a size greater than 0, got {model.memory}")
     if not model.command:

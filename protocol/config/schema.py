@@ -15,6 +15,7 @@ import attrs
 from protocol.aliases import AliasTable
 
 __all__ = [
+    "APIS_SETTINGS",
     "AUTO_BUDGET",
     "BACKEND_KINDS",
     "CACHE_TYPES",
@@ -81,6 +82,8 @@ Command = Annotated[tuple[str, ...], Unit.COMMAND]
 # Its environment: a YAML mapping of names to strings, kept in file order.
 Env = Annotated[tuple[tuple[str, str], ...], Unit.ENV]
 MODEL_KINDS: Final = ("llm", "embedding", "diffusion", "speech")
+# How a server's missing Messages and Responses APIs are handled (SPEC §17.1).
+APIS_SETTINGS: Final = ("auto", "native", "translate")
 STOP_SIGNALS: Final = ("SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGUSR1", "SIGUSR2",
                        "SIGKILL")
 # llama.cpp's KV cache types (its --cache-type-k / -v).
@@ -143,6 +146,7 @@ class BackendConfig:
     url: str
     kind: str = "llm"
     max_concurrent: int | None = None  # its slots when it reports none, else a cap (§18)
+    apis: str = "auto"  # APIS_SETTINGS (SPEC §17.1)
 
 
 @attrs.frozen
@@ -169,6 +173,7 @@ class ModelConfig:
     cache_type_v: str | None = None
     batch: int | None = None  # n_batch
     max_concurrent: int | None = None  # a cap on its slots (SPEC §18); default: reported
+    apis: str = "auto"  # APIS_SETTINGS (SPEC §17.1); the bundled llama.cpp's auto is native
 
 
 @attrs.frozen

@@ -52,7 +52,9 @@ _SECTION_NOTES: Final = {
                 "#   - name: llama\n"
                 "#     url: http://127.0.0.1:8080   # or unix:/path/to/model.sock\n"
                 "#     kind: llm                    # llm | diffusion | embedding\n"
-                "#     max_concurrent: null         # its slots when it reports none",
+                "#     max_concurrent: null         # its slots when it reports none\n"
+                "#     apis: auto                   # auto | native | translate (Messages,\n"
+                "#                                  # Responses -> Chat Completions)",
     "models": "managed llama.cpp servers, e.g.\n"
               "#   - name: smollm2-135m             # the model id clients ask for\n"
               "#     path: models/model.gguf        # relative to the data dir\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from protocol.aliases import AliasTable, model_id_problem
 from protocol.config.model_checks import check_model
 from protocol.config.schema import (
+    APIS_SETTINGS,
     BACKEND_KINDS,
     MAX_WEIGHT,
     MIN_WEIGHT,
@@ -97,6 +98,9 @@ def _check_lists(cfg: Config) -> None:
         if backend.kind not in BACKEND_KINDS:
             raise ConfigError(f"backends[{i}].kind", f"unknown kind {backend.kind!r}; expected "
                               f"one of {', '.join(BACKEND_KINDS)}")
+        if backend.apis not in APIS_SETTINGS:
+            raise ConfigError(f"backends[{i}].apis", f"unknown setting {backend.apis!r}; "
+                              f"expected one of {', '.join(APIS_SETTINGS)}")
     names = set()
     for i, model in enumerate(cfg.models):
         _check_name(f"models[{i}].name", model.name, names, "model name")

@@ -172,6 +172,28 @@ class Stream:
         return (out + self._prefix + _STRING(text).encode("utf-8", "replace")
                 + b',"sequence_number":%d}\n\n' % seq)
 
+    def plain(self, strings: list[bytes], thinking: bool) -> bytes:
+        """The fast path of :meth:`feed` for chunks of text (or reasoning) alone, as the
+        relay's writer finds them (protocol/ollama/text_delta.py): ``strings`` are the
+        bodies of plain JSON strings (no escapes, UTF-8), so each is its delta's JSON as
+        it is."""
+        if self._done:
+            return b""
+        kind = _REASONING if thinking else _TEXT
+        out = b""
+        for raw in strings:
+            if not raw:
+                continue
+            if self._open != kind:
+                out += self._close() + self._open_item(kind)
+            text = raw.decode()
+            self._parts.append(text)
+            self._chars += len(text)
+            seq = self._seq
+            self._seq = seq + 1
+            out += self._prefix + b'"' + raw + b'","sequence_number":%d}\n\n' % seq
+        return out
+
     def _open_item(self, kind: int) -> bytes:
         index = len(self._output)
         if kind == _TEXT:

@@ -20,8 +20,10 @@ from typing import Any
 
 import trio
 
+from protocol.api_modes import initial_modes
 from protocol.config import BackendConfig, Config, ModelConfig
 from protocol.model_room import memory_budget_bytes
+from protocol.model_spec import Bundled, ModelSpec
 from protocol.model_state import ModelState
 from protocol.views import listed_models, local_model_entry, model_event
 from proxy.models.ledger import Ledger
@@ -77,7 +79,7 @@ class OnDemand:
         self.backends: dict[str, LocalBackend] = {}
         self._look_again = trio.Event()  # set by follow(): rescan now
         for spec, _ in prepared:
-            self._add_backend(spec.name, spec.kind, spec.max_concurrent)
+            self._add_backend(spec)
 
     def __repr__(self) -> str:
         return f"OnDemand({self.lifecycle!r})"
@@ -92,11 +94,11 @@ class OnDemand:
 
     # ------------------------------------------------------------------ the catalogue
 
-    def _add_backend(self, name: str, kind: str = "llm",
-                     max_concurrent: int | None = None) -> None:
-        backend = LocalBackend(BackendConfig(name=name, url="", kind=kind,
-                                             max_concurrent=max_concurrent), None,
-                               pinned_model=name)
+    def _add_backend(self, spec: ModelSpec) -> None:
+        name = spec.name
+        backend = LocalBackend(BackendConfig(name=name, url="", kind=spec.kind, apis=spec.apis,
+                                             max_concurrent=spec.max_concurrent),
+                               None, pinned_model=name, bundled=_bundled(spec))
         self.backends[name] = backend
         self.registry.add(backend)
 
@@ -129,8 +131,11 @@ class OnDemand:
         for spec, entry in prepared:
             seen.add(spec.name)
             self.entries[spec.name] = entry
-            if spec.name not in self.backends:
-                self._add_backend(spec.name, spec.kind, spec.max_concurrent)
+            backend = self.backends.get(spec.name)
+            if backend is None:
+                self._add_backend(spec)
+            elif backend.apis.setting != spec.apis:  # SPEC §17.1: a changed setting
+                backend.apis = initial_modes(spec.apis, bundled=_bundled(spec))
             if spec.name not in known:
                 added.append(spec.name)
                 log.info("model %s found: %s", spec.name, spec.path)
@@ -210,10 +215,10 @@ class OnDemand:
     def entry(self, model: Managed) -> dict[str, Any]:
         """The model as ``GET /api/v1/models/local`` lists it (SPEC §11)."""
         entry = self.entries.get(model.name)
-        return local_model_entry(
+        return {**local_model_entry(
             model, source="folder" if entry is None else entry.source,
             log=os.fspath(log_path(self.data_dir, model.name)),
-            now=trio.current_time(), wall_now=wall())
+            now=trio.current_time(), wall_now=wall()), "apis": self._apis(model.name)}
 
     def event(self, model: Managed) -> dict[str, Any]:
         """The ``model`` event of a change (its entry, ``source: "managed"``)."""
@@ -221,7 +226,21 @@ class OnDemand:
 
     def listed(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``/v1/models``' local entries with every managed model in it (SPEC §11)."""
-        return listed_models(entries, self.lifecycle.models)
+        out = listed_models(entries, self.lifecycle.models)
+        for entry in out:  # each with its server's APIs, relayed or translated (SPEC §17.1)
+            apis = self._apis(entry.get("id", ""))
+            if apis is not None and "sluice" in entry:
+                entry["sluice"] = {**entry["sluice"], "apis": apis}
+        return out
+
+    def _apis(self, name: str) -> dict[str, str | None] | None:
+        backend = self.backends.get(name)
+        return None if backend is None else backend.apis.view()
 
     def status(self) -> list[dict[str, Any]]:
         return [self.entry(m) for m in self.lifecycle.models.values()]
+
+
+def _bundled(spec: ModelSpec) -> bool:
+    """The bundled llama.cpp serves it: its ``apis: auto`` is native (SPEC §17.1)."""
+    return isinstance(spec.engine, Bundled)

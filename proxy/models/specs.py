@@ -66,7 +66,8 @@ def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path,
             context=model.context, parallel=model.parallel, threads=model.threads,
             preload=model.preload, problem=problem, engine=engine,
             max_concurrent=slot_cap(model),
-            kind=model.kind, declared=model.memory is not None, field=field), entry))
+            kind=model.kind, declared=model.memory is not None, field=field,
+            apis=model.apis), entry))
     return out
 
 

@@ -66,6 +66,18 @@ _TTFB_LES = bucket_labels(TTFB_BUCKETS)
 MAX_MODEL_LABELS = 500  # distinct model ids shown; the rest are model="other"
 OTHER = "other"
 NONE = "none"  # no model routed, or nothing served the request
+# The client's API (the ``api`` label, SPEC §17.1): openai for the other OpenAI paths.
+_APIS = (("/v1/messages", "messages"), ("/v1/responses", "responses"), ("/api/", "ollama"))
+
+
+def api_of(path: str) -> str:
+    """The API a request path speaks, as the ``api`` label says it."""
+    for prefix, api in _APIS:
+        if path.startswith(prefix):
+            return api
+    return "openai"
+
+
 CIRCUIT_VALUES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 
@@ -83,7 +95,7 @@ class _Series:
         self.model = model
         self.served_by = served_by
         self.labels = f'{self.pair},stream="{"true" if stream else "false"}"'
-        self.codes: dict[int, int] = {}
+        self.codes: dict[tuple[str, int], int] = {}  # by the client's API and status
         self.duration = [0] * len(_DURATION_LES)
         self.duration_sum = 0.0
         self.ttfb = [0] * len(_TTFB_LES)
@@ -141,7 +153,8 @@ class Metrics(RequestReader):
         if series is None:
             series = self._series[key] = _Series(*key)
         codes = series.codes
-        codes[record.status] = codes.get(record.status, 0) + 1
+        code = (api_of(record.path), record.status)
+        codes[code] = codes.get(code, 0) + 1
         duration = record.duration
         series.duration[bisect_left(DURATION_BUCKETS, duration)] += 1
         series.duration_sum += duration
@@ -210,19 +223,20 @@ class Metrics(RequestReader):
 
     def _counted(self, out: Exposition) -> None:
         series = sorted(self._series.items())
-        codes: dict[tuple[str, int], int] = {}
+        codes: dict[tuple[str, str, int], int] = {}
         sums: dict[str, list[int]] = {}  # by model and served_by: events, prompt, completion
         for _, one in series:
-            for code, count in one.codes.items():
-                codes[one.pair, code] = codes.get((one.pair, code), 0) + count
+            for (api, code), count in one.codes.items():
+                codes[one.pair, api, code] = codes.get((one.pair, api, code), 0) + count
             total = sums.setdefault(one.pair, [0, 0, 0])
             total[0] += one.events
             total[1] += one.prompt
             total[2] += one.completion
         out.family("sluice_requests_total", "counter",
-                   "Finished OpenAI API requests, by the HTTP status sent.")
-        for (pair, code), count in sorted(codes.items()):
-            out.sample("sluice_requests_total", f'{pair},code="{code}"', count)
+                   "Finished OpenAI API requests, by the client's API and the HTTP status "
+                   "sent.")
+        for (pair, api, code), count in sorted(codes.items()):
+            out.sample("sluice_requests_total", f'{pair},api="{api}",code="{code}"', count)
         out.family("sluice_request_duration_seconds", "histogram",
                    "Time from the request to the end of its answer.")
         for _, one in series:

@@ -40,6 +40,7 @@ class Finished(Protocol):
     load_wait: float | None  # seconds it waited for a managed model's load, or None
     queue_ms: int | None  # ms it waited in the queue (SPEC §18), None when no model was asked
     priority: str | None  # its class in the queue, or None
+    translation: Any  # the proxy.translated.Way of a Messages/Responses request, or None
 
 
 class Reports:
@@ -138,6 +139,8 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
     queue_ms = exchange.queue_ms
     if queue_ms is None and info is not None:
         queue_ms = 0  # a model's request that never queued (the queue off)
+    way = exchange.translation  # SPEC §17.1
+    translated = None if way is None or not way.active else way.name
     return RequestRecord(
         id=request_id, started_at=exchange.wall, method=method, path=path, model=model,
         stream=bool(info is not None and info.stream),
@@ -149,5 +152,7 @@ def _record(exchange: Finished, request_id: str, method: str, path: str, model: 
         usage_first=usage_first,
         load=exchange.load_wait, served_model=None if relay is None else relay.info.model,
         ttft=ttft, timings_in=timings_in, affinity=affinity,
-        queue=None if queue_ms is None else queue_ms / 1000, priority=exchange.priority)
+        queue=None if queue_ms is None else queue_ms / 1000, priority=exchange.priority,
+        translated=translated,
+        usage_estimated=translated is not None and way.usage_estimated)
 

@@ -19,11 +19,13 @@ from typing import Any
 
 import trio
 
+from protocol.api_modes import ApiModes, Mode, initial_modes
 from protocol.config import BackendConfig, Config
 from protocol.openai import merge_model_lists
 from protocol.slots import Slots
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.publish import Subscribers
+from proxy.registry.apis_probe import probe_apis
 from proxy.registry.probe import probe_models
 from proxy.registry.slots_probe import poll_slots
 from proxy.upstream.pool import ConnectionPool
@@ -39,7 +41,7 @@ class LocalBackend:
     """One configured local model server and what its last health check found."""
 
     def __init__(self, cfg: BackendConfig, api_key: str | None, *,
-                 pinned_model: str | None = None) -> None:
+                 pinned_model: str | None = None, bundled: bool = False) -> None:
         self.name = cfg.name
         self.kind = cfg.kind
         self.url = cfg.url
@@ -60,6 +62,8 @@ class LocalBackend:
         self.slots_skip = 0
         # SPEC §18: its slots when it reports none, else a cap on them (None: no cap).
         self.max_concurrent = cfg.max_concurrent
+        # SPEC §17.1: which of its APIs are relayed or translated (None: not known yet)
+        self.apis: ApiModes = initial_modes(cfg.apis, bundled=bundled)
 
     @property
     def api_key(self) -> str | None:
@@ -77,7 +81,7 @@ class LocalBackend:
         address = self.address
         return {"name": self.name, "kind": self.kind, "online": live,
                 "models": [m["id"] for m in self.models] if live else [],
-                "lastError": self.last_error,
+                "lastError": self.last_error, "apis": self.apis.view(),
                 # where it listens (tcp:host:port or unix:path; never the URL's key)
                 "address": None if address is None else address.key}
 
@@ -138,7 +142,7 @@ class BackendRegistry:
         for cfg in configs:
             old = configured.pop(cfg.name, None)
             if (old is not None and old.url == cfg.url and old.kind == cfg.kind
-                    and old.api_key == keys.get(cfg.name)):
+                    and old.api_key == keys.get(cfg.name) and old.apis.setting == cfg.apis):
                 old.max_concurrent = cfg.max_concurrent
                 kept.append(old)
             else:
@@ -154,7 +158,12 @@ class BackendRegistry:
             self.added.set()
 
     def model_entries(self) -> list[dict[str, Any]]:
-        return merge_model_lists((b.name, b.models) for b in self.backends if b.live)
+        """The live backends' ``/v1/models`` entries, each with ``"sluice": {"apis"}``
+        (SPEC §17.1)."""
+        return merge_model_lists(
+            (b.name, [{**m, "sluice": {**m.get("sluice", {}), "apis": b.apis.view()}}
+                      for m in b.models])
+            for b in self.backends if b.live)
 
     def checked(self, backend: LocalBackend, models: list[dict[str, Any]], error: str | None,
                 latency_ms: float | None) -> None:
@@ -191,6 +200,30 @@ class BackendRegistry:
         backend.models = []
         backend.slots, backend.slots_skip = None, 0
         self.reindex()
+
+    def found_apis(self, backend: LocalBackend, address: UpstreamAddress,
+                   found: dict[str, Mode]) -> None:
+        """What a check's API probes found at ``address`` (SPEC §17.1); dropped when the
+        backend moved while it was asked."""
+        if backend.address != address or not found:
+            return
+        modes = backend.apis
+        for name, mode in found.items():
+            if modes.of(name) is None:
+                modes = modes.with_mode(name, mode)
+        if modes != backend.apis:
+            log.info("backend %s: %s", backend.name, ", ".join(
+                f"{name} {mode}" for name, mode in modes.view().items()))
+            backend.apis = modes
+            self.changes.publish(self)
+
+    def lacks(self, backend: LocalBackend, name: str) -> None:
+        """A relayed request for API ``name`` was answered 404/405 before any byte: the
+        server lacks it (SPEC §17.1's safety net); from now on it is translated."""
+        if backend.apis.of(name) is None:
+            log.info("backend %s has no %s API: translated from now on", backend.name, name)
+            backend.apis = backend.apis.with_mode(name, "translate")
+            self.changes.publish(self)
 
     def slots_due(self, backend: LocalBackend) -> bool:
         """Whether this check asks ``backend`` for its slots: not while it counts down the
@@ -250,6 +283,10 @@ async def check_backend(registry: BackendRegistry, backend: LocalBackend,
     error = probe.error
     models = pin(probe.models, backend.pinned_model) if error is None else []
     registry.checked(backend, models, error, probe.latency_ms)
+    if error is None and backend.kind == "llm" and not backend.apis.known():
+        modes = await probe_apis(connections, address, backend.apis, api_key=backend.api_key,
+                                 deadline=deadline)
+        registry.found_apis(backend, address, modes)
     if error is None and backend.kind == "llm" and registry.slots_due(backend):
         found, refused = await poll_slots(
             connections, address, api_key=backend.api_key, deadline=deadline)

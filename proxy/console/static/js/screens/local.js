@@ -1,7 +1,8 @@
 // Local models (SPEC §10, §11): the managed models on demand — the memory the loaded ones
 // take against the budget (and the count against max_loaded), then each model with its
 // state, its memory (measured once loaded, else "~" its estimate), a live "unloads in …",
-// and Load / Unload — then the local backends (kind, online, models, last error). Above
+// and Load / Unload — then the local backends (kind, online, models, last error); each
+// model and backend with its APIs (SPEC §17.1: Messages, Responses relayed or translated). Above
 // the budget: which compute backends the bundled llama.cpp has (SPEC §11.1: CPU, CUDA, …).
 // Read from GET /api/v1/models/local and /api/v1/inference/status (or the feed's hello),
 // kept current by the feed's `model` events. A managed model's idle clock moves without an
@@ -72,6 +73,12 @@ export function upsert(list, entry) {
   const copy = [...list];
   if (i < 0) copy.push(entry); else copy[i] = entry;
   return copy;
+}
+
+/** SPEC §17.1: Messages and Responses relayed (native) or translated to Chat Completions. */
+function apisText(apis) {
+  const word = (mode) => mode ?? 'not known yet';
+  return `Messages ${word(apis.messages)}, Responses ${word(apis.responses)}`;
 }
 
 function badge(text, kind) {
@@ -147,6 +154,7 @@ function modelCard(app, name, changed) {
       fact('From', entry.source === 'config' ? 'config.yaml' : 'models folder'),
       fact('Engine', entry.engine === 'command' ? 'your command' : 'bundled llama.cpp',
         entry.kind && entry.kind !== 'llm' ? el('span', { class: 'muted', text: `, ${entry.kind}` }) : null),
+      entry.apis ? fact('APIs', apisText(entry.apis)) : null,
       entry.path ? wide(fact('File', el('code', {}, breakable(entry.path)))) : null,
       entry.address ? wide(fact('Address', el('code', {}, breakable(entry.address)),
         entry.transport ? el('span', { class: 'muted', text: ` (${entry.transport})` }) : null)) : null,
@@ -257,6 +265,7 @@ export function mount(root, app) {
             b.online ? badge('online', 'ok') : badge('offline', 'bad')),
           el('dl', { class: 'facts' },
             fact('Kind', b.kind),
+            b.apis ? fact('APIs', apisText(b.apis)) : null,
             wide(fact('Address', b.address ? el('code', {}, breakable(b.address)) : el('span', { class: 'muted', text: 'none' }))),
             fact('Models', models(b.models)),
             wide(fact('Last error', lastError(b.lastError))))))));

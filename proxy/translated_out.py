@@ -1,0 +1,373 @@
+"""The writer of a translated answer (SPEC §17.1): what the relay writes to when the model
+server was asked in Chat Completions for a client that speaks another API.
+
+:class:`TranslatedOut` is an :class:`~proxy.downstream.AnswerSink` in place of the client's
+:class:`~proxy.downstream.Downstream`, as :class:`proxy.ollama_out.OllamaOut` is for the
+Ollama API: it takes the server's chat answer as the relay forwards it and writes the
+client's (a translator of :data:`protocol.translate.TRANSLATORS`): a stream event by event,
+each chat chunk parsed and fed to the translator's ``Stream`` as it arrives (only an
+unfinished event is held), a whole answer at once, an error answer in the client's family
+(the server's context overflow in the words agents compact on). Every answer says
+``x-sluice-translated: chat``.
+
+States (``TranslatedOut.state``): ``IDLE`` → ``GATHERING_ERROR`` (a chunked error answer,
+gathered to its end; a head after it is the next node's answer) → ``STREAMING`` → ``DONE``
+or ``BROKEN`` (an error event ended it: the server's error event, a cut, a relay failure;
+whatever follows is dropped).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from protocol.errors import SluiceError, anthropic_type
+from protocol.headers import AFFINITY, SERVED_BY, Header
+from protocol.ollama.sse_reader import EventTooLarge, SseReader
+from protocol.ollama.stream import CUT_MESSAGE
+from protocol.ollama.text_delta import TextDelta
+from protocol.ollama.wire import NotJson, load_json
+from protocol.translate.chat import context_overflow
+
+if TYPE_CHECKING:
+    from protocol.response import Response
+    from protocol.translate import StreamTranslator, Translator
+    from proxy.downstream import Downstream
+
+__all__ = ["TRANSLATED", "State", "TranslatedOut"]
+
+TRANSLATED = b"x-sluice-translated"
+JSON_TYPE = b"application/json"
+SSE_TYPE = b"text/event-stream"
+_DONE = b"[DONE]"
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    GATHERING_ERROR = "gathering-error"
+    STREAMING = "streaming"
+    DONE = "done"
+    BROKEN = "broken"
+
+
+def upstream_error(translator: Translator, status: int, body: bytes) -> SluiceError:
+    """A model server's error answer as the client's: its context overflow in the API's
+    words (SPEC §17.1), else its status with its message."""
+    overflow = context_overflow(status, body)
+    if overflow is not None:
+        return translator.overflow_error(*overflow)
+    message = ""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        message = error["message"]
+    elif isinstance(error, str):
+        message = error
+    if not message:
+        message = body[:500].decode("utf-8", "replace").strip() or f"HTTP {status}"
+    return SluiceError(status, f"the model server answered {status}: {message}",
+                       type=anthropic_type(status) if status < 500 else "server_error",
+                       code=None)
+
+
+class TranslatedOut:
+    """See the module. ``real``: the client's Downstream; ``model``: the name the client
+    asked for; ``stream``: the client asked for a stream; ``prompt_chars``: the translated
+    prompt's characters (the estimate when the server says no usage)."""
+
+    chunked = False
+
+    def __init__(self, real: Downstream, translator: Translator, model: str, *, stream: bool,
+                 prompt_chars: int, options: dict[str, Any] | None = None) -> None:
+        self.real = real
+        self.response: Response = real.response
+        self.translator = translator
+        self.model = model
+        self.stream_asked = stream
+        self.prompt_chars = prompt_chars
+        self.options = options or {}  # the translator's answer_options of the request
+        self.state = State.IDLE
+        self.stream: StreamTranslator | None = None  # once a stream began
+        self.usage_estimated = False
+        self._said_finish = False  # a chunk had a finish_reason
+        self._closed = False  # the stream's finish or fail was called: nothing follows
+        self._failed = False  # ... and it was fail
+        self._reader = SseReader()
+        # The fast path of text chunks (a stream with ``plain``): the bytes around a parsed
+        # chunk's text (protocol/ollama/text_delta.py), and the stream's plain(strings, thinking)
+        self._template: TextDelta | None = None
+        self._plain: Callable[[list[bytes], bool], bytes] | None = None
+        self._pinging = False  # a keep-alive is being written: the relay's writes wait
+        self._pinged: trio.Event | None = None  # set when that write is over
+        self._error_status = 0
+        self._error_headers: list[Header] = []
+        self._error_body = bytearray()
+
+    def __repr__(self) -> str:
+        return f"TranslatedOut({self.translator.NAME}, {self.state.value}, {self.real!r})"
+
+    @property
+    def closing(self) -> bool:
+        return self.real.closing
+
+    def frame(self, data: bytes) -> bytes:
+        return data
+
+    def _headers(self, given: list[Header], content_type: bytes) -> list[Header]:
+        return [(b"content-type", content_type), (TRANSLATED, b"chat"),
+                *((k, v) for k, v in given if k in (SERVED_BY, AFFINITY))]
+
+    def _new_answer(self) -> None:
+        if self.state is not State.IDLE and self.state is not State.GATHERING_ERROR:
+            raise AssertionError(f"translated answer: another answer while {self.state.value}")
+        self._error_status = 0
+        self._error_headers = []
+        self._error_body = bytearray()
+
+    async def _send_error(self, err: SluiceError, headers: list[Header]) -> None:
+        self.state = State.DONE
+        self.real.error_code = err.code
+        await self.real.send_whole(err.status, self._headers(headers, JSON_TYPE),
+                                   err.body(self.translator.FAMILY))
+
+    async def send_whole(self, status: int, headers: list[Header], body: bytes,
+                         reason: bytes = b"") -> None:
+        self._new_answer()
+        if status >= 400:
+            await self._send_error(upstream_error(self.translator, status, body), headers)
+            return
+        try:
+            answer = load_json(body)
+        except NotJson:
+            answer = None
+        if not isinstance(answer, dict):
+            await self._send_error(SluiceError(502, "the model server's chat answer is not a "
+                                               "JSON object", type="server_error",
+                                               code="upstream_protocol_error"), headers)
+            return
+        if self.stream_asked:  # a stream asked, a whole answer given: one chunk of it
+            await self._whole_as_stream(answer, headers)
+            return
+        out = self.translator.from_chat(answer, model=self.model, prompt_chars=self.prompt_chars,
+                                        **self.options)
+        if answer.get("usage") is None:
+            self.usage_estimated = True
+        self.state = State.DONE
+        await self.real.send_whole(200, self._headers(headers, JSON_TYPE),
+                                   json.dumps(out, separators=(",", ":"),
+                                              ensure_ascii=False).encode())
+
+    async def _whole_as_stream(self, answer: dict[str, Any], headers: list[Header]) -> None:
+        choices = answer.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else {}
+        message = choice.get("message") if isinstance(choice, dict) else None
+        delta = dict(message) if isinstance(message, dict) else {}
+        if isinstance(delta.get("tool_calls"), list):
+            delta["tool_calls"] = [{**c, "index": n} for n, c in enumerate(delta["tool_calls"])
+                                   if isinstance(c, dict)]
+        stream = self._stream()
+        data = stream.start() + stream.feed({"choices": [{
+            "index": 0, "delta": delta,
+            "finish_reason": choice.get("finish_reason") if isinstance(choice, dict) else None}],
+            "usage": answer.get("usage")})
+        data += self._finish(stream)
+        self.state = State.DONE
+        await self.real.send_head(200, self._headers(headers, SSE_TYPE), b"OK",
+                                  self.real.frame(data), end=True)
+
+    def _stream(self) -> StreamTranslator:
+        stream = self.stream
+        if stream is None:
+            stream = self.stream = self.translator.Stream(
+                self.model, prompt_chars=self.prompt_chars, **self.options)
+            self._plain = getattr(stream, "plain", None)
+        return stream
+
+    async def send_head(self, status: int, headers: list[Header], reason: bytes, body: bytes,
+                        *, end: bool, on_block: Callable[[], None] | None = None) -> None:
+        self._new_answer()
+        if status >= 400:
+            self.state = State.GATHERING_ERROR
+            self._error_status = status
+            self._error_headers = headers
+            self._error_body += body
+            if end:
+                await self._send_gathered()
+            return
+        stream = self._stream()
+        self.state = State.STREAMING
+        data = stream.start() + self._events(body)
+        real = self.real
+        await real.send_head(200, self._headers(headers, SSE_TYPE), b"OK", real.frame(data),
+                             end=False, on_block=on_block)
+        if end:
+            await self.end(b"", on_block)
+        else:
+            self._after()
+
+    async def _send_gathered(self) -> None:
+        await self._send_error(upstream_error(self.translator, self._error_status,
+                                              bytes(self._error_body)), self._error_headers)
+
+    def _finish(self, stream: StreamTranslator) -> bytes:
+        self._closed = True
+        out = stream.finish()
+        self.usage_estimated = stream.usage_estimated
+        return out
+
+    def _fail(self, stream: StreamTranslator, code: str, message: str) -> bytes:
+        self._closed = self._failed = True
+        return stream.fail(code, message)
+
+    def _events(self, data: bytes) -> bytes:
+        """The client's events for the chat events ``data`` finishes."""
+        stream = self.stream
+        if stream is None or not data or self._closed:
+            return b""
+        out = b""
+        template, plain = self._template, self._plain
+        if (template is not None and plain is not None and self._reader.at_event_start
+                and 0 <= data.find(b"\n\n") < len(data) - 2):  # a read of many events
+            many = template.many(data)
+            if many is not None:
+                strings, data = many
+                out = plain(strings, template.thinking)
+                if not data:
+                    return out
+        reader = self._reader
+        if (reader.at_event_start and data[:6] == b"data: " and data.count(b"\n") == 2
+                and data[-2:] == b"\n\n" and b"\r" not in data):
+            events = [data[6:-2]]  # one whole event: most reads of a slow stream
+        else:
+            try:
+                events = reader.feed(data)
+            except EventTooLarge:
+                return out + self._fail(stream, "upstream_protocol_error", "the model server "
+                                        "sent an event larger than the gateway reads")
+        if not events:  # a keep-alive comment, or part of an event
+            return out + stream.ping() if data[:1] == b":" else out
+        for event in events:
+            if template is not None and plain is not None:
+                token = template.plain_token(event)
+                if token is not None:  # the learned chunk with another plain text
+                    out += plain([token[1:-1]], template.thinking)
+                    continue
+            if event == _DONE:
+                return out + self._finish(stream)
+            try:
+                chunk = load_json(event)
+            except NotJson:
+                chunk = None
+            if not isinstance(chunk, dict):
+                return out + self._fail(stream, "upstream_protocol_error",
+                                        "the model server sent an event that is not JSON")
+            if "error" in chunk:  # llama.cpp's error event midway
+                overflow = context_overflow(400, event)
+                if overflow is not None:
+                    return out + self._fail(stream, "context_length_exceeded",
+                                            self.translator.overflow_error(*overflow).message)
+                return out + self._fail(stream, "upstream_error", _message(chunk["error"]))
+            choices = chunk.get("choices")
+            if choices and type(choices) is list and type(choices[0]) is dict \
+                    and choices[0].get("finish_reason"):
+                self._said_finish = True
+            elif template is None and plain is not None:
+                template = self._template = TextDelta.learn(event, chunk)
+            out += stream.feed(chunk)
+        return out
+
+    def _after(self) -> None:
+        """An error event ends the answer."""
+        if self._failed and self.state is State.STREAMING:
+            self.state = State.BROKEN
+            self.response.broken()
+
+    async def ping(self) -> bool:
+        """A keep-alive while the prompt is read (the stream's ``ping``), written between
+        the relay's writes; False once there is no more to send (content began, the answer
+        ended)."""
+        stream = self.stream
+        if self.state is State.IDLE or self.state is State.GATHERING_ERROR:
+            return True  # no answer yet: perhaps later
+        if self.state is not State.STREAMING or stream is None or self._closed:
+            return False
+        data = stream.ping()
+        if not data:
+            return False
+        self._pinging = True
+        self._pinged = pinged = trio.Event()
+        try:
+            await self.real.send_body(self.real.frame(data))
+        finally:
+            self._pinging = False
+            pinged.set()
+        return True
+
+    async def _wait_for_ping(self) -> None:
+        pinged = self._pinged
+        if pinged is not None:
+            await pinged.wait()
+
+    async def send_body(self, data: bytes, on_block: Callable[[], None] | None = None) -> None:
+        state = self.state
+        if state is State.STREAMING:
+            out = self._events(data)
+            if self._pinging:
+                await self._wait_for_ping()
+            if out:
+                await self.real.send_body(self.real.frame(out), on_block)
+            self._after()
+        elif state is State.GATHERING_ERROR:
+            self._error_body += data
+        elif state is not State.BROKEN and state is not State.DONE:
+            raise AssertionError(f"translated answer: body bytes while {state.value}")
+
+    async def end(self, data: bytes = b"", on_block: Callable[[], None] | None = None) -> None:
+        state = self.state
+        if state is State.GATHERING_ERROR:
+            self._error_body += data
+            await self._send_gathered()
+            return
+        if state is State.BROKEN or state is State.DONE:
+            return
+        if state is not State.STREAMING:
+            raise AssertionError(f"translated answer: the end while {state.value}")
+        stream = self._stream()
+        out = self._events(data)
+        if not self._closed:
+            # [DONE] is the end; a finish_reason without it will do; else the stream was cut
+            out += self._finish(stream) if self._said_finish else self._fail(
+                stream, "upstream_error", CUT_MESSAGE)
+        real = self.real
+        if self._pinging:
+            await self._wait_for_ping()
+        if self._failed:
+            self.state = State.BROKEN
+            await real.send_broken(out, "upstream_error")
+            return
+        self.state = State.DONE
+        await real.end(real.frame(out), on_block)
+
+    async def error_event(self, err: SluiceError, *, at_boundary: bool) -> None:
+        """A cut stream: the client's error event."""
+        if self.state is not State.STREAMING:
+            self.response.broken()
+            return
+        self.state = State.BROKEN
+        if self._pinging:
+            await self._wait_for_ping()
+        data = b"" if self._closed else self._fail(self._stream(), err.code or "upstream_error",
+                                                   err.message)
+        await self.real.send_broken(data, err.code)
+
+
+def _message(error: object) -> str:
+    message = error.get("message") if isinstance(error, dict) else error
+    return message if isinstance(message, str) else "the model server reported an error"
