@@ -111,3 +111,4 @@ class ModelSpec:
     kind: str = "llm"
     declared: bool = False  # estimate is its declared memory: it counts loaded or not
     field: str = ""  # its config entry (models[2]) for errors; "" for a folder's model
+    architecture: str = ""  # the GGUF's general.architecture ("" when unread)

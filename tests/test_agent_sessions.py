@@ -17,8 +17,8 @@ import trio.testing
 
 from tests.client import request
 from tests.conftest import RunningGateway, StartGateway
-from tests.fakeupstream import LLAMA_JSON_HEADERS, ReceivedRequest, ResponseWriter
 from tests.fakenode import Hold
+from tests.fakeupstream import LLAMA_JSON_HEADERS, ReceivedRequest, ResponseWriter
 from tests.test_cache_aware import PromptCache, affinity_of, cache_pool, while_a_is_busy
 from tests.test_forwarding import MODEL
 

@@ -73,20 +73,24 @@ def test_the_stream_field_and_the_timeout_class() -> None:
 
 
 def test_only_form_paths_with_a_form_content_type_are_read_as_forms() -> None:
-    assert FORM_PATHS == {"/v1/audio/transcriptions", "/v1/audio/translations",
-                          "/v1/images/edits", "/v1/images/variations"}
+    assert {"/v1/audio/transcriptions", "/v1/audio/translations",
+                          "/v1/images/edits", "/v1/images/variations"} == FORM_PATHS
     assert form_reader("/v1/chat/completions", [(b"content-type", FORM_TYPE.encode())]) is None
     assert form_reader(TRANSCRIBE, [(b"content-type", b"application/json")]) is None
     assert form_reader(TRANSCRIBE, []) is None
     assert form_reader(TRANSCRIBE, [(b"content-type", b"Multipart/Form-Data; boundary=a")])
 
 
+def read_all(reader: Any, body: bytes) -> None:
+    reader.feed(body)
+    reader.info(TRANSCRIBE)
+
+
 def refusal(body: bytes, content_type: bytes = FORM_TYPE.encode()) -> SluiceError:
     reader = form_reader(TRANSCRIBE, [(b"content-type", content_type)])
     assert reader is not None
     with pytest.raises(SluiceError) as caught:
-        reader.feed(body)
-        reader.info(TRANSCRIBE)
+        read_all(reader, body)
     assert (caught.value.status, caught.value.code) == (400, "invalid_request")
     return caught.value
 

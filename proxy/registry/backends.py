@@ -21,11 +21,12 @@ import trio
 
 from protocol.config import BackendConfig, Config
 from protocol.openai import merge_model_lists
+from protocol.served_context import Served
 from protocol.slots import Slots
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.publish import Subscribers
 from proxy.registry.probe import probe_models
-from proxy.registry.slots_probe import poll_slots
+from proxy.registry.slots_probe import poll_context, poll_slots
 from proxy.upstream.pool import ConnectionPool
 
 log = logging.getLogger("sluice.backends")
@@ -60,6 +61,9 @@ class LocalBackend:
         self.slots_skip = 0
         # SPEC §18: its slots when it reports none, else a cap on them (None: no cap).
         self.max_concurrent = cfg.max_concurrent
+        # The context its llama.cpp serves (``/props``, SPEC §17.2), asked once per address.
+        self.served: Served | None = None
+        self.props_at: UpstreamAddress | None = None
 
     @property
     def api_key(self) -> str | None:
@@ -166,6 +170,7 @@ class BackendRegistry:
         backend.latency_ms = latency_ms
         if error is not None:  # asked again from scratch once it is back
             backend.slots, backend.slots_skip = None, 0
+            backend.served, backend.props_at = None, None
         if error is not None and was_online:
             log.warning("backend %s went offline: %s", backend.name, error)
         elif error is None and not was_online:
@@ -181,7 +186,9 @@ class BackendRegistry:
         backend.last_error = None
         backend.models = models
         backend.slots, backend.slots_skip = None, 0  # a new server: known at its next check
+        backend.served, backend.props_at = None, None
         self.reindex()
+        self.added.set()  # check it now: its context and slots, read from the server
 
     def server_down(self, backend: LocalBackend, error: str | None) -> None:
         """A managed server stopped: no address, no models, until it is up again."""
@@ -190,6 +197,7 @@ class BackendRegistry:
         backend.last_error = error
         backend.models = []
         backend.slots, backend.slots_skip = None, 0
+        backend.served, backend.props_at = None, None
         self.reindex()
 
     def slots_due(self, backend: LocalBackend) -> bool:
@@ -211,6 +219,17 @@ class BackendRegistry:
         backend.slots_skip = SLOTS_RETRY_CHECKS if refused else 0
         backend.slots = slots
         self.changes.publish(self)  # a report: routing reads it now; a slot may have freed
+
+    def found_context(self, backend: LocalBackend, address: UpstreamAddress,
+                      served: Served | None) -> None:
+        """What ``/props`` said at ``address`` (None: no context there); not asked again
+        at that address. Dropped when the backend moved or went offline meanwhile."""
+        if backend.address != address or not backend.online:
+            return
+        backend.props_at = address
+        if served != backend.served:
+            backend.served = served
+            self.changes.publish(self)
 
     def reindex(self) -> None:
         index: dict[str, LocalBackend] = {}
@@ -252,8 +271,14 @@ async def check_backend(registry: BackendRegistry, backend: LocalBackend,
     registry.checked(backend, models, error, probe.latency_ms)
     if error is None and backend.kind == "llm" and registry.slots_due(backend):
         found, refused = await poll_slots(
-            connections, address, api_key=backend.api_key, deadline=deadline)
+            connections, address, api_key=backend.api_key, deadline=deadline,
+            context=lambda served: registry.found_context(backend, address, served))
         registry.found_slots(backend, address, found, refused=refused)
+    if error is None and backend.kind == "llm" and backend.props_at != address:
+        served, answered = await poll_context(connections, address, api_key=backend.api_key,
+                                              deadline=deadline)
+        if answered:
+            registry.found_context(backend, address, served)
 
 
 async def run_health_checks(
