@@ -66,7 +66,9 @@ async def test_a_context_above_what_llama_serves_is_a_warning(
     assert local["models"][0]["contextLength"] == SERVED
     table = show_models(local).splitlines()
     assert table[0].split()[:4] == ["NAME", "STATE", "SIZE", "CONTEXT"]
-    assert table[1].split()[0] == DEMO_MODEL and str(SERVED) in table[1].split()
+    row = table[1].split()
+    assert (row[0], row[1]) == (DEMO_MODEL, "loaded")
+    assert row[row.index("MiB") + 1] == str(SERVED)  # CONTEXT, after SIZE
 
     show = (await request(gw.unix, "POST", "/api/show",
                           json.dumps({"model": DEMO_MODEL}).encode())).json()
