@@ -9,7 +9,10 @@ one step.
 
 Each check of an ``llm`` backend that answered its model list also asks it for its slots
 (SPEC §15 "Load"; :mod:`proxy.registry.slots_probe`): :attr:`LocalBackend.slots`, None while
-unknown, as the server reported them; routing reads them with its own in-flight count."""
+unknown, as the server reported them; routing reads them with its own in-flight count. An
+``llm`` backend's served context (SPEC §17.2: ``/props``, from the slots poll's or asked
+once per address) is :attr:`LocalBackend.served`; a managed server that comes up is checked
+at once."""
 
 from __future__ import annotations
 
