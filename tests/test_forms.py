@@ -21,6 +21,7 @@ from protocol.request_info import TimeoutClass
 from tests.client import request
 from tests.conftest import StartGateway
 from tests.fakeupstream import FakeUpstream, ReceivedRequest, ResponseWriter
+from tests.rawhttp import assert_refused_with_close
 
 TRANSCRIBE = "/v1/audio/transcriptions"
 BOUNDARY = "sluice-test-7d3f"
@@ -184,3 +185,18 @@ async def test_the_openai_sdk_transcribes_through_the_gateway(
         await trio.to_thread.run_sync(unknown)
     assert caught.value.status_code == 503
     assert caught.value.body["code"] == "model_not_available"  # type: ignore[index]
+
+
+async def test_a_form_broken_at_its_start_is_refused_before_its_end(
+        upstream: FakeUpstream, start_gateway: StartGateway) -> None:
+    """The reader is fed as the body arrives: an upload of 5 MB announced, whose first
+    64 KiB do not start with its boundary, is answered 400 (and the connection closed, as
+    for any refusal mid-body) before the rest is sent; nothing is forwarded."""
+    got = recorder(upstream)
+    gw = await start_gateway([("fake", upstream.url)])
+    head = (f"POST {TRANSCRIBE} HTTP/1.1\r\nHost: localhost\r\nContent-Type: {FORM_TYPE}"
+            f"\r\nContent-Length: {5 << 20}\r\n\r\n").encode()
+    start = b"this is not a multipart body\r\n" + os.urandom(64 * 1024)
+    reply = await assert_refused_with_close(gw.unix, head + start, 400, "invalid_request")
+    assert b"malformed" in reply.body
+    assert got == []
