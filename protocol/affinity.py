@@ -8,12 +8,13 @@ request's prompt as one **canonical text** (:func:`prompt_text`), cut into block
 first *k* full blocks, and that holds across dialects of the same conversation too.
 
 The canonical text is a run of segments ``RS + label + US + content``: the ``system`` /
-``instructions`` first (without Claude Code's billing block, SPEC §17.2), then ``tools`` (compact JSON), then each message (its role as the
-label). Nothing in a segment depends on what follows it, so turn N+1's text starts with
-turn N's text whenever the client resends the history unchanged, which is what every chat
-client does. Text parts count as their text (whatever else the part carries, such as
-Anthropic's ``cache_control``, which clients move to the newest message each turn); any
-other part (image, tool_use, tool_result, input_audio...) and a message's ``tool_calls`` /
+``instructions`` first (without Claude Code's billing block, SPEC §17.2), then ``tools``
+(compact JSON), then each message (its role as the label). Nothing in a segment depends
+on what follows it, so turn N+1's text starts with turn N's text whenever the client
+resends the history unchanged, which is what every chat client does. Text parts count
+as their text (whatever else the part carries, such as Anthropic's ``cache_control``,
+which clients move to the newest message each turn); any other part (image, tool_use,
+tool_result, input_audio...) and a message's ``tool_calls`` /
 ``images`` count as their compact JSON text, ``cache_control`` left out.
 
 Pure functions of plain values: they never raise on a malformed body (what cannot be read
