@@ -134,3 +134,55 @@ async def test_a_nodes_entries_keep_their_fields(
     far = (await models_of(gw))["far"]
     assert far == {"id": "far", "object": "model", "created": 5, "owned_by": "remote",
                    "context_length": 8192, "max_model_len": 8192, "meta": {"n_ctx": 8192}}
+
+
+# -- the warning ---------------------------------------------------------------------------
+
+
+def test_the_warning_follows_what_servers_serve_and_the_config() -> None:
+    """A bundled model served less context than configured (all slots together) is named
+    in the one ``context_capped`` warning, with both numbers; it stays while the model is
+    unloaded, and goes when its configured context changes or it leaves. A command model's
+    ``context`` is not given to its server, so it is never named."""
+    from types import SimpleNamespace
+
+    from protocol.config import BackendConfig
+    from proxy.models.context import CONTEXT_CAPPED, ServedContexts
+    from proxy.models.managed import ModelSpec
+    from proxy.notifications import Notifications
+    from proxy.registry.backends import LocalBackend
+
+    def spec(name: str, context: int, parallel: int = 1, command: tuple[str, ...] = ()
+             ) -> Any:
+        return SimpleNamespace(spec=ModelSpec(name=name, path="", estimate=0, keep_alive=0,
+                                              context=context, parallel=parallel,
+                                              command=command))
+
+    def backend(name: str, served: Served | None) -> LocalBackend:
+        b = LocalBackend(BackendConfig(name=name, url="http://127.0.0.1:1"), None,
+                         pinned_model=name)
+        b.online, b.served = True, served
+        return b
+
+    lifecycle = SimpleNamespace(models={"smol": spec("smol", 32768),
+                                        "pair": spec("pair", 2048, 2),
+                                        "own": spec("own", 65536, command=("srv",))})
+    backends = {"smol": backend("smol", Served(8192, 1)), "pair": backend("pair", Served(1024, 2)),
+                "own": backend("own", Served(4096, 1))}
+    notes = Notifications()
+    contexts = ServedContexts(lifecycle, backends, notes)  # type: ignore[arg-type]
+    assert contexts.planned("pair") == 1024
+    assert contexts.planned("own") is None
+    contexts.check()
+    (item,) = notes.all()
+    assert item["code"] == CONTEXT_CAPPED
+    assert item["message"].startswith("smol is configured with context 32768 but its server "
+                                      "serves 8192 tokens")
+    assert "pair" not in item["message"]
+    assert "own" not in item["message"]
+    backends["smol"].online = False  # unloaded: still true of its configuration
+    contexts.check()
+    assert [n["code"] for n in notes.all()] == [CONTEXT_CAPPED]
+    lifecycle.models["smol"] = spec("smol", 8192)  # the config now asks what is served
+    contexts.check()
+    assert notes.all() == []
