@@ -147,16 +147,16 @@ def test_the_warning_follows_what_servers_serve_and_the_config() -> None:
     from types import SimpleNamespace
 
     from protocol.config import BackendConfig
+    from protocol.model_spec import Command, ModelSpec
     from proxy.models.context import CONTEXT_CAPPED, ServedContexts
-    from proxy.models.managed import ModelSpec
     from proxy.notifications import Notifications
     from proxy.registry.backends import LocalBackend
 
     def spec(name: str, context: int, parallel: int = 1, command: tuple[str, ...] = ()
              ) -> Any:
-        return SimpleNamespace(spec=ModelSpec(name=name, path="", estimate=0, keep_alive=0,
-                                              context=context, parallel=parallel,
-                                              command=command))
+        return SimpleNamespace(spec=ModelSpec(
+            name=name, path="", estimate=0, keep_alive=0, context=context, parallel=parallel,
+            **({"engine": Command(command)} if command else {})))
 
     def backend(name: str, served: Served | None) -> LocalBackend:
         b = LocalBackend(BackendConfig(name=name, url="http://127.0.0.1:1"), None,

@@ -24,8 +24,8 @@ from protocol.config import BackendConfig, Config, ModelConfig
 from protocol.model_room import memory_budget_bytes
 from protocol.model_state import ModelState
 from protocol.views import listed_models, local_model_entry, model_event
-from proxy.models.ledger import Ledger
 from proxy.models.context import ServedContexts
+from proxy.models.ledger import Ledger
 from proxy.models.lifecycle import Lifecycle
 from proxy.models.managed import Managed
 from proxy.models.process import log_path
