@@ -45,8 +45,8 @@ def test_the_table() -> None:
     assert lines[0].split() == ["NAME", "STATE", "SIZE", "CONTEXT", "WAITING", "UNTIL"]
     assert lines[1].split() == ["smollm2-135m", "loaded", "194.4", "MiB", "8192", "7", "4",
                                 "minutes", "from", "now"]  # SPEC §18: 7 requests wait
-    assert lines[2].split() == ["other", "unloaded", "~140.0", "MiB", "-", "-"]
-    assert lines[3].split() == ["broken", "failed", "~64", "B", "-", "-"]
+    assert lines[2].split() == ["other", "unloaded", "~140.0", "MiB", "-", "-", "-"]
+    assert lines[3].split() == ["broken", "failed", "~64", "B", "-", "-", "-"]
     assert lines[4].startswith("evil?[2J ")  # no terminal control characters
     assert "broken: broken.gguf: bad header" in lines
     assert lines[-1] == "memory: 194.4 MiB in use of a 12.0 GiB budget; at most 2 loaded"
