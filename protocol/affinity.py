@@ -8,12 +8,13 @@ request's prompt as one **canonical text** (:func:`prompt_text`), cut into block
 first *k* full blocks, and that holds across dialects of the same conversation too.
 
 The canonical text is a run of segments ``RS + label + US + content``: the ``system`` /
-``instructions`` first, then ``tools`` (compact JSON), then each message (its role as the
-label). Nothing in a segment depends on what follows it, so turn N+1's text starts with
-turn N's text whenever the client resends the history unchanged, which is what every chat
-client does. Text parts count as their text (whatever else the part carries, such as
-Anthropic's ``cache_control``, which clients move to the newest message each turn); any
-other part (image, tool_use, tool_result, input_audio...) and a message's ``tool_calls`` /
+``instructions`` first (without Claude Code's billing block, SPEC §17.2), then ``tools``
+(compact JSON), then each message (its role as the label). Nothing in a segment depends
+on what follows it, so turn N+1's text starts with turn N's text whenever the client
+resends the history unchanged, which is what every chat client does. Text parts count
+as their text (whatever else the part carries, such as Anthropic's ``cache_control``,
+which clients move to the newest message each turn); any other part (image, tool_use,
+tool_result, input_audio...) and a message's ``tool_calls`` /
 ``images`` count as their compact JSON text, ``cache_control`` left out.
 
 Pure functions of plain values: they never raise on a malformed body (what cannot be read
@@ -24,11 +25,18 @@ re-encoded and the chain encodes its text once.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
+from protocol.headers import SESSION
 from protocol.json_text import compact_json
 
-__all__ = ["MAX_SESSION_KEY", "chain", "prompt_text", "session_key"]
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from protocol.headers import Header
+
+__all__ = ["BILLING_PREFIX", "MAX_SESSION_KEY", "SESSION_HEADERS", "chain", "prompt_text",
+           "session_key"]
 
 RS = "\x1e"  # opens a segment (a message, the system prompt, the tools)
 US = "\x1f"  # ends a segment's label (its role)
@@ -39,6 +47,9 @@ MAX_SESSION_KEY = 256  # longer session values are replaced by a digest of them
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 _CHAT_PATHS = frozenset({"/v1/chat/completions", "/v1/messages", "/api/chat"})
 _NO_CACHE_CONTROL = "cache_control"
+# Claude Code's first system block: its billing line, which some versions change on every
+# request (``cch=``); left out of the routing text (SPEC §17.2), still relayed.
+BILLING_PREFIX = "x-anthropic-billing-header:"
 
 
 def _json(value: Any) -> str:
@@ -104,9 +115,18 @@ def _tools(tools: Any) -> str:
     return _json(tools)
 
 
+def _is_billing(block: Any) -> bool:
+    if not isinstance(block, dict) or block.get("type") != "text":
+        return False
+    text = block.get("text")
+    return isinstance(text, str) and text.startswith(BILLING_PREFIX)
+
+
 def _preamble(out: list[str], doc: dict[str, Any]) -> None:
     for key in ("system", "instructions"):
         value = doc.get(key)
+        if key == "system" and isinstance(value, list) and any(map(_is_billing, value)):
+            value = [block for block in value if not _is_billing(block)]
         if value:
             out.append(RS + "system" + US)
             out.append(_content(value))
@@ -226,29 +246,54 @@ def chain(model: str, text: str, block_chars: int) -> tuple[int, ...]:
     return tuple(keys)
 
 
-def session_key(header: bytes | str | None, doc: dict[str, Any]) -> str | None:
-    """The request's session key: the ``x-sluice-session`` header's value, else OpenAI's
-    ``user``, else Anthropic's ``metadata.user_id``; None when none is a non-empty string.
+# The headers that carry a session key, best first (SPEC §17.2): sluice's own, Claude Code's,
+# Codex's (``session-id``; ``session_id`` as some clients spell it).
+SESSION_HEADERS: dict[bytes, int] = {SESSION: 0, b"x-claude-code-session-id": 1,
+                                     b"session-id": 2, b"session_id": 2}
+
+
+def _header_session(headers: Iterable[Header]) -> str | None:
+    """The best-ranked non-empty session header's value, in one pass over the headers."""
+    best: str | None = None
+    rank = len(SESSION_HEADERS)
+    ranks = SESSION_HEADERS
+    for name, raw in headers:
+        at = ranks.get(name)
+        if at is not None and at < rank:
+            text = raw.decode("latin-1").strip(" \t")
+            if text:
+                best, rank = text, at
+                if at == 0:
+                    break
+    return best
+
+
+def _body_session(doc: dict[str, Any]) -> str | None:
+    for key in ("prompt_cache_key", "user"):  # Responses' key, then OpenAI's user
+        value = doc.get(key)
+        if isinstance(value, str) and value:
+            return value
+    metadata = doc.get("metadata")
+    if isinstance(metadata, dict):
+        user_id = metadata.get("user_id")  # Anthropic's
+        if isinstance(user_id, str) and user_id:
+            return user_id
+    return None
+
+
+def session_key(headers: Iterable[Header], doc: dict[str, Any]) -> str | None:
+    """The request's session key (SPEC §15, §17.2): the first present, non-empty, of the
+    headers ``x-sluice-session``, ``x-claude-code-session-id``, ``session-id`` (or
+    ``session_id``), then the body's ``prompt_cache_key``, OpenAI's ``user``, Anthropic's
+    ``metadata.user_id``; None when there is none. ``headers`` are h11's (names
+    lowercased).
 
     A value longer than :data:`MAX_SESSION_KEY` characters is replaced by ``"#"`` and the
     hex BLAKE2b-128 digest of it: still one key per distinct value, in bounded memory.
     """
-    value: str | None = None
-    if header is not None:
-        text = header.decode("latin-1") if isinstance(header, bytes) else header
-        text = text.strip(" \t")
-        if text:
-            value = text
+    value = _header_session(headers)
     if value is None and isinstance(cast(object, doc), dict):
-        user = doc.get("user")
-        if isinstance(user, str) and user:
-            value = user
-        else:
-            metadata = doc.get("metadata")
-            if isinstance(metadata, dict):
-                user_id = metadata.get("user_id")
-                if isinstance(user_id, str) and user_id:
-                    value = user_id
+        value = _body_session(doc)
     if value is None or len(value) <= MAX_SESSION_KEY:
         return value
     digest = hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=16)

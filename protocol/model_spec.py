@@ -112,3 +112,4 @@ class ModelSpec:
     declared: bool = False  # estimate is its declared memory: it counts loaded or not
     field: str = ""  # its config entry (models[2]) for errors; "" for a folder's model
     apis: str = "auto"  # SPEC §17.1 (the bundled llama.cpp's auto is native)
+    architecture: str = ""  # the GGUF's general.architecture ("" when unread)

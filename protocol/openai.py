@@ -24,10 +24,12 @@ def parse_model_list(body: bytes) -> list[dict[str, Any]]:
 
 
 def model_entry(raw: dict[str, Any], default_owner: str) -> dict[str, Any]:
-    """One entry of the unified list: id, object, created, owned_by."""
+    """One entry of the unified list: id, object, created, owned_by, and every other field
+    the upstream sent as it sent it (SPEC §17.2: ``max_model_len``, ``meta``...)."""
     created = raw.get("created")
     owner = raw.get("owned_by")
     return {
+        **raw,
         "id": raw["id"],
         "object": "model",
         "created": created if type(created) is int else 0,
@@ -41,22 +43,22 @@ def merge_model_lists(
 ) -> list[dict[str, Any]]:
     """Local models first (owner as reported, else the backend name; a managed model with
     its ``sluice`` state), then remote ones marked ``owned_by: "remote"``; a duplicate id
-    keeps its first (local) entry."""
+    keeps its first (local) entry. Every entry keeps the other fields it came with
+    (``context_length``, ``max_model_len``...), but for a remote one its node's ``sluice``
+    facts, which describe the node's own servers."""
     seen: set[str] = set()
     out: list[dict[str, Any]] = []
     for backend_name, entries in local:
         for raw in entries:
             if raw["id"] not in seen:
                 seen.add(raw["id"])
-                entry = model_entry(raw, backend_name)
-                if "sluice" in raw:  # a managed model's state (SPEC §11)
-                    entry["sluice"] = raw["sluice"]
-                out.append(entry)
+                out.append(model_entry(raw, backend_name))
     for raw in remote:
         if raw["id"] not in seen:
             seen.add(raw["id"])
             entry = model_entry(raw, "remote")
             entry["owned_by"] = "remote"
+            entry.pop("sluice", None)  # the node's facts of its own servers (state, slots)
             out.append(entry)
     return out
 

@@ -178,9 +178,10 @@ def _at(at: float | None, now: float, wall_now: float) -> str | None:
 
 
 def local_model_entry(model: LocalModel, *, source: str, log: str, now: float,
-                      wall_now: float) -> dict[str, Any]:
+                      wall_now: float, context: int | None = None) -> dict[str, Any]:
     """A managed model as ``GET /api/v1/models/local`` lists it (SPEC §11): ``source`` its
-    catalogue entry's (config or folder), ``log`` its server's log file."""
+    catalogue entry's (config or folder), ``log`` its server's log file, ``context`` what
+    one request can use (SPEC §17.2: served once loaded, else planned)."""
     spec = model.spec
     server = model.server
     return {
@@ -192,6 +193,7 @@ def local_model_entry(model: LocalModel, *, source: str, log: str, now: float,
         "lastUsedAt": _at(model.last_used, now, wall_now),
         "unloadsAt": _at(model.unloads_at(), now, wall_now),
         "estimatedBytes": spec.estimate, "memoryBytes": model.memory,
+        "contextLength": context,
         "activeRequests": model.in_flight,
         "pid": server.pid if server is not None else None,
         "address": server.url if server is not None else None,

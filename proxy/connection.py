@@ -42,6 +42,8 @@ from proxy.exchange import Exchange, SwitchProtocols
 from proxy.replay_stream import ReplayStream
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from proxy.link.listener import Peer
     from proxy.link.wire import Wire
 
@@ -301,8 +303,18 @@ class ClientConnection:
         return (self.method == b"CONNECT" or header_value(self.headers, b"upgrade") is not None
                 or self.h11.their_state is not h11.SEND_BODY)
 
-    async def read_body(self, limit: int) -> bytes:
-        """The current request's body, at most ``limit`` bytes (413 beyond)."""
+    def _fed(self, feed: Callable[[bytes], None], data: bytes) -> None:
+        try:
+            feed(data)
+        except SluiceError:
+            self.out.response.close_after()  # the rest of the body is never read
+            raise
+
+    async def read_body(self, limit: int, feed: Callable[[bytes], None] | None = None
+                        ) -> bytes:
+        """The current request's body, at most ``limit`` bytes (413 beyond). ``feed``, when
+        given, is handed each piece as it arrives (a form's reader, SPEC §17.2); what it
+        raises ends the read (the connection closes after the answer)."""
         length = header_value(self.headers, b"content-length")
         size = None if length is None else int(length)  # h11 has checked it is a number
         if size is not None and size > limit:
@@ -318,7 +330,10 @@ class ClientConnection:
             data, _ = self.h11.trailing_data
             if len(data) >= size:
                 self._body_taken = size
-                return data[:size]
+                whole = data[:size]
+                if feed is not None:
+                    self._fed(feed, whole)
+                return whole
         chunks: list[bytes] = []
         size = 0
         try:
@@ -337,7 +352,10 @@ class ClientConnection:
                     size += len(event.data)
                     if size > limit:
                         raise payload_too_large(limit)
-                    chunks.append(bytes(event.data))
+                    chunk = bytes(event.data)
+                    chunks.append(chunk)
+                    if feed is not None:
+                        self._fed(feed, chunk)
                     continue
                 if isinstance(event, h11.EndOfMessage):
                     if self.h11.their_state is not h11.DONE:  # it might switch protocol

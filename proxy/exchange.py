@@ -30,7 +30,8 @@ import trio
 from protocol.affinity import session_key
 from protocol.api_modes import API_OF_PATH
 from protocol.errors import SluiceError, family_of
-from protocol.headers import PRIORITY, SESSION, Header, connection_tokens, header_value
+from protocol.forms import FormReader, form_reader
+from protocol.headers import PRIORITY, Header, connection_tokens, header_value
 from protocol.queue_order import client_of, request_class
 from protocol.rebinding import PREFLIGHT_METHODS, preflight_headers
 from protocol.request_info import RequestInfo, parse_request_body, request_path
@@ -46,6 +47,8 @@ from proxy.routing.attempts import Outcome
 from proxy.timestamps import wall
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from proxy.access.key_grants import Grant
     from proxy.context import GatewayContext
     from proxy.deadline import RequestScope
@@ -70,7 +73,8 @@ class RequestSource(Protocol):
 
     async def read_head(self) -> h11.Request: ...
 
-    async def read_body(self, limit: int) -> bytes: ...
+    async def read_body(self, limit: int,
+                        feed: Callable[[bytes], None] | None = None) -> bytes: ...
 
 
 class SwitchProtocols(Exception):
@@ -96,9 +100,9 @@ def _small_body(headers: list[Header]) -> bool:
 class Exchange:
     """One request (see the module docstring)."""
 
-    __slots__ = ("ctx", "grant", "info", "learned", "load_wait", "out", "outcome", "peer",
-                 "priority", "queue_ms", "relay", "request", "scope", "source", "started",
-                 "translation", "wall")
+    __slots__ = ("ctx", "form", "grant", "info", "learned", "load_wait", "out", "outcome",
+                 "peer", "priority", "queue_ms", "relay", "request", "scope", "source",
+                 "started", "translation", "wall")
 
     def __init__(self, ctx: GatewayContext, source: RequestSource, out: Downstream,
                  scope: RequestScope, peer: Peer) -> None:
@@ -119,6 +123,7 @@ class Exchange:
         self.priority: str | None = None  # its class in the queue (SPEC §18), for a model
         self.queue_ms: int | None = None  # ms it waited in the queue (0: not queued)
         self.translation: Way | None = None  # SPEC §17.1: a Messages/Responses request's
+        self.form: FormReader | None = None  # an upload's reader (SPEC §17.2), fed its body
 
     def __repr__(self) -> str:
         return f"Exchange({self.peer.listener.name}, {self.out!r})"
@@ -135,7 +140,8 @@ class Exchange:
             request = await self.source.read_head()
             response.request_id = self.ctx.request_log.next_id()
             self.request = request
-            response.family = family_of(request_path(request.target))  # our errors' shape
+            path = request_path(request.target)
+            response.family = family_of(path)  # our errors' shape
             self.started = trio.current_time()
             self.wall = wall()
             headers = self.source.headers
@@ -143,7 +149,11 @@ class Exchange:
                                     keep_alive=b"close" not in connection_tokens(headers),
                                     head=request.method == b"HEAD")
             denied = await self.authorize(request, headers)
-            body = await self.source.read_body(self.ctx.config.api.max_body_size)
+            form = None
+            if request.method == b"POST" and denied is None:
+                self.form = form = form_reader(path, headers)  # an upload, read as it comes
+            body = await self.source.read_body(self.ctx.config.api.max_body_size,
+                                               None if form is None else form.feed)
         except SluiceError as err:  # the request cannot be read: answer, then close
             out.response.close_after()
             if response.request_id is None:
@@ -196,7 +206,8 @@ class Exchange:
                 return
             await self.call(handler, request.method, path, body, request.target)
             return
-        self.info = info = parse_request_body(path, body)
+        form = self.form
+        self.info = info = parse_request_body(path, body) if form is None else form.info(path)
         await self.to_model(request.method, request.target, path, headers, body, info,
                             self.out)
 
@@ -208,7 +219,9 @@ class Exchange:
         client's, Ollama's)."""
         ctx = self.ctx
         asked = info.model
-        if ctx.config.aliases:  # SPEC §12: served as another model (self.info stays as asked)
+        # SPEC §12: served as another model (self.info stays as asked); a form's model is
+        # read, never rewritten (SPEC §17.2: its body goes byte for byte)
+        if ctx.config.aliases and info.doc is not None:
             info, body = await aliasing.apply(ctx, info, headers, body)
         if self.grant is not None:  # SPEC §13: the key's models and rpm
             ctx.key_grants.admit(self.grant, asked, info.model)
@@ -245,7 +258,7 @@ class Exchange:
         self.priority = request_class(None if grant is None else grant.limits.priority,
                                       header_value(headers, PRIORITY), doc)
         client = client_of(None if grant is None else grant.key_id,
-                           session_key(header_value(headers, SESSION), doc),
+                           session_key(headers, doc),
                            self.peer.address or None)
         self.queue_ms = 0
         request_id = self.out.response.request_id
@@ -286,20 +299,12 @@ class Exchange:
             plan = placed
         missing = None
         if path in API_OF_PATH and out is self.out:  # SPEC §17.1: the server may lack it
-            from proxy.translated import Way
+            from proxy.translated import take_way
 
-            asked = info.model if self.info is None else self.info.model
-            way = Way.make(ctx, plan, path, body, info, asked, self.out)
-            self.translation = way
-            if way is None:
-                pass  # no translator for this API yet: relayed as it came
-            elif way.mode == "translate":
-                if way.counting:
-                    await way.count()
-                    return
-                target, body, out = way.start()
-            elif way.mode is None:
-                missing = way.missing
+            taken = await take_way(self, ctx, plan, path, target, body, info)
+            if taken is None:
+                return  # answered here: count_tokens / input_tokens
+            target, body, out, missing = taken
         self.relay = relay = Relay(plan, method, target, path, headers, body,
                                    info, out=out, scope=self.scope,
                                    connections=ctx.connections, timeouts=ctx.config.timeouts,

@@ -95,6 +95,8 @@ def configure(level: str) -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
+    # A client's malformed upload (SPEC §17.2) is its 400, not a warning of ours.
+    logging.getLogger("python_multipart").setLevel(logging.ERROR)
 
 
 def line_sink() -> Callable[[str], None] | None:

@@ -246,7 +246,7 @@ class Gateway:
             self.backends, self.connections, self.hub,
             load_timeout=lambda: self.settings.config.timeouts.model_load,
             models=self._model_configs, config=lambda: self.settings.config,
-            estimates=estimates, ledger=self._ledger)
+            estimates=estimates, ledger=self._ledger, notifications=self.notifications)
 
     async def _handle(self, stream: trio.SocketStream, listener: Listener) -> None:
         transport = listener.transport

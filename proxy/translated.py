@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -33,9 +33,11 @@ from proxy.upstream.connection import UpstreamFailure
 from proxy.upstream.pool import ConnectionPool, whole_exchange
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from protocol.request_info import RequestInfo
     from proxy.context import GatewayContext
-    from proxy.downstream import Downstream
+    from proxy.downstream import AnswerSink, Downstream
     from proxy.relay import Relay
     from proxy.routing.router import Plan
     from proxy.routing.upstreams import Upstream
@@ -236,3 +238,31 @@ async def _tokenize(connections: ConnectionPool, upstream: Upstream,
     except UpstreamFailure as failure:
         log.info("count_tokens: %s", failure)
     return None
+
+
+class Routed(Protocol):
+    """What :func:`take_way` reads and sets of the request's exchange."""
+
+    info: RequestInfo | None  # the request as the client asked it (before an alias)
+    out: Downstream
+    translation: Way | None
+
+
+async def take_way(exchange: Routed, ctx: GatewayContext, plan: Plan, path: str,
+                   target: bytes, body: bytes, info: RequestInfo
+                   ) -> tuple[bytes, bytes, AnswerSink, Callable[[Relay], bool] | None] | None:
+    """A Messages or Responses request once routed (SPEC §17.1): the target, body and sink
+    it goes with, and the relay's safety net while the server's API is not known; None when
+    it was answered here (a count). The exchange keeps its :class:`Way` for the report."""
+    asked = info.model if exchange.info is None else exchange.info.model
+    out: AnswerSink = exchange.out
+    way = exchange.translation = Way.make(ctx, plan, path, body, info, asked, exchange.out)
+    if way is None:  # no translator for this API yet: relayed as it came
+        return target, body, out, None
+    if way.mode == "translate":
+        if way.counting:
+            await way.count()
+            return None
+        target, body, out = way.start()
+        return target, body, out, None
+    return target, body, out, way.missing if way.mode is None else None

@@ -310,29 +310,74 @@ def test_chain_of_a_prefix_is_a_prefix(a: str, b: str, size: int) -> None:
 # -- session_key --------------------------------------------------------------------------
 
 
+def sluice(value: str | bytes) -> list[tuple[bytes, bytes]]:
+    return [(b"x-sluice-session", value.encode() if isinstance(value, str) else value)]
+
+
 def test_session_key_order() -> None:
     both = {"user": "u1", "metadata": {"user_id": "a1"}}
-    assert session_key(b"s1", both) == "s1"
-    assert session_key("s1", both) == "s1"
-    assert session_key(b"", both) == "u1"
-    assert session_key(b"  ", both) == "u1"
-    assert session_key(None, both) == "u1"
-    assert session_key(None, {"user": "", "metadata": {"user_id": "a1"}}) == "a1"
-    assert session_key(None, {"user": 5, "metadata": {"user_id": "a1"}}) == "a1"
-    assert session_key(None, {"metadata": {"user_id": ""}}) is None
-    assert session_key(None, {"metadata": "x"}) is None
-    assert session_key(None, {}) is None
-    assert session_key(None, [1]) is None  # type: ignore[arg-type]
+    assert session_key(sluice("s1"), both) == "s1"
+    assert session_key(sluice(""), both) == "u1"
+    assert session_key(sluice("  "), both) == "u1"
+    assert session_key([], both) == "u1"
+    assert session_key([], {"user": "", "metadata": {"user_id": "a1"}}) == "a1"
+    assert session_key([], {"user": 5, "metadata": {"user_id": "a1"}}) == "a1"
+    assert session_key([], {"metadata": {"user_id": ""}}) is None
+    assert session_key([], {"metadata": "x"}) is None
+    assert session_key([], {}) is None
+    assert session_key([], [1]) is None  # type: ignore[arg-type]
+
+
+def test_session_keys_of_the_agents_in_spec_order() -> None:
+    """SPEC §17.2: x-sluice-session, x-claude-code-session-id, session-id or session_id,
+    prompt_cache_key, user, metadata.user_id; the first present wins, wherever the headers
+    stand in the request."""
+    body = {"prompt_cache_key": "pck", "user": "u", "metadata": {"user_id": "a"}}
+    heads = [(b"session-id", b"codex"), (b"x-claude-code-session-id", b"claude"),
+             (b"accept", b"*/*"), (b"x-sluice-session", b"mine")]
+    assert session_key(heads, body) == "mine"
+    assert session_key(heads[:3], body) == "claude"
+    assert session_key(heads[:1], body) == "codex"
+    assert session_key([(b"session_id", b"codex2")], body) == "codex2"
+    assert session_key([(b"session-id", b" "), (b"session_id", b"c3")], body) == "c3"
+    assert session_key([(b"thread-id", b"t")], body) == "pck"
+    assert session_key([], {"prompt_cache_key": "", "user": "u"}) == "u"
+    assert session_key([], {"prompt_cache_key": 7, "metadata": {"user_id": "a"}}) == "a"
+
+
+def test_claude_codes_billing_block_is_not_routing_text() -> None:
+    """SPEC §17.2: a system text block that starts with the billing header (its ``cch=``
+    changes per request) is left out; the rest of the system prompt is kept in order."""
+    msgs = [{"role": "user", "content": "q"}]
+
+    def system(cch: str) -> dict[str, Any]:
+        return {"system": [
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1; cch={cch};"},
+            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "x"}},
+            {"type": "text", "text": "Be brief."}], "messages": msgs}
+
+    text = prompt_text("/v1/messages", system("1a2b"))
+    assert text == seg("system", "You are Claude Code." + PS + "Be brief.") + seg("user", "q")
+    assert prompt_text("/v1/messages", system("9f9f")) == text
+    alone = {"system": [{"type": "text", "text": "x-anthropic-billing-header: a"}],
+             "messages": msgs}
+    assert prompt_text("/v1/messages", alone) == seg("user", "q")
+    elsewhere = {"system": "x-anthropic-billing-header: kept as a plain string",
+                 "messages": [{"role": "user", "content": [
+                     {"type": "text", "text": "x-anthropic-billing-header: a user's text"}]}]}
+    assert prompt_text("/v1/messages", elsewhere) == (
+        seg("system", "x-anthropic-billing-header: kept as a plain string")
+        + seg("user", "x-anthropic-billing-header: a user's text"))
 
 
 def test_long_session_values_are_digested() -> None:
     edge = "k" * MAX_SESSION_KEY
-    assert session_key(edge, {}) == edge
+    assert session_key(sluice(edge), {}) == edge
     long_one, long_two = "x" * 1000, "x" * 999 + "y"
-    one, two = session_key(long_one, {}), session_key(None, {"user": long_two})
+    one, two = session_key(sluice(long_one), {}), session_key([], {"user": long_two})
     assert one is not None
     assert two is not None
     assert one != two
     assert one.startswith("#")
     assert len(one) <= MAX_SESSION_KEY
-    assert session_key(long_one, {}) == one
+    assert session_key(sluice(long_one), {}) == one

@@ -36,17 +36,17 @@ def test_until() -> None:
 def test_the_table() -> None:
     doc = {"models": [
         model("smollm2-135m", "loaded", memoryBytes=int(194.4 * MIB),
-              unloadsAt="2026-12-02T12:04:30.000Z", waiting=7),
+              unloadsAt="2026-12-02T12:04:30.000Z", waiting=7, contextLength=8192),
         model("other", "unloaded"),
         model("broken", "failed", estimatedBytes=64, lastError="broken.gguf: bad header"),
         model("evil\x1b[2J", "unloaded"),
     ], "memoryBudget": 12 << 30, "memoryInUse": int(194.4 * MIB), "maxLoaded": 2}
     lines = show_models(doc, NOW).splitlines()
-    assert lines[0].split() == ["NAME", "STATE", "SIZE", "WAITING", "UNTIL"]
-    assert lines[1].split() == ["smollm2-135m", "loaded", "194.4", "MiB", "7", "4", "minutes",
-                                "from", "now"]  # SPEC §18: 7 requests wait for a slot
-    assert lines[2].split() == ["other", "unloaded", "~140.0", "MiB", "-", "-"]
-    assert lines[3].split() == ["broken", "failed", "~64", "B", "-", "-"]
+    assert lines[0].split() == ["NAME", "STATE", "SIZE", "CONTEXT", "WAITING", "UNTIL"]
+    assert lines[1].split() == ["smollm2-135m", "loaded", "194.4", "MiB", "8192", "7", "4",
+                                "minutes", "from", "now"]  # SPEC §18: 7 requests wait
+    assert lines[2].split() == ["other", "unloaded", "~140.0", "MiB", "-", "-", "-"]
+    assert lines[3].split() == ["broken", "failed", "~64", "B", "-", "-", "-"]
     assert lines[4].startswith("evil?[2J ")  # no terminal control characters
     assert "broken: broken.gguf: bad header" in lines
     assert lines[-1] == "memory: 194.4 MiB in use of a 12.0 GiB budget; at most 2 loaded"

@@ -95,7 +95,9 @@ async def test_ps_load_unload_and_a_request_through_the_gateway(
 
     before = await sluice(gw, "ps")
     assert before.returncode == 0, before.stderr
-    assert re.search(r"^two\s+unloaded\s+~\S+ MiB\s+-$", before.stdout, re.M), before.stdout
+    # CONTEXT: 2048 over 2 slots, planned until llama.cpp says (SPEC §17.2); then WAITING
+    assert re.search(r"^two\s+unloaded\s+~\S+ MiB\s+1024\s+\S+\s+-$", before.stdout, re.M), \
+        before.stdout
 
     # A request for an unloaded model loads it, waits, then is answered; loadMs says so.
     reply = await gw.chat("two", via="unix")
@@ -112,8 +114,8 @@ async def test_ps_load_unload_and_a_request_through_the_gateway(
     assert 50 << 20 < two["memoryBytes"] < 1 << 30  # the server's RSS
 
     after = await sluice(gw, "ps")
-    assert re.search(r"^two\s+loaded\s+\d+\.\d MiB\s+4 minutes from now$", after.stdout,
-                     re.M), after.stdout
+    assert re.search(r"^two\s+loaded\s+\d+\.\d MiB\s+1024\s+\S+\s+4 minutes from now$",
+                     after.stdout, re.M), after.stdout
 
     # max_loaded 1: loading one unloads two (idle), whose process goes.
     loaded = await sluice(gw, "load", "one")

@@ -56,8 +56,10 @@ class FakeSource:
             raise self.fail
         return self.request
 
-    async def read_body(self, limit: int) -> bytes:
+    async def read_body(self, limit: int, feed: Any = None) -> bytes:
         self.body_read = True
+        if feed is not None:
+            feed(self.body)
         return self.body
 
 

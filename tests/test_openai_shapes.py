@@ -58,10 +58,14 @@ def test_parse_refuses_what_is_not_a_model_list(body: bytes) -> None:
 # --- model_entry / merge_model_lists ------------------------------------------------------------
 
 
-def test_model_entry_has_exactly_the_openai_keys() -> None:
-    raw = {"id": "m", "object": "weird", "created": 5, "owned_by": "me", "meta": {"x": 1}}
+def test_model_entry_has_the_openai_keys_and_keeps_the_upstreams_others() -> None:
+    """SPEC §17.2: what an upstream sends beyond id/object/created/owned_by is kept (vLLM's
+    max_model_len, llama.cpp's meta), the four OpenAI keys normalized."""
+    raw = {"id": "m", "object": "weird", "created": 5, "owned_by": "me", "meta": {"x": 1},
+           "max_model_len": 4096}
     assert model_entry(raw, "backend") == {"id": "m", "object": "model", "created": 5,
-                                           "owned_by": "me"}
+                                           "owned_by": "me", "meta": {"x": 1},
+                                           "max_model_len": 4096}
 
 
 @pytest.mark.parametrize("owner", [None, "", 3, ["x"]])

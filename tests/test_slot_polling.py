@@ -118,7 +118,7 @@ async def test_slots_of_a_llama_server(
     llama.busy = 3
     await check(registry, backend, pool)
     assert backend.slots == Slots(total=3, busy=3)
-    assert asked(up) == (3, 0)  # /props is not needed
+    assert asked(up) == (3, 1)  # /props once, for the served context (SPEC §17.2)
     assert up.connections_opened == 1  # the same pooled connection as /v1/models
 
 
@@ -229,7 +229,7 @@ async def test_offline_forgets_the_slots(
     await check(registry, backend, pool)
     assert not backend.online
     assert backend.slots is None
-    assert asked(up) == (1, 0)  # an offline backend is not asked for slots
+    assert asked(up) == (1, 1)  # an offline backend is not asked for slots (nor context)
 
 
 async def test_slots_refresh_with_each_health_check(autojump_clock: trio.testing.MockClock,

@@ -117,6 +117,9 @@ def test_managed_models_show_their_state_and_errors(
     expect(row.get_by_text("unloaded")).to_be_visible()
     expect(row).to_contain_text("bundled llama.cpp")  # its engine (SPEC §11.1)
     expect(row).to_contain_text("Messages native, Responses native")  # SPEC §17.1
+    # SPEC §17.2: the context one request will get (2048 over 2 slots), planned until loaded
+    expect(row.get_by_role("definition").filter(has_text="tokens")).to_have_text(
+        "1,024 tokens planned")
     # What the bundled llama.cpp runs on (SPEC §11.1): these machines have no GPU.
     assert "cpu" in gw.status()["llamaBackends"]
     llama = managed.get_by_role("definition").filter(has_text="CPU")

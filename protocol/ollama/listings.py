@@ -88,7 +88,7 @@ class ModelFacts:
     family: str = ""  # the GGUF's general.architecture
     parameter_size: str = ""  # e.g. "135M"
     quantization_level: str = ""  # e.g. "Q4_1"
-    context_length: int = 0  # tokens of context the model is served with
+    context_length: int = 0  # tokens of context one request can use (SPEC §17.2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +100,13 @@ class LoadedModel:
     expires_at: float  # Unix time it unloads when still idle; math.inf: never
 
 
-def facts_from_entry(entry: dict[str, Any], *, size: int = 0,
-                     format: str = "") -> ModelFacts:
+def facts_from_entry(entry: dict[str, Any], *, size: int = 0, format: str = "",
+                     context_length: int = 0) -> ModelFacts:
     """Facts from one entry of the unified model list (``id``, ``created``)."""
     created = entry.get("created")
     when = float(created) if type(created) is int and created > 0 else None
-    return ModelFacts(name=str(entry["id"]), size=size, modified_at=when, format=format)
+    return ModelFacts(name=str(entry["id"]), size=size, modified_at=when, format=format,
+                      context_length=context_length)
 
 
 def _details(facts: ModelFacts) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from protocol.aliases import alias_entries
 from protocol.openai import merge_model_lists
+from protocol.served_context import entry_context, with_context
 from protocol.slots import busy_now, slots_entry
 
 if TYPE_CHECKING:
@@ -20,11 +21,15 @@ def model_entries(ctx: GatewayContext, grant: Grant | None = None) -> list[dict[
     """SPEC §7.5: local models, then (load balancing on) the nodes' as ``remote``; then the
     exact aliases whose target is listed (SPEC §12). For a request that presented an access
     key with ``models`` (``grant``), only the ones it may use (SPEC §13). A local model
-    whose servers report slots says so in its ``sluice`` facts (SPEC §15)."""
+    whose servers report slots says so in its ``sluice`` facts (SPEC §15), and one whose
+    context is known its ``context_length`` and ``max_model_len`` (SPEC §17.2)."""
     local = ctx.backends.model_entries()
-    if ctx.ondemand is not None:
-        local = ctx.ondemand.listed(local)
+    ondemand = ctx.ondemand
+    if ondemand is not None:
+        local = ondemand.listed(local)
     local = with_slots(ctx.backends, local, ctx.router.backend_in_flight)
+    local = with_served_context(ctx.backends, local,
+                                None if ondemand is None else ondemand.contexts.planned)
     config = ctx.config
     if config.load_balancing.enabled:
         local = merge_model_lists([("", local)], ctx.nodes.remote_models())
@@ -57,6 +62,24 @@ def with_slots(backends: BackendRegistry, entries: list[dict[str, Any]],
         extra = entry.get("sluice")
         out[i] = {**entry, "sluice": {**(extra if isinstance(extra, dict) else {}),
                                       "slots": slots_entry(busy, total)}}
+    return out
+
+
+def with_served_context(backends: BackendRegistry, entries: list[dict[str, Any]],
+                        planned: Callable[[str], int | None] | None) -> list[dict[str, Any]]:
+    """The local ``entries`` with the context one request can use (SPEC §17.2): what the
+    first live server holding the model says in ``/props``, else what the entry itself
+    says (``max_model_len``, ``meta.n_ctx``), else, for a managed model, ``planned``'s
+    (its configuration's). An entry is copied, never changed."""
+    out = []
+    for entry in entries:
+        holder = backends.holder_of(entry["id"])
+        served = None if holder is None or holder.served is None else holder.served.per_slot
+        if served is None:
+            served = entry_context(entry)
+        if served is None and planned is not None:
+            served = planned(entry["id"])
+        out.append(with_context(entry, served))
     return out
 
 

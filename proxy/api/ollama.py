@@ -36,18 +36,21 @@ if TYPE_CHECKING:
 
 def _facts(ctx: GatewayContext, grant: Grant | None = None) -> dict[str, ModelFacts]:
     """Every model of the unified list (SPEC §7.5) as Ollama lists it (for a limited key,
-    those it may use); a managed model with its file's size and ``gguf``, its context."""
+    those it may use), with the context its list entry carries (SPEC §17.2); a managed
+    model with its file's size, ``gguf`` and its architecture when its header was read."""
     ondemand = ctx.ondemand
     out = {}
     for entry in model_entries(ctx, grant):
         name = entry["id"]
+        context = entry.get("context_length")
+        context = context if type(context) is int and context > 0 else 0
         found = ondemand.entries.get(name) if ondemand is not None else None
         if found is None or ondemand is None:
-            out[name] = facts_from_entry(entry)
+            out[name] = facts_from_entry(entry, context_length=context)
             continue
         model = ondemand.lifecycle.models.get(name)
-        context = model.spec.context if model is not None else 0
-        out[name] = ModelFacts(name=name, size=found.size, format="gguf",
+        family = model.spec.architecture if model is not None else ""
+        out[name] = ModelFacts(name=name, size=found.size, format="gguf", family=family,
                                context_length=context)
     return out
 

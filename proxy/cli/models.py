@@ -20,7 +20,7 @@ __all__ = ["load_main", "ps_main", "show_models", "until"]
 PATH = "/api/v1/models/local"
 LOAD_WAIT = 660.0  # seconds a load may take: timeouts.model_load is at most 10 minutes
 UNLOAD_WAIT = 30.0  # the gateway answers within 15 s (SIGKILL after 10)
-_HEADERS = ("NAME", "STATE", "SIZE", "WAITING", "UNTIL")
+_HEADERS = ("NAME", "STATE", "SIZE", "CONTEXT", "WAITING", "UNTIL")
 
 
 def _when(text: object) -> datetime.datetime | None:
@@ -71,10 +71,18 @@ def _size(model: Mapping[str, Any]) -> str:
     return MISSING
 
 
+def _context(model: Mapping[str, Any]) -> str:
+    """The context one request can use (SPEC §17.2): its server's once loaded, else what
+    its configuration will give."""
+    context = model.get("contextLength")
+    return str(context) if type(context) is int and context > 0 else MISSING
+
+
 def show_models(doc: Mapping[str, Any], now: datetime.datetime | None = None) -> str:
     """The table of ``sluice ps`` and a line on memory against the budget."""
     now = now or datetime.datetime.now(datetime.UTC)
-    rows = [(clean(m.get("name")), clean(m.get("state")), _size(m), _waiting(m), until(m, now))
+    rows = [(clean(m.get("name")), clean(m.get("state")), _size(m), _context(m), _waiting(m),
+             until(m, now))
             for m in doc.get("models") or () if isinstance(m, Mapping)]
     if not rows:
         lines = ["no managed models (add *.gguf files to a folder of model_loading.dirs, "

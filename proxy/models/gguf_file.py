@@ -23,6 +23,13 @@ HEADER_READS = (2 << 20, 64 << 20)  # bytes of a GGUF read for its header: first
 def read_estimate(path: str, context: int) -> tuple[int, str | None]:
     """A model's memory before it is loaded: file size + KV cache for ``context`` tokens,
     and the reason when the file cannot be used (blocking: run in a worker thread)."""
+    estimate, problem, _ = read_gguf_facts(path, context)
+    return estimate, problem
+
+
+def read_gguf_facts(path: str, context: int) -> tuple[int, str | None, str]:
+    """:func:`read_estimate`'s two answers and the GGUF's ``general.architecture`` ("" when
+    it cannot be read): the Ollama API names the context after it (SPEC §17.2)."""
     try:
         size = os.stat(path).st_size
         with open(path, "rb") as file:
@@ -38,13 +45,13 @@ def read_estimate(path: str, context: int) -> tuple[int, str | None]:
                     head = buf if got == want > 0 else buf[:got]
                     try:
                         info = parse_gguf_header(cast(bytes, head), size)
-                        return size + kv_cache_bytes(info, context), None
+                        return size + kv_cache_bytes(info, context), None, info.architecture
                     except GgufError as exc:
                         if not exc.truncated or cap == HEADER_READS[-1]:
-                            return size, f"{path}: {exc}"
+                            return size, f"{path}: {exc}", ""
     except OSError as exc:
-        return 0, f"cannot read {path}: {exc.strerror or exc}"
-    return size, None  # pragma: no cover (the loop always returns)
+        return 0, f"cannot read {path}: {exc.strerror or exc}", ""
+    return size, None, ""  # pragma: no cover (the loop always returns)
 
 
 

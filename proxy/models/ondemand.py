@@ -26,12 +26,14 @@ from protocol.model_room import memory_budget_bytes
 from protocol.model_spec import Bundled, ModelSpec
 from protocol.model_state import ModelState
 from protocol.views import listed_models, local_model_entry, model_event
+from proxy.models.context import ServedContexts
 from proxy.models.ledger import Ledger
 from proxy.models.lifecycle import Lifecycle
 from proxy.models.managed import Managed
 from proxy.models.process import log_path
 from proxy.models.servers import ModelServers
 from proxy.models.specs import Estimates, Prepared, prepare
+from proxy.notifications import Notifications
 from proxy.observe.hub import Hub
 from proxy.registry.backends import BackendRegistry, LocalBackend
 from proxy.timestamps import wall
@@ -61,7 +63,8 @@ class OnDemand:
                  load_timeout: Callable[[], float] | None = None,
                  models: Callable[[], Sequence[ModelConfig]] | None = None,
                  config: Callable[[], Config] | None = None,
-                 estimates: Estimates | None = None, ledger: Ledger | None = None) -> None:
+                 estimates: Estimates | None = None, ledger: Ledger | None = None,
+                 notifications: Notifications | None = None) -> None:
         self.entries = {entry.name: entry for _, entry in prepared}
         self.registry = registry
         self.hub = hub
@@ -77,6 +80,8 @@ class OnDemand:
             load_timeout=load_timeout or (lambda: cfg.timeouts.model_load),
             on_change=self._changed, on_removed=self._removed, on_idle=self._idle)
         self.backends: dict[str, LocalBackend] = {}
+        self.contexts = ServedContexts(self.lifecycle, self.backends, notifications)
+        registry.changes.subscribe(self.contexts.check)
         self._look_again = trio.Event()  # set by follow(): rescan now
         for spec, _ in prepared:
             self._add_backend(spec)
@@ -218,7 +223,8 @@ class OnDemand:
         return {**local_model_entry(
             model, source="folder" if entry is None else entry.source,
             log=os.fspath(log_path(self.data_dir, model.name)),
-            now=trio.current_time(), wall_now=wall()), "apis": self._apis(model.name)}
+            now=trio.current_time(), wall_now=wall(), context=self.contexts.of(model)),
+            "apis": self._apis(model.name)}
 
     def event(self, model: Managed) -> dict[str, Any]:
         """The ``model`` event of a change (its entry, ``source: "managed"``)."""

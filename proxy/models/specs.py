@@ -15,28 +15,29 @@ from pathlib import Path
 from protocol.catalogue import Entry
 from protocol.config import Config, ModelConfig
 from protocol.model_spec import ModelSpec, engine_of, slot_cap
-from proxy.models.gguf_file import memory_required, read_estimate
+from proxy.models.gguf_file import memory_required, read_gguf_facts
 from proxy.models.scan import build
 
 log = logging.getLogger("sluice.models")
 
 Prepared = list[tuple[ModelSpec, Entry]]
-# A file's estimate and problem by (path, size, mtime, context): a rescan reads the header of
-# a new or changed file only.
-Estimates = dict[tuple[str, int, int, int], tuple[int, str | None]]
+# A file's estimate, problem and architecture by (path, size, mtime, context): a rescan reads
+# the header of a new or changed file only.
+Estimates = dict[tuple[str, int, int, int], tuple[int, str | None, str]]
 
 
-def _estimate(path: str, context: int, cache: Estimates | None) -> tuple[int, str | None]:
+def _estimate(path: str, context: int, cache: Estimates | None
+              ) -> tuple[int, str | None, str]:
     if cache is None:
-        return read_estimate(path, context)
+        return read_gguf_facts(path, context)
     try:
         st = os.stat(path)
     except OSError:
-        return read_estimate(path, context)  # says why it cannot be read
+        return read_gguf_facts(path, context)  # says why it cannot be read
     key = (path, st.st_size, st.st_mtime_ns, context)
     known = cache.get(key)
     if known is None:
-        known = cache[key] = read_estimate(path, context)
+        known = cache[key] = read_gguf_facts(path, context)
     return known
 
 
@@ -58,7 +59,7 @@ def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path,
             else model.keep_alive
         field = fields.get(entry.name, "")
         engine = engine_of(model)  # chosen once, here
-        estimate, problem = _size(model, engine.loads_file, entry.path, field, cache)
+        estimate, problem, arch = _size(model, engine.loads_file, entry.path, field, cache)
         if entry.missing:
             problem = f"parts {', '.join(map(str, entry.missing))} of {entry.parts} are missing"
         out.append((ModelSpec(
@@ -67,22 +68,23 @@ def prepare(models: Sequence[ModelConfig], cfg: Config, data_dir: Path,
             preload=model.preload, problem=problem, engine=engine,
             max_concurrent=slot_cap(model),
             kind=model.kind, declared=model.memory is not None, field=field,
-            apis=model.apis), entry))
+            apis=model.apis, architecture=arch), entry))
     return out
 
 
 def _size(model: ModelConfig, loads_file: bool, path: str, field: str,
-          cache: Estimates | None) -> tuple[int, str | None]:
-    """A model's size for the budget and why its file cannot be used: a declared ``memory``
-    wins; else the GGUF's estimate. A command model's own server reads its file, so only
-    its size is asked of it: with no ``memory`` and no readable GGUF it is required."""
+          cache: Estimates | None) -> tuple[int, str | None, str]:
+    """A model's size for the budget, why its file cannot be used, and its architecture
+    (from its GGUF header, "" when unread): a declared ``memory`` wins; else the GGUF's
+    estimate. A command model's own server reads its file, so only its size is asked of
+    it: with no ``memory`` and no readable GGUF it is required."""
     if not loads_file and model.memory is not None:
-        return model.memory, None
-    estimate, problem = (0, "path names no GGUF file") if not path else \
+        return model.memory, None, ""
+    estimate, problem, arch = (0, "path names no GGUF file", "") if not path else \
         _estimate(path, model.context, cache)
     if problem is not None and not loads_file:
-        return estimate, f"{field}.memory: {memory_required(problem)}"
-    return (estimate if model.memory is None else model.memory), problem
+        return estimate, f"{field}.memory: {memory_required(problem)}", arch
+    return (estimate if model.memory is None else model.memory), problem, arch
 
 
 def config_problems(prepared: Prepared) -> list[str]:

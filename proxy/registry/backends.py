@@ -9,7 +9,10 @@ one step.
 
 Each check of an ``llm`` backend that answered its model list also asks it for its slots
 (SPEC §15 "Load"; :mod:`proxy.registry.slots_probe`): :attr:`LocalBackend.slots`, None while
-unknown, as the server reported them; routing reads them with its own in-flight count."""
+unknown, as the server reported them; routing reads them with its own in-flight count. An
+``llm`` backend's served context (SPEC §17.2: ``/props``, from the slots poll's or asked
+once per address) is :attr:`LocalBackend.served`; a managed server that comes up is checked
+at once."""
 
 from __future__ import annotations
 
@@ -22,12 +25,13 @@ import trio
 from protocol.api_modes import ApiModes, Mode, initial_modes
 from protocol.config import BackendConfig, Config
 from protocol.openai import merge_model_lists
+from protocol.served_context import Served
 from protocol.slots import Slots
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy.publish import Subscribers
 from proxy.registry.apis_probe import probe_apis
 from proxy.registry.probe import probe_models
-from proxy.registry.slots_probe import poll_slots
+from proxy.registry.slots_probe import poll_context, poll_slots
 from proxy.upstream.pool import ConnectionPool
 
 log = logging.getLogger("sluice.backends")
@@ -64,6 +68,9 @@ class LocalBackend:
         self.max_concurrent = cfg.max_concurrent
         # SPEC §17.1: which of its APIs are relayed or translated (None: not known yet)
         self.apis: ApiModes = initial_modes(cfg.apis, bundled=bundled)
+        # The context its llama.cpp serves (``/props``, SPEC §17.2), asked once per address.
+        self.served: Served | None = None
+        self.props_at: UpstreamAddress | None = None
 
     @property
     def api_key(self) -> str | None:
@@ -175,6 +182,7 @@ class BackendRegistry:
         backend.latency_ms = latency_ms
         if error is not None:  # asked again from scratch once it is back
             backend.slots, backend.slots_skip = None, 0
+            backend.served, backend.props_at = None, None
         if error is not None and was_online:
             log.warning("backend %s went offline: %s", backend.name, error)
         elif error is None and not was_online:
@@ -190,7 +198,9 @@ class BackendRegistry:
         backend.last_error = None
         backend.models = models
         backend.slots, backend.slots_skip = None, 0  # a new server: known at its next check
+        backend.served, backend.props_at = None, None
         self.reindex()
+        self.added.set()  # check it now: its context and slots, read from the server
 
     def server_down(self, backend: LocalBackend, error: str | None) -> None:
         """A managed server stopped: no address, no models, until it is up again."""
@@ -199,6 +209,7 @@ class BackendRegistry:
         backend.last_error = error
         backend.models = []
         backend.slots, backend.slots_skip = None, 0
+        backend.served, backend.props_at = None, None
         self.reindex()
 
     def found_apis(self, backend: LocalBackend, address: UpstreamAddress,
@@ -245,6 +256,17 @@ class BackendRegistry:
         backend.slots = slots
         self.changes.publish(self)  # a report: routing reads it now; a slot may have freed
 
+    def found_context(self, backend: LocalBackend, address: UpstreamAddress,
+                      served: Served | None) -> None:
+        """What ``/props`` said at ``address`` (None: no context there); not asked again
+        at that address. Dropped when the backend moved or went offline meanwhile."""
+        if backend.address != address or not backend.online:
+            return
+        backend.props_at = address
+        if served != backend.served:
+            backend.served = served
+            self.changes.publish(self)
+
     def reindex(self) -> None:
         index: dict[str, LocalBackend] = {}
         holders: dict[str, list[LocalBackend]] = {}
@@ -289,8 +311,14 @@ async def check_backend(registry: BackendRegistry, backend: LocalBackend,
         registry.found_apis(backend, address, modes)
     if error is None and backend.kind == "llm" and registry.slots_due(backend):
         found, refused = await poll_slots(
-            connections, address, api_key=backend.api_key, deadline=deadline)
+            connections, address, api_key=backend.api_key, deadline=deadline,
+            context=lambda served: registry.found_context(backend, address, served))
         registry.found_slots(backend, address, found, refused=refused)
+    if error is None and backend.kind == "llm" and backend.props_at != address:
+        served, answered = await poll_context(connections, address, api_key=backend.api_key,
+                                              deadline=deadline)
+        if answered:
+            registry.found_context(backend, address, served)
 
 
 async def run_health_checks(

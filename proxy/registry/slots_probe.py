@@ -14,10 +14,12 @@ back-off. None of this is an error: the backend's state is its model list's alon
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
+from protocol.served_context import Served, props_context
 from protocol.slots import Slots, parse_slots, parse_total_slots
 from protocol.upstream_url import UpstreamAddress
 from proxy.upstream.connection import UpstreamFailure
@@ -51,10 +53,13 @@ async def _document(connections: ConnectionPool, address: UpstreamAddress, path:
 
 
 async def poll_slots(connections: ConnectionPool, address: UpstreamAddress, *,
-                     api_key: str | None, deadline: float) -> tuple[Slots | None, bool]:
+                     api_key: str | None, deadline: float,
+                     context: Callable[[Served | None], None] | None = None
+                     ) -> tuple[Slots | None, bool]:
     """Ask the backend at ``address`` for its slots by ``deadline``: ``(slots, refused)``,
     for :meth:`~proxy.registry.backends.BackendRegistry.found_slots` (the busy count as
-    reported: routing sets it against its own in-flight count)."""
+    reported: routing sets it against its own in-flight count); ``context(served)``, when
+    ``/props`` was asked, what it says of the served context (SPEC §17.2)."""
     found: Slots | None = None
     refused = False
     with trio.move_on_at(deadline):
@@ -65,10 +70,28 @@ async def poll_slots(connections: ConnectionPool, address: UpstreamAddress, *,
                 busy, total = counted
                 found = Slots(total, busy)
             else:
-                total_slots = parse_total_slots(await _document(
-                    connections, address, b"/props", api_key=api_key, cap=PROPS_CAP))
+                props = await _document(connections, address, b"/props", api_key=api_key,
+                                        cap=PROPS_CAP)
+                if context is not None:
+                    context(props_context(props))
+                total_slots = parse_total_slots(props)
                 found = None if total_slots is None else Slots(total_slots, 0)
                 refused = True
         except _NoAnswer:
             found, refused = None, False
     return found, refused
+
+
+async def poll_context(connections: ConnectionPool, address: UpstreamAddress, *,
+                       api_key: str | None, deadline: float) -> tuple[Served | None, bool]:
+    """The context llama.cpp at ``address`` serves (``/props``, SPEC §17.2), by
+    ``deadline``: ``(served, answered)``; ``answered`` is False when the server did not
+    answer (asked again at the next check), True with None when it has no such answer."""
+    with trio.move_on_at(deadline):
+        try:
+            doc = await _document(connections, address, b"/props", api_key=api_key,
+                                  cap=PROPS_CAP)
+        except _NoAnswer:
+            return None, False
+        return props_context(doc), True
+    return None, False

@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from protocol.affinity import chain, prompt_text, session_key
-from protocol.headers import SESSION, Header, header_value
 from protocol.prefix_index import PrefixIndex, SessionMap
 
 if TYPE_CHECKING:
     from protocol.config import AffinityConfig
+    from protocol.headers import Header
     from protocol.request_info import RequestInfo
     from proxy.registry.backends import BackendRegistry
     from proxy.registry.nodes import NodeEndpoint
@@ -74,7 +74,7 @@ class Affinity:
             return None
         text = prompt_text(info.path, doc)
         blocks = chain(info.model, text, self.block_chars) if text else ()
-        session = session_key(header_value(headers, SESSION), doc)
+        session = session_key(headers, doc)
         if not blocks and session is None:
             return None
         if session is not None:  # one session's requests to another model go their own way

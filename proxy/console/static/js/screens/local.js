@@ -111,6 +111,14 @@ function memory(entry) {
   return [`~${bytes(entry.estimatedBytes)}`, el('span', { class: 'muted', text: ' estimate' })];
 }
 
+/** The context one request can use (SPEC §17.2): its server's once loaded, else planned. */
+export function context(entry) {
+  if (!(entry.contextLength > 0)) return el('span', { class: 'muted', text: 'unknown' });
+  const tokens = `${entry.contextLength.toLocaleString('en-US')} tokens`;
+  if (entry.state === 'loaded') return tokens;
+  return [tokens, el('span', { class: 'muted', text: ' planned' })];
+}
+
 /** One managed model's card: kept across updates, so its button keeps focus and status. */
 function modelCard(app, name, changed) {
   let entry = { name, state: 'unloaded' };
@@ -146,6 +154,7 @@ function modelCard(app, name, changed) {
     node.setAttribute('aria-busy', entry.state === 'loading' || entry.state === 'unloading' ? 'true' : 'false');
     fill(facts,
       fact('Memory', memory(entry)),
+      fact('Context', context(entry)),
       fact('Keep alive', keepAlive(entry.keepAlive), entry.preload ? el('span', { class: 'muted', text: ', preloaded' }) : null),
       fact('In flight', String(entry.activeRequests ?? 0)),
       fact('Waiting', String(entry.waiting ?? 0)),
