@@ -112,9 +112,12 @@ async def test_served_context_from_props_and_from_a_vllm_list(
         while (await models_of(gw)).get("llama-m", {}).get("context_length") is None:
             await trio.sleep(0.05)
     models = await models_of(gw)
+    # the fakes answer 404 to POST /v1/messages and /v1/responses: translated (SPEC §17.1)
+    apis = {"messages": "translate", "responses": "translate"}
     assert models["llama-m"] == {**LLAMA_ENTRY, "context_length": 4096, "max_model_len": 4096,
-                                 "sluice": {"slots": {"busy": 0, "total": 2}}}
-    assert models["Qwen/Qwen2.5-7B"] == {**VLLM_ENTRY, "context_length": 32768}
+                                 "sluice": {"slots": {"busy": 0, "total": 2}, "apis": apis}}
+    assert models["Qwen/Qwen2.5-7B"] == {**VLLM_ENTRY, "context_length": 32768,
+                                         "sluice": {"apis": apis}}
     assert len(llama.requests_to("/props")) == 1  # its slots' and its context's at once
     show = await request(gw.unix, "POST", "/api/show",
                          json.dumps({"model": "Qwen/Qwen2.5-7B"}).encode())
