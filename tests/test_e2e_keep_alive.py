@@ -22,14 +22,16 @@ from tests.test_e2e_llama import gguf  # noqa: F401 (fixture)
 
 pytest.importorskip("xllamacpp")
 
-PING = 2  # seconds between llama.cpp's comments
-WORDS = 120  # ~650 prompt tokens: a prefill of several pings on two threads here
+PING = 3  # seconds between llama.cpp's comments (more than the chunk_interval below)
+WORDS = 200  # ~2200 prompt tokens: a prefill of a few pings on two threads here
+CHUNK_INTERVAL = 2.5  # a comment counted as a chunk would trip it; a token gap of a loaded
+# machine (both cores busy with the suite's other worker) does not
 
 
 @pytest.fixture
 async def llama(short_tmp: Path, gguf: Path) -> AsyncIterator[str]:  # noqa: F811
     """A llama.cpp server that the gateway does not manage, sending its comments often."""
-    async with llama_server(gguf, "smol", str(short_tmp / "llama.sock"), "--context", "2048",
+    async with llama_server(gguf, "smol", str(short_tmp / "llama.sock"), "--context", "4096",
                             "--parallel", "1", "--threads", "2",
                             "--sse-ping-interval", str(PING)) as (url, proc):
         yield url
@@ -61,9 +63,9 @@ ENDS = {"/v1/chat/completions": b"data: [DONE]\n\n",
 async def test_a_long_prefill_completes_behind_llama_cpps_comments(
         llama: str, start_gateway: StartGateway) -> None:
     """One dialect after the other: at once, one slot's prefill would hold the others'
-    generation longer than the 1 s chunk_interval (a real gap, not a keep-alive)."""
-    gw = await start_gateway([("llama", llama)], first_byte=90, chunk_interval=1,
-                             stream_total=180)
+    generation longer than the chunk_interval (a real gap, not a keep-alive)."""
+    gw = await start_gateway([("llama", llama)], first_byte=90,
+                             chunk_interval=CHUNK_INTERVAL, stream_total=180)
     for path, end in ENDS.items():
         with trio.fail_after(120):
             reply = await request(gw.unix, "POST", path, body_for(path),
