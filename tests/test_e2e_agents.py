@@ -28,7 +28,8 @@ from proxy.demo import DEMO_MODEL
 from proxy.server import Gateway
 from tests.client import request
 from tests.conftest import RunningGateway, gateway_config, open_settings
-from tests.test_e2e_llama import CACHE, gguf, wait_running  # noqa: F401 (fixture)
+from tests.test_e2e_llama import gguf, wait_running  # noqa: F401 (fixture)
+from tests.workers import CACHE
 
 pytest.importorskip("xllamacpp")
 
