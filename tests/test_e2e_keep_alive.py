@@ -23,7 +23,7 @@ from tests.test_e2e_llama import gguf  # noqa: F401 (fixture)
 pytest.importorskip("xllamacpp")
 
 PING = 3  # seconds between llama.cpp's comments (more than the chunk_interval below)
-WORDS = 200  # ~2200 prompt tokens: a prefill of a few pings on two threads here
+WORDS = 200  # ~2200 prompt tokens: a prefill of several pings on one thread here
 CHUNK_INTERVAL = 2.5  # a comment counted as a chunk would trip it; a token gap of a loaded
 # machine (both cores busy with the suite's other worker) does not
 
@@ -32,7 +32,7 @@ CHUNK_INTERVAL = 2.5  # a comment counted as a chunk would trip it; a token gap 
 async def llama(short_tmp: Path, gguf: Path) -> AsyncIterator[str]:  # noqa: F811
     """A llama.cpp server that the gateway does not manage, sending its comments often."""
     async with llama_server(gguf, "smol", str(short_tmp / "llama.sock"), "--context", "4096",
-                            "--parallel", "1", "--threads", "2",
+                            "--parallel", "1", "--threads", "1",
                             "--sse-ping-interval", str(PING)) as (url, proc):
         yield url
     assert proc.returncode == 0
