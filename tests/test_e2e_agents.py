@@ -6,8 +6,10 @@ npm or the registry cannot be reached), each run once against the demo model ser
 and the request log must show its requests, translated or not as configured.
 
 The agents are kept small enough for a 135M model: Claude Code with its own short system
-prompt and no tools (``--system-prompt``, ``--tools ""``), Codex with its default
-instructions; the model gets a context that holds them."""
+prompt and no tools (``--system-prompt``, ``--tools ""``), Codex with short instructions of
+its own (its ``model_instructions_file`` setting: its built-in ones are some 4,500 tokens, a
+35 s prefill for the demo model on one core here, against 4 s) and its usual tools; the
+model gets a context that holds them, on one thread (one core per test worker)."""
 
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ async def start(nursery: trio.Nursery, folder: Path, model: Path, apis: str) -> 
     cfg = attrs.evolve(cfg, aliases=AliasTable([("claude-*", DEMO_MODEL),
                                                 ("gpt-*", DEMO_MODEL)]),
                        models=(ModelConfig(name=DEMO_MODEL, path=str(model), context=16384,
-                                           parallel=1, threads=2, preload=True, apis=apis),))
+                                           parallel=1, threads=1, preload=True, apis=apis),))
     gateway = Gateway(open_settings(folder / "data", cfg))
     await nursery.start(gateway.run)
     with trio.fail_after(120):
@@ -141,12 +143,20 @@ async def test_codex(nursery: trio.Nursery, short_tmp: Path, gguf: Path,  # noqa
                 f'wire_api="responses"}}')
     env = clean_env(home, CODEX_HOME=str(home / ".codex"))
     (home / ".codex").mkdir(parents=True, exist_ok=True)
+    instructions = home / "instructions.md"
+    instructions.write_text("You are a brief assistant. Answer in plain text.\n")
     proc = await run_agent([str(agents / "codex"), "exec", "--skip-git-repo-check",
                             "-c", "model_provider=sluice", "-c", provider,
+                            "-c", f"model_instructions_file={str(instructions)!r}",
                             "-m", DEMO_MODEL, PROMPT], env, short_tmp)
     assert proc.returncode == 0, await said(proc, gw)
     assert proc.stdout.decode().strip(), await said(proc, gw)
     asked = [e for e in await requests_to(gw, "/v1/responses") if e["status"] == 200]
     assert asked, "Codex's request is not in the request log"
+    # the usage as the server said it: Responses' (native), or the chat answer's (translated)
+    key = "prompt_tokens" if apis == "translate" else "input_tokens"
+    prompts = [(e.get("usage") or {}).get(key) for e in asked]
+    assert all(isinstance(n, int) and n < 2500 for n in prompts), \
+        f"Codex did not take the short instructions (prompt tokens {prompts})"
     want = "responses" if apis == "translate" else None
     assert {e["translated"] for e in asked} == {want}

@@ -63,7 +63,7 @@ async def managed_gateway(nursery: trio.Nursery, folder: Path, gguf: Path,  # no
                           **options: object) -> RunningGateway:
     cfg = gateway_config([], socket_dir=folder / "s", **options)  # type: ignore[arg-type]
     cfg = attrs.evolve(cfg, models=(ModelConfig(name=DEMO_MODEL, path=str(gguf), context=1024,
-                                                parallel=3, threads=2, preload=True),))
+                                                parallel=3, threads=1, preload=True),))
     gateway = Gateway(open_settings(folder / "data", cfg))
     await nursery.start(gateway.run)
     with trio.fail_after(120):
@@ -91,7 +91,7 @@ async def llama_server(request: pytest.FixtureRequest, short_tmp: Path,
     listen = (f"127.0.0.1:{free_port()}" if request.param == "tcp"
               else str(short_tmp / "llama.sock"))
     async with launch_llama(gguf, DEMO_MODEL, listen, "--context", "1024", "--parallel", "3",
-                            "--threads", "2") as (url, _):
+                            "--threads", "1") as (url, _):
         yield url
 
 

@@ -191,3 +191,17 @@ def test_a_bad_value_is_refused_with_its_path() -> None:
         parse_config_text("models: [{name: m, path: m.gguf, cache_type_v: q2}]")
     with pytest.raises(ConfigError, match=r"models\[0\]\.gpu_layers: is an option of the bundled"):
         parse_config_text("models: [{name: m, command: [srv], memory: 1GiB, gpu_layers: 9}]")
+
+
+def test_threads_0_is_the_cores_the_server_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``threads: 0`` starts a thread per core the process may run on (its affinity: a
+    cpuset, taskset), not per core of the machine; a number given is kept."""
+    monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    monkeypatch.setattr(launcher.os, "cpu_count", lambda: 8)
+    auto = launcher._parser().parse_args([*BASE[:-1], "0"])
+    params = build_params(auto, xllamacpp)
+    assert (params.cpuparams.n_threads, params.cpuparams_batch.n_threads) == (1, 1)
+    given = build_params(launcher._parser().parse_args(BASE[:-1] + ["2"]), xllamacpp)
+    assert given.cpuparams.n_threads == 2
+    monkeypatch.delattr(launcher.os, "sched_getaffinity")  # a system without affinity
+    assert build_params(auto, xllamacpp).cpuparams.n_threads == 8

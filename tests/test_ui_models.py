@@ -47,7 +47,7 @@ class OnDemandGateway:
         self.gw = GatewayProcess(folder, "ondemand")
         cfg = self.gw.config
         smollm2 = ModelConfig(name="smollm2", path="models/smollm2.gguf", context=512,
-                              parallel=1, threads=2, keep_alive=KEEP_ALIVE)
+                              parallel=1, threads=1, keep_alive=KEEP_ALIVE)
         self.gw.config = attrs.evolve(
             cfg, models=(smollm2,),
             model_loading=attrs.evolve(cfg.model_loading, max_loaded=1, memory_budget=2 * GIB))

@@ -10,6 +10,11 @@ with ``-n``; each worker is a process of its own with its own module state):
 - Hypothesis without its per-example deadline (the ``sluice`` profile, loaded here): a
   worker beside others may take longer than 200 ms for one example, and a test's pass
   or fail must not hang on the machine's speed;
+- one core each (:func:`pin_worker`): with as many workers as cores, worker N and every
+  process it starts run on core N only, so two workers' llama.cpp servers never share a
+  core (llama.cpp's threads spin while they wait: two servers of two threads on two cores
+  ran several times slower than one thread each), and a model given ``threads: 0`` starts
+  one thread (proxy/models/launcher.py counts the cores it may use);
 - the run's figures (tests/figures.py): each worker hands its raw figures to the controller
   (xdist's ``workeroutput``), which merges them (counters summed, samples pooled, peaks
   maxed) and writes ``figures.json`` once; a run without xdist writes its own.
@@ -31,6 +36,28 @@ import pytest
 from hypothesis import settings
 
 from tests.figures import Figures
+
+
+def pin_worker() -> list[int] | None:
+    """Pin this xdist worker (and the processes it will start) to one core of those it
+    may use, when the run has no more workers than cores; the cores pinned to, or None
+    (not a worker, more workers than cores, no affinity on this system, or
+    ``SLUICE_TEST_PIN=0``)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if (not worker.startswith("gw") or not count.isdigit()
+            or os.environ.get("SLUICE_TEST_PIN") == "0"
+            or not hasattr(os, "sched_setaffinity")):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if int(count) > len(cores):
+        return None
+    core = cores[int(worker[2:]) % len(cores)]
+    os.sched_setaffinity(0, {core})
+    return [core]
+
+
+PINNED = pin_worker()
 
 settings.register_profile("sluice", deadline=None)
 settings.load_profile("sluice")

@@ -149,7 +149,7 @@ def build_params(args: argparse.Namespace, xllamacpp: ModuleType) -> Any:
         params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
     if args.sse_ping_interval is not None:
         params.sse_ping_interval = args.sse_ping_interval
-    threads = args.threads or (os.cpu_count() or 1)
+    threads = args.threads or usable_cores()
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads
     if args.gpu_layers is not None:
@@ -177,6 +177,17 @@ def backends() -> list[str] | None:
         return None
     devices = [str(device.get("name", "")) for device in xllamacpp.get_device_info()]
     return backends_of(xllamacpp.get_system_info(), devices)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (``threads: 0``): its CPU affinity where the
+    system keeps one (a cpuset, ``taskset``), so a server given one core of a container does
+    not start a thread per core of the machine, which llama.cpp's spinning threads make
+    many times slower than one."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    if getaffinity is not None:
+        return max(len(getaffinity(0)), 1)
+    return os.cpu_count() or 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
