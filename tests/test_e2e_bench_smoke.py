@@ -4,15 +4,16 @@ It checks correctness only (S6: every body byte-identical to the direct one; eve
 and stream delivered whole; S7: S3's and S5's loads went through gateway A to gateway B and
 nowhere else; S8: its held streams all delivered and every figure there; S9 and S10, where
 the llama extra is installed: cold requests answered by the managed model and by its floor,
-for the bundled engine and for S9CMD's command, and the idle gateways' catalogues; S11: the
-Ollama chat streams and their SSE twins all whole, and their figures there; S7TLS, run on its
-own: S1's and S3's loads through gateway A -> gateway B over the plain link and over the
-pinned TLS link, every answer B's, the pinned one on B's node port), never a wall-clock figure.
+for the bundled engine and for S9CMD's command, and the idle gateways' catalogues (run by
+tests/test_e2e_bench_smoke_models.py); S11: the Ollama chat streams and their SSE twins all
+whole, and their figures there; S3T: the translated streams and their relayed twins whole;
+S7TLS, run on its own: S1's and S3's loads through gateway A -> gateway B over the plain link
+and over the pinned TLS link, every answer B's, the pinned one on B's node port), never a
+wall-clock figure.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -22,23 +23,29 @@ from typing import Any
 
 import pytest
 
-from tests.workers import demo_model
-
 ROOT = Path(__file__).resolve().parent.parent
+
+
+CORE = "S1,S2,S3,S4,S5,S6,S7,S8,S11,S3T"  # this file's; the model servers' (S9, S9CMD,
+# S10) are tests/test_e2e_bench_smoke_models.py's, so the two halves run on two workers
+
+
+def smoke(tmp_path: Path, scenarios: str, timeout: int = 600) -> dict[str, Any]:
+    """``scripts/bench --smoke --scenarios ...``: its JSON, after it exited 0."""
+    out = tmp_path / "smoke.json"
+    proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--smoke", "--scenarios", scenarios,
+                           "--json", str(out)], capture_output=True, text=True,
+                          timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    assert result["meta"]["smoke"] is True
+    return result
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("node") is None, reason="the benchmark needs node")
 def test_bench_smoke(tmp_path: Path) -> None:
-    if importlib.util.find_spec("xllamacpp") is not None:
-        demo_model()  # fetched under the tests' lock, not by the benchmark beside a worker
-    out = tmp_path / "smoke.json"
-    proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--smoke", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600, check=False,
-                          stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert result["meta"]["smoke"] is True
+    result = smoke(tmp_path, CORE)
     assert result["s6"]["all_equal"] is True, result["s6"]
     assert result["checks"]["all_complete"] is True, result["checks"]["problems"]
     assert result["checks"]["problems"] == []
@@ -54,16 +61,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
     check_s7(result)
     check_s8(result)
     check_s11(result)
-    if importlib.util.find_spec("xllamacpp") is None:
-        assert result["ondemand_skipped"]
-        assert result["s9"] is None
-        assert result["s9cmd"] is None
-        assert result["s10"] is None
-    else:
-        assert result["ondemand_skipped"] is None
-        check_s9(result)
-        check_s9cmd(result)
-        check_s10(result)
+    check_s3t(result)
+    assert result["s9"] is result["s9cmd"] is result["s10"] is None  # not asked here
 
 
 @pytest.mark.slow
@@ -72,12 +71,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
                     reason="S7TLS needs root and iproute2 (network namespaces)")
 def test_bench_smoke_s7tls(tmp_path: Path) -> None:
     """S7TLS (issue 34) at smoke size: A -> B twice, plain and pinned, both transports."""
-    out = tmp_path / "smoke.json"
-    proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--smoke", "--scenarios", "S7TLS",
-                           "--json", str(out)], capture_output=True, text=True, timeout=360,
-                          check=False, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = smoke(tmp_path, "S7TLS", timeout=360)
     assert result["meta"]["scenarios"] == ["S7TLS"]
     assert result["checks"]["problems"] == []
     assert result["s7tls_skipped"] is None
@@ -198,6 +192,21 @@ def check_s8(result: dict[str, Any]) -> None:
         assert set(judged["met"]) == {"cpu_per_chunk", "delivered_gap", "rss_per_stream"}
         assert judged["cpu_per_chunk_growth"] is not None
     assert s8["problems"] == []
+
+
+def check_s3t(result: dict[str, Any]) -> None:
+    """S3T: each translated stream (Messages, Responses) and its relayed twin ran over each
+    transport, every answer whole and checked, and each ratio there (no verdict at smoke
+    size)."""
+    s3t = result["s3t"]
+    assert s3t["problems"] == []
+    assert {(r["transport"], r["target"]) for r in s3t["runs"]} == {
+        (tr, tg) for tr in ("tcp", "unix") for tg in s3t["targets"]}
+    for tr in ("tcp", "unix"):
+        entry = s3t["summary"][tr]
+        assert entry["complete"] is True
+        for tg in ("messages", "responses"):
+            assert entry[tg]["cpu_ratio"] > 0, (tr, tg, entry)
 
 
 def check_s9(result: dict[str, Any]) -> None:
