@@ -201,7 +201,7 @@ def test_threads_0_is_the_cores_the_server_may_use(monkeypatch: pytest.MonkeyPat
     auto = launcher._parser().parse_args([*BASE[:-1], "0"])
     params = build_params(auto, xllamacpp)
     assert (params.cpuparams.n_threads, params.cpuparams_batch.n_threads) == (1, 1)
-    given = build_params(launcher._parser().parse_args(BASE[:-1] + ["2"]), xllamacpp)
+    given = build_params(launcher._parser().parse_args([*BASE[:-1], "2"]), xllamacpp)
     assert given.cpuparams.n_threads == 2
     monkeypatch.delattr(launcher.os, "sched_getaffinity")  # a system without affinity
     assert build_params(auto, xllamacpp).cpuparams.n_threads == 8
