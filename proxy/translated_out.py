@@ -44,6 +44,7 @@ TRANSLATED = b"x-sluice-translated"
 JSON_TYPE = b"application/json"
 SSE_TYPE = b"text/event-stream"
 _DONE = b"[DONE]"
+_PEEL = 4  # events of a read taken one by one while no text chunk is learned (see _events)
 
 
 class State(enum.Enum):
@@ -85,7 +86,8 @@ class TranslatedOut:
     chunked = False
 
     def __init__(self, real: Downstream, translator: Translator, model: str, *, stream: bool,
-                 prompt_chars: int, options: dict[str, Any] | None = None) -> None:
+                 prompt_chars: int, options: dict[str, Any] | None = None,
+                 on_waiting: Callable[[], None] | None = None) -> None:
         self.real = real
         self.response: Response = real.response
         self.translator = translator
@@ -104,6 +106,9 @@ class TranslatedOut:
         # chunk's text (protocol/ollama/text_delta.py), and the stream's plain(strings, thinking)
         self._template: TextDelta | None = None
         self._plain: Callable[[list[bytes], bool], bytes] | None = None
+        # Called once the head went out with nothing more yet to say (a ping would be sent
+        # now): the keep-alive's pinger starts (proxy.translated.Way)
+        self.on_waiting = on_waiting
         self._pinging = False  # a keep-alive is being written: the relay's writes wait
         self._pinged: trio.Event | None = None  # set when that write is over
         self._error_status = 0
@@ -205,12 +210,21 @@ class TranslatedOut:
         self.state = State.STREAMING
         data = stream.start() + self._events(body)
         real = self.real
+        if end:  # the whole stream in one read: its end in the same write when it is sound
+            tail = self._tail(stream)
+            if not self._failed:
+                self.state = State.DONE
+                await real.send_head(200, self._headers(headers, SSE_TYPE), b"OK",
+                                     real.frame(data + tail), end=True, on_block=on_block)
+                return
         await real.send_head(200, self._headers(headers, SSE_TYPE), b"OK", real.frame(data),
                              end=False, on_block=on_block)
         if end:
-            await self.end(b"", on_block)
-        else:
-            self._after()
+            await self._end_with(tail, on_block)
+            return
+        self._after()
+        if self.on_waiting is not None and not self._closed and stream.ping():
+            self.on_waiting()
 
     async def _send_gathered(self) -> None:
         await self._send_error(upstream_error(self.translator, self._error_status,
@@ -233,12 +247,23 @@ class TranslatedOut:
             return b""
         out = b""
         template, plain = self._template, self._plain
+        if template is None and plain is not None and self._reader.between_events:
+            peeled = 0
+            while (template is None and peeled < _PEEL and data[:6] == b"data: "
+                   and 0 <= (cut := data.find(b"\n\n")) < len(data) - 2):
+                # a read of many events, no text chunk learned yet: its first data event
+                # alone (perhaps learned from), so that the rest of the read can take the
+                # fast path below: a whole stream may come in one read
+                out += self._events(data[:cut + 2])
+                data, template, peeled = data[cut + 2:], self._template, peeled + 1
+                if self._closed:
+                    return out
         if (template is not None and plain is not None and self._reader.at_event_start
                 and 0 <= data.find(b"\n\n") < len(data) - 2):  # a read of many events
             many = template.many(data)
             if many is not None:
                 strings, data = many
-                out = plain(strings, template.thinking)
+                out += plain(strings, template.thinking)
                 if not data:
                     return out
         reader = self._reader
@@ -341,10 +366,17 @@ class TranslatedOut:
             raise AssertionError(f"translated answer: the end while {state.value}")
         stream = self._stream()
         out = self._events(data)
-        if not self._closed:
-            # [DONE] is the end; a finish_reason without it will do; else the stream was cut
-            out += self._finish(stream) if self._said_finish else self._fail(
-                stream, "upstream_error", CUT_MESSAGE)
+        await self._end_with(out + self._tail(stream), on_block)
+
+    def _tail(self, stream: StreamTranslator) -> bytes:
+        """The stream's last events, once the chat answer's bytes are over: [DONE] is the
+        end; a finish_reason without it will do; else the stream was cut."""
+        if self._closed:
+            return b""
+        return self._finish(stream) if self._said_finish else self._fail(
+            stream, "upstream_error", CUT_MESSAGE)
+
+    async def _end_with(self, out: bytes, on_block: Callable[[], None] | None) -> None:
         real = self.real
         if self._pinging:
             await self._wait_for_ping()

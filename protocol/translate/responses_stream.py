@@ -179,20 +179,22 @@ class Stream:
         it is."""
         if self._done:
             return b""
+        if len(strings) != 1 or not strings[0]:
+            strings = [raw for raw in strings if raw]
+            if not strings:
+                return b""
         kind = _REASONING if thinking else _TEXT
         out = b""
-        for raw in strings:
-            if not raw:
-                continue
-            if self._open != kind:
-                out += self._close() + self._open_item(kind)
-            text = raw.decode()
-            self._parts.append(text)
-            self._chars += len(text)
-            seq = self._seq
-            self._seq = seq + 1
-            out += self._prefix + b'"' + raw + b'","sequence_number":%d}\n\n' % seq
-        return out
+        if self._open != kind:
+            out = self._close() + self._open_item(kind)
+        text = b"".join(strings).decode()  # each string is whole UTF-8: one decode for all
+        self._parts.append(text)
+        self._chars += len(text)
+        seq = self._seq
+        self._seq = seq + len(strings)
+        lead = self._prefix + b'"'
+        return out + b"".join([lead + raw + b'","sequence_number":%d}\n\n' % number
+                               for number, raw in enumerate(strings, seq)])
 
     def _open_item(self, kind: int) -> bytes:
         index = len(self._output)
