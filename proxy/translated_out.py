@@ -271,13 +271,15 @@ class TranslatedOut:
                 and data[-2:] == b"\n\n" and b"\r" not in data):
             events = [data[6:-2]]  # one whole event: most reads of a slow stream
         else:
+            # a keep-alive comment begins the read (not a ":" of an event cut before it)
+            comment = data[:1] == b":" and reader.between_events
             try:
                 events = reader.feed(data)
             except EventTooLarge:
                 return out + self._fail(stream, "upstream_protocol_error", "the model server "
                                         "sent an event larger than the gateway reads")
-        if not events:  # a keep-alive comment, or part of an event
-            return out + stream.ping() if data[:1] == b":" else out
+            if not events:  # a keep-alive comment, or part of an event
+                return out + stream.ping() if comment else out
         for event in events:
             if template is not None and plain is not None:
                 token = template.plain_token(event)
