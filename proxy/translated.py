@@ -137,7 +137,8 @@ class Way:
         self.active = True
         self.sink = TranslatedOut(self.real, self.translator, self.asked,
                                   stream=self.info.stream, prompt_chars=text_of_prompt(chat),
-                                  options=self.options, on_waiting=self._waiting)
+                                  options=self.options,
+                                  on_waiting=None if self._nursery is None else self._waiting)
         return CHAT_PATH.encode(), json.dumps(chat, separators=(",", ":"),
                                               ensure_ascii=False).encode(), self.sink
 
@@ -150,10 +151,14 @@ class Way:
         costs no task."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            if self.sink is not None:
+                self.sink.on_waiting = self._waiting
             try:
                 await relay.run()
             finally:
-                self._nursery = None
+                self._nursery = None  # no cycle (way -> sink -> way) left for the collector
+                if self.sink is not None:
+                    self.sink.on_waiting = None
                 nursery.cancel_scope.cancel()
 
     def _waiting(self) -> None:

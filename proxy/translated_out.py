@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from protocol.errors import SluiceError, anthropic_type
+from protocol.errors import SluiceError
 from protocol.headers import AFFINITY, SERVED_BY, Header
 from protocol.ollama.sse_reader import EventTooLarge, SseReader
 from protocol.ollama.stream import CUT_MESSAGE
 from protocol.ollama.text_delta import TextDelta
 from protocol.ollama.wire import NotJson, load_json
-from protocol.translate.chat import context_overflow
+from protocol.translate.chat import context_overflow, error_message, upstream_error
 
 if TYPE_CHECKING:
     from protocol.response import Response
@@ -53,29 +53,6 @@ class State(enum.Enum):
     STREAMING = "streaming"
     DONE = "done"
     BROKEN = "broken"
-
-
-def upstream_error(translator: Translator, status: int, body: bytes) -> SluiceError:
-    """A model server's error answer as the client's: its context overflow in the API's
-    words (SPEC §17.1), else its status with its message."""
-    overflow = context_overflow(status, body)
-    if overflow is not None:
-        return translator.overflow_error(*overflow)
-    message = ""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        doc = None
-    error = doc.get("error") if isinstance(doc, dict) else None
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        message = error["message"]
-    elif isinstance(error, str):
-        message = error
-    if not message:
-        message = body[:500].decode("utf-8", "replace").strip() or f"HTTP {status}"
-    return SluiceError(status, f"the model server answered {status}: {message}",
-                       type=anthropic_type(status) if status < 500 else "server_error",
-                       code=None)
 
 
 class TranslatedOut:
@@ -248,16 +225,10 @@ class TranslatedOut:
         out = b""
         template, plain = self._template, self._plain
         if template is None and plain is not None and self._reader.between_events:
-            peeled = 0
-            while (template is None and peeled < _PEEL and data[:6] == b"data: "
-                   and 0 <= (cut := data.find(b"\n\n")) < len(data) - 2):
-                # a read of many events, no text chunk learned yet: its first data event
-                # alone (perhaps learned from), so that the rest of the read can take the
-                # fast path below: a whole stream may come in one read
-                out += self._events(data[:cut + 2])
-                data, template, peeled = data[cut + 2:], self._template, peeled + 1
-                if self._closed:
-                    return out
+            out, data = self._peel(data)
+            if not data:
+                return out
+            template = self._template
         if (template is not None and plain is not None and self._reader.at_event_start
                 and 0 <= data.find(b"\n\n") < len(data) - 2):  # a read of many events
             many = template.many(data)
@@ -300,7 +271,7 @@ class TranslatedOut:
                 if overflow is not None:
                     return out + self._fail(stream, "context_length_exceeded",
                                             self.translator.overflow_error(*overflow).message)
-                return out + self._fail(stream, "upstream_error", _message(chunk["error"]))
+                return out + self._fail(stream, "upstream_error", error_message(chunk["error"]))
             choices = chunk.get("choices")
             if choices and type(choices) is list and type(choices[0]) is dict \
                     and choices[0].get("finish_reason"):
@@ -309,6 +280,21 @@ class TranslatedOut:
                 template = self._template = TextDelta.learn(event, chunk)
             out += stream.feed(chunk)
         return out
+
+    def _peel(self, data: bytes) -> tuple[bytes, bytes]:
+        """A read of many events while no text chunk is learned yet: its first data events
+        one by one (perhaps learned from), so that the rest of the read can take the
+        many-events path (a fast server's whole stream may come in one read). The client's
+        events for them, and the rest (b"" once the stream is over)."""
+        out = b""
+        peeled = 0
+        while (self._template is None and peeled < _PEEL and data[:6] == b"data: "
+               and 0 <= (cut := data.find(b"\n\n")) < len(data) - 2):
+            out += self._events(data[:cut + 2])
+            data, peeled = data[cut + 2:], peeled + 1
+            if self._closed:
+                return out, b""
+        return out, data
 
     def _after(self) -> None:
         """An error event ends the answer."""
@@ -401,7 +387,3 @@ class TranslatedOut:
                                                    err.message)
         await self.real.send_broken(data, err.code)
 
-
-def _message(error: object) -> str:
-    message = error.get("message") if isinstance(error, dict) else error
-    return message if isinstance(message, str) else "the model server reported an error"
