@@ -200,6 +200,8 @@ class Stream:
         seq = self._seq
         count = len(strings)
         self._seq = seq + count
+        if count == 1:  # a read of one event
+            return out + self._prefix + b'"' + strings[0] + b'","sequence_number":%d}\n\n' % seq
         # each event is the open item's prefix, the string and its number: one formatting
         # of the prefix (its "%" escaped) repeated, for all of them at once, in C
         form = self._prefix.replace(b"%", b"%%") + b'"%s","sequence_number":%d}\n\n'
