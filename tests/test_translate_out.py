@@ -121,6 +121,17 @@ STREAMS = {
     + [usage_chunk(5), b"data: [DONE]\n\n"],
     "role first, escapes": [ROLE, *map(compact, TEXTS), usage_chunk(7), b"data: [DONE]\n\n"],
     "no [DONE]": [*map(chunk, TEXTS[:4]), usage_chunk(4)],
+    "reasoning, text, a tool call": [
+        ROLE, *(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {
+            "reasoning_content": t}}]}, separators=(",", ":")).encode() + b"\n\n"
+            for t in ("Let", " me", " think")),
+        *map(compact, TEXTS[:3]),
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1",'
+        b'"type":"function","function":{"name":"read","arguments":"{\\"p\\":"}}]}}]}\n\n',
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,'
+        b'"function":{"arguments":"1}"}}]}}]}\n\n',
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n',
+        usage_chunk(9), b"data: [DONE]\n\n"],
     "cut": [ROLE, *map(chunk, TEXTS[:4])],
     "error midway": [chunk("a"), chunk("b"),
                      b'data: {"error":{"message":"boom","code":500}}\n\n', chunk("c")],
