@@ -102,6 +102,8 @@ class Way:
         self.options: dict[str, Any] = {}  # the translator's answer_options of the request
         self.sink: TranslatedOut | None = None
         self.mode = _modes(plan.upstream).of(translator.NAME)
+        self._nursery: trio.Nursery | None = None  # while relay() runs: the pinger's
+        self._pinger = False  # the pinger was started
 
     def __repr__(self) -> str:
         return f"Way({self.translator.NAME}, {self.mode}, active={self.active})"
@@ -135,19 +137,35 @@ class Way:
         self.active = True
         self.sink = TranslatedOut(self.real, self.translator, self.asked,
                                   stream=self.info.stream, prompt_chars=text_of_prompt(chat),
-                                  options=self.options)
+                                  options=self.options,
+                                  on_waiting=None if self._nursery is None else self._waiting)
         return CHAT_PATH.encode(), json.dumps(chat, separators=(",", ":"),
                                               ensure_ascii=False).encode(), self.sink
 
     async def relay(self, relay: Relay) -> None:
         """Run a streamed request's relay with the keep-alive of its translated answer
-        beside it: a ping every :data:`PING_EVERY` seconds while the prompt is read."""
+        beside it: a ping every :data:`PING_EVERY` seconds while the prompt is read. The
+        pinger starts only when the answer's head went out with nothing after it yet
+        (:meth:`TranslatedOut.send_head <proxy.translated_out.TranslatedOut.send_head>`
+        calls :meth:`_waiting`): a stream that comes whole, or with its first content,
+        costs no task."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._pings)
+            self._nursery = nursery
+            if self.sink is not None:
+                self.sink.on_waiting = self._waiting
             try:
                 await relay.run()
             finally:
+                self._nursery = None  # no cycle (way -> sink -> way) left for the collector
+                if self.sink is not None:
+                    self.sink.on_waiting = None
                 nursery.cancel_scope.cancel()
+
+    def _waiting(self) -> None:
+        nursery = self._nursery
+        if nursery is not None and not self._pinger:
+            self._pinger = True
+            nursery.start_soon(self._pings)
 
     async def _pings(self) -> None:
         while True:

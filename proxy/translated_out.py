@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from protocol.errors import SluiceError, anthropic_type
+from protocol.errors import SluiceError
 from protocol.headers import AFFINITY, SERVED_BY, Header
 from protocol.ollama.sse_reader import EventTooLarge, SseReader
 from protocol.ollama.stream import CUT_MESSAGE
 from protocol.ollama.text_delta import TextDelta
 from protocol.ollama.wire import NotJson, load_json
-from protocol.translate.chat import context_overflow
+from protocol.translate.chat import context_overflow, error_message, upstream_error
 
 if TYPE_CHECKING:
     from protocol.response import Response
@@ -44,6 +44,7 @@ TRANSLATED = b"x-sluice-translated"
 JSON_TYPE = b"application/json"
 SSE_TYPE = b"text/event-stream"
 _DONE = b"[DONE]"
+_PEEL = 4  # events of a read taken one by one while no text chunk is learned (see _events)
 
 
 class State(enum.Enum):
@@ -54,29 +55,6 @@ class State(enum.Enum):
     BROKEN = "broken"
 
 
-def upstream_error(translator: Translator, status: int, body: bytes) -> SluiceError:
-    """A model server's error answer as the client's: its context overflow in the API's
-    words (SPEC §17.1), else its status with its message."""
-    overflow = context_overflow(status, body)
-    if overflow is not None:
-        return translator.overflow_error(*overflow)
-    message = ""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        doc = None
-    error = doc.get("error") if isinstance(doc, dict) else None
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        message = error["message"]
-    elif isinstance(error, str):
-        message = error
-    if not message:
-        message = body[:500].decode("utf-8", "replace").strip() or f"HTTP {status}"
-    return SluiceError(status, f"the model server answered {status}: {message}",
-                       type=anthropic_type(status) if status < 500 else "server_error",
-                       code=None)
-
-
 class TranslatedOut:
     """See the module. ``real``: the client's Downstream; ``model``: the name the client
     asked for; ``stream``: the client asked for a stream; ``prompt_chars``: the translated
@@ -85,7 +63,8 @@ class TranslatedOut:
     chunked = False
 
     def __init__(self, real: Downstream, translator: Translator, model: str, *, stream: bool,
-                 prompt_chars: int, options: dict[str, Any] | None = None) -> None:
+                 prompt_chars: int, options: dict[str, Any] | None = None,
+                 on_waiting: Callable[[], None] | None = None) -> None:
         self.real = real
         self.response: Response = real.response
         self.translator = translator
@@ -104,6 +83,9 @@ class TranslatedOut:
         # chunk's text (protocol/ollama/text_delta.py), and the stream's plain(strings, thinking)
         self._template: TextDelta | None = None
         self._plain: Callable[[list[bytes], bool], bytes] | None = None
+        # Called once the head went out with nothing more yet to say (a ping would be sent
+        # now): the keep-alive's pinger starts (proxy.translated.Way)
+        self.on_waiting = on_waiting
         self._pinging = False  # a keep-alive is being written: the relay's writes wait
         self._pinged: trio.Event | None = None  # set when that write is over
         self._error_status = 0
@@ -205,12 +187,21 @@ class TranslatedOut:
         self.state = State.STREAMING
         data = stream.start() + self._events(body)
         real = self.real
+        if end:  # the whole stream in one read: its end in the same write when it is sound
+            tail = self._tail(stream)
+            if not self._failed:
+                self.state = State.DONE
+                await real.send_head(200, self._headers(headers, SSE_TYPE), b"OK",
+                                     real.frame(data + tail), end=True, on_block=on_block)
+                return
         await real.send_head(200, self._headers(headers, SSE_TYPE), b"OK", real.frame(data),
                              end=False, on_block=on_block)
         if end:
-            await self.end(b"", on_block)
-        else:
-            self._after()
+            await self._end_with(tail, on_block)
+            return
+        self._after()
+        if self.on_waiting is not None and not self._closed and stream.ping():
+            self.on_waiting()
 
     async def _send_gathered(self) -> None:
         await self._send_error(upstream_error(self.translator, self._error_status,
@@ -233,12 +224,17 @@ class TranslatedOut:
             return b""
         out = b""
         template, plain = self._template, self._plain
+        if template is None and plain is not None and self._reader.between_events:
+            out, data = self._peel(data)
+            if not data:
+                return out
+            template = self._template
         if (template is not None and plain is not None and self._reader.at_event_start
                 and 0 <= data.find(b"\n\n") < len(data) - 2):  # a read of many events
             many = template.many(data)
             if many is not None:
                 strings, data = many
-                out = plain(strings, template.thinking)
+                out += plain(strings, template.thinking)
                 if not data:
                     return out
         reader = self._reader
@@ -246,13 +242,15 @@ class TranslatedOut:
                 and data[-2:] == b"\n\n" and b"\r" not in data):
             events = [data[6:-2]]  # one whole event: most reads of a slow stream
         else:
+            # a keep-alive comment begins the read (not a ":" of an event cut before it)
+            comment = data[:1] == b":" and reader.between_events
             try:
                 events = reader.feed(data)
             except EventTooLarge:
                 return out + self._fail(stream, "upstream_protocol_error", "the model server "
                                         "sent an event larger than the gateway reads")
-        if not events:  # a keep-alive comment, or part of an event
-            return out + stream.ping() if data[:1] == b":" else out
+            if not events:  # a keep-alive comment, or part of an event
+                return out + stream.ping() if comment else out
         for event in events:
             if template is not None and plain is not None:
                 token = template.plain_token(event)
@@ -273,7 +271,7 @@ class TranslatedOut:
                 if overflow is not None:
                     return out + self._fail(stream, "context_length_exceeded",
                                             self.translator.overflow_error(*overflow).message)
-                return out + self._fail(stream, "upstream_error", _message(chunk["error"]))
+                return out + self._fail(stream, "upstream_error", error_message(chunk["error"]))
             choices = chunk.get("choices")
             if choices and type(choices) is list and type(choices[0]) is dict \
                     and choices[0].get("finish_reason"):
@@ -282,6 +280,21 @@ class TranslatedOut:
                 template = self._template = TextDelta.learn(event, chunk)
             out += stream.feed(chunk)
         return out
+
+    def _peel(self, data: bytes) -> tuple[bytes, bytes]:
+        """A read of many events while no text chunk is learned yet: its first data events
+        one by one (perhaps learned from), so that the rest of the read can take the
+        many-events path (a fast server's whole stream may come in one read). The client's
+        events for them, and the rest (b"" once the stream is over)."""
+        out = b""
+        peeled = 0
+        while (self._template is None and peeled < _PEEL and data[:6] == b"data: "
+               and 0 <= (cut := data.find(b"\n\n")) < len(data) - 2):
+            out += self._events(data[:cut + 2])
+            data, peeled = data[cut + 2:], peeled + 1
+            if self._closed:
+                return out, b""
+        return out, data
 
     def _after(self) -> None:
         """An error event ends the answer."""
@@ -341,10 +354,17 @@ class TranslatedOut:
             raise AssertionError(f"translated answer: the end while {state.value}")
         stream = self._stream()
         out = self._events(data)
-        if not self._closed:
-            # [DONE] is the end; a finish_reason without it will do; else the stream was cut
-            out += self._finish(stream) if self._said_finish else self._fail(
-                stream, "upstream_error", CUT_MESSAGE)
+        await self._end_with(out + self._tail(stream), on_block)
+
+    def _tail(self, stream: StreamTranslator) -> bytes:
+        """The stream's last events, once the chat answer's bytes are over: [DONE] is the
+        end; a finish_reason without it will do; else the stream was cut."""
+        if self._closed:
+            return b""
+        return self._finish(stream) if self._said_finish else self._fail(
+            stream, "upstream_error", CUT_MESSAGE)
+
+    async def _end_with(self, out: bytes, on_block: Callable[[], None] | None) -> None:
         real = self.real
         if self._pinging:
             await self._wait_for_ping()
@@ -367,7 +387,3 @@ class TranslatedOut:
                                                    err.message)
         await self.real.send_broken(data, err.code)
 
-
-def _message(error: object) -> str:
-    message = error.get("message") if isinstance(error, dict) else error
-    return message if isinstance(message, str) else "the model server reported an error"

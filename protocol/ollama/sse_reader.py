@@ -43,6 +43,12 @@ class SseReader:
         """Nothing is held: the next byte begins a line of a new event."""
         return self._started and not (self._line or self._data or self._skip_lf)
 
+    @property
+    def between_events(self) -> bool:
+        """Nothing is held, the first bytes perhaps not seen yet: a piece that begins with
+        a ``data:`` line (so with no byte order mark) begins a new event."""
+        return not (self._line or self._data or self._skip_lf)
+
     def feed(self, piece: bytes) -> list[bytes]:
         """The data (bytes, lines joined) of every event that ``piece`` finishes."""
         if not piece:

@@ -97,8 +97,8 @@ class TextDelta:
             count -= 1  # the stream's last events (finish, usage, [DONE]) and the like
         if not count:
             return None
-        start, cut = len(lead), len(suffix)
-        strings = [block[start:len(block) - cut] for block in blocks[:count]]
+        start, cut = len(lead), -len(suffix)  # a suffix is never empty: its quote at least
+        strings = [block[start:cut] for block in blocks[:count]]
         events = lead + self._joint.join(strings) + suffix
         if not piece.startswith(events) or piece[len(events):len(events) + 2] != b"\n\n":
             return None  # an event in between is another one

@@ -1,14 +1,20 @@
 """What every translator reads of Chat Completions (SPEC §17.1), as plain values: a stream's
 chunk (:func:`read_chunk` -> :class:`Piece`), a whole answer (:func:`read_answer` ->
 :class:`Whole`), the usage (:class:`Usage`), the characters ÷ 4 estimate
-(:func:`estimate_tokens`) and the server's context overflow (:func:`context_overflow`).
+(:func:`estimate_tokens`), the server's context overflow (:func:`context_overflow`) and
+its error answer in the client's API (:func:`upstream_error`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from protocol.errors import SluiceError, anthropic_type
+
+if TYPE_CHECKING:
+    from protocol.translate import Translator
 
 __all__ = [
     "Piece",
@@ -17,11 +23,13 @@ __all__ = [
     "Whole",
     "WholeCall",
     "context_overflow",
+    "error_message",
     "estimate_tokens",
     "read_answer",
     "read_chunk",
     "read_usage",
     "text_of_prompt",
+    "upstream_error",
 ]
 
 
@@ -101,7 +109,8 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _error_message(error: object) -> str:
+def error_message(error: object) -> str:
+    """A chat error's message (its ``message``, or itself when a string)."""
     if isinstance(error, dict):
         message = error.get("message")
         if isinstance(message, str):
@@ -116,7 +125,7 @@ def read_chunk(chunk: dict[str, Any]) -> Piece:
     choice's text, reasoning (``reasoning_content``, or ``reasoning`` as vLLM names it),
     tool call pieces, finish reason, and the usage when the chunk has one."""
     if "error" in chunk:
-        return Piece(error=_error_message(chunk["error"]))
+        return Piece(error=error_message(chunk["error"]))
     usage = read_usage(chunk.get("usage"))
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices:
@@ -261,3 +270,26 @@ def context_overflow(status: int, body: bytes) -> tuple[int | None, int | None] 
     found_asked = _ASKED.search(text)
     return (int(found_asked.group(1)) if found_asked else None,
             int(found_max.group(1)) if found_max else None)
+
+
+def upstream_error(translator: Translator, status: int, body: bytes) -> SluiceError:
+    """A model server's error answer as the client's: its context overflow in the API's
+    words (SPEC §17.1), else its status with its message."""
+    overflow = context_overflow(status, body)
+    if overflow is not None:
+        return translator.overflow_error(*overflow)
+    message = ""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        message = error["message"]
+    elif isinstance(error, str):
+        message = error
+    if not message:
+        message = body[:500].decode("utf-8", "replace").strip() or f"HTTP {status}"
+    return SluiceError(status, f"the model server answered {status}: {message}",
+                       type=anthropic_type(status) if status < 500 else "server_error",
+                       code=None)

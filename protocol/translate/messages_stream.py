@@ -200,8 +200,11 @@ class Stream:
             if self._open != "text":
                 out = self._open_block("text", {"type": "text", "text": ""})
             head = _TEXT_HEAD + b"%d" % self._index + _TEXT_DELTA
-        self._chars += sum(map(len, strings))  # bytes, not characters: it is an estimate
-        return out + head + (_DELTA_END + head).join(strings) + _DELTA_END
+        joint = _DELTA_END + head
+        deltas = joint.join(strings)
+        # the strings' bytes, not characters (it is an estimate), from the length of the join
+        self._chars += len(deltas) - (len(strings) - 1) * len(joint)
+        return out + head + deltas + _DELTA_END
 
     def _tool_block(self, call: _Call) -> bytes:
         call.opened = True

@@ -16,6 +16,7 @@ Last ``response.completed`` (status ``incomplete`` on ``length``), or ``response
 from __future__ import annotations
 
 import json
+from itertools import chain
 from typing import Any
 
 from protocol.translate.chat import Usage, read_chunk
@@ -112,18 +113,24 @@ class Stream:
         self.usage_estimated = False
 
     def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
+        return self._event_of(kind, _dumps(fields)[1:])
+
+    def _event_of(self, kind: str, rest: bytes) -> bytes:
+        """The event with its fields' JSON after the type and number (``rest``: a JSON
+        object's members and its closing brace)."""
         seq = self._seq
         self._seq = seq + 1
         head = f'event: {kind}\ndata: {{"type":"{kind}","sequence_number":{seq},'.encode()
-        return head + _dumps(fields)[1:] + b"\n\n"
+        return head + rest + b"\n\n"
 
     def start(self) -> bytes:
         """``response.created`` and ``response.in_progress``."""
         if self._done or self._seq:
             return b""
-        shown = response_object(self.id, self._model, self._created_at, "in_progress", [])
-        return (self._event("response.created", {"response": shown})
-                + self._event("response.in_progress", {"response": shown}))
+        shown = _dumps({"response": response_object(self.id, self._model, self._created_at,
+                                                    "in_progress", [])})[1:]  # once for both
+        return (self._event_of("response.created", shown)
+                + self._event_of("response.in_progress", shown))
 
     def ping(self) -> bytes:
         """A keep-alive: the Responses API has no ping event, so an SSE comment."""
@@ -179,20 +186,27 @@ class Stream:
         it is."""
         if self._done:
             return b""
+        if len(strings) != 1 or not strings[0]:
+            strings = [raw for raw in strings if raw]
+            if not strings:
+                return b""
         kind = _REASONING if thinking else _TEXT
         out = b""
-        for raw in strings:
-            if not raw:
-                continue
-            if self._open != kind:
-                out += self._close() + self._open_item(kind)
-            text = raw.decode()
-            self._parts.append(text)
-            self._chars += len(text)
-            seq = self._seq
-            self._seq = seq + 1
-            out += self._prefix + b'"' + raw + b'","sequence_number":%d}\n\n' % seq
-        return out
+        if self._open != kind:
+            out = self._close() + self._open_item(kind)
+        text = b"".join(strings).decode()  # each string is whole UTF-8: one decode for all
+        self._parts.append(text)
+        self._chars += len(text)
+        seq = self._seq
+        count = len(strings)
+        self._seq = seq + count
+        if count == 1:  # a read of one event
+            return out + self._prefix + b'"' + strings[0] + b'","sequence_number":%d}\n\n' % seq
+        # each event is the open item's prefix, the string and its number: one formatting
+        # of the prefix (its "%" escaped) repeated, for all of them at once, in C
+        form = self._prefix.replace(b"%", b"%%") + b'"%s","sequence_number":%d}\n\n'
+        return out + (form * count) % tuple(chain.from_iterable(
+            zip(strings, range(seq, seq + count), strict=True)))
 
     def _open_item(self, kind: int) -> bytes:
         index = len(self._output)
