@@ -24,12 +24,11 @@ bug and raises):
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from protocol.errors import Family, SluiceError, upstream_bad_response
-from protocol.headers import AFFINITY, SERVED_BY, Header
+from protocol.headers import Header
 from protocol.ollama import (
     JSON_TYPE,
     NDJSON_TYPE,
@@ -40,31 +39,14 @@ from protocol.ollama import (
     upstream_error,
     whole_answer,
 )
+from proxy.answer_writer import MOVES, AnswerWriter, State
 from proxy.timestamps import wall
 
 if TYPE_CHECKING:
-    from protocol.response import Response
     from proxy.downstream import Downstream
 
-__all__ = ["MOVES", "OllamaOut", "State", "now_text"]
+__all__ = ["MOVES", "OllamaOut", "State", "now_text"]  # the states: proxy/answer_writer.py
 
-
-class State(enum.Enum):
-    IDLE = "idle"
-    GATHERING_ERROR = "gathering-error"
-    STREAMING = "streaming"
-    DONE = "done"
-    BROKEN = "broken"
-
-
-MOVES: dict[State, frozenset[State]] = {
-    State.IDLE: frozenset({State.GATHERING_ERROR, State.STREAMING, State.DONE}),
-    # Any head again: the next node's answer after a failover.
-    State.GATHERING_ERROR: frozenset({State.GATHERING_ERROR, State.STREAMING, State.DONE}),
-    State.STREAMING: frozenset({State.DONE, State.BROKEN}),
-    State.DONE: frozenset(),
-    State.BROKEN: frozenset(),
-}
 
 _FIRST_EVENTS = 4  # events looked at for the first line before the rest of the read
 
@@ -74,48 +56,31 @@ def now_text() -> str:
     return format_time(wall())
 
 
-class OllamaOut:
-    """See the module. ``real``: the client's Downstream; ``stream``: the client asked for a
-    stream (else Ollama has none); ``timing``: the request's figures for the last line. The
-    bytes the relay gives are never chunk-framed (:attr:`chunked` is false, :meth:`frame`
-    leaves them as they are)."""
+class OllamaOut(AnswerWriter):
+    """See the module (and :class:`~proxy.answer_writer.AnswerWriter`, the states and the
+    plumbing it shares with the translated writer). ``real``: the client's Downstream;
+    ``stream``: the client asked for a stream (else Ollama has none); ``timing``: the
+    request's figures for the last line."""
 
-    chunked = False
+    KIND = "Ollama"
+    ERROR_TYPE = JSON_TYPE  # Ollama's, with its charset
 
     def __init__(self, real: Downstream, answer: Answer, stream: bool,
                  timing: Callable[[], Timing]) -> None:
-        self.real = real
-        self.response: Response = real.response
+        super().__init__(real)
         self.answer = answer
         self.timing = timing
         self.translator = StreamTranslator(answer) if stream else None
-        self.state = State.IDLE
-        self._error_status = 0  # GATHERING_ERROR: the model server's error answer so far
-        self._error_headers: list[Header] = []
-        self._error_body = bytearray()
 
     def __repr__(self) -> str:
         return f"OllamaOut({self.answer.kind.value}, {self.state.value}, {self.real!r})"
 
-    def _move(self, new: State) -> None:
-        if new not in MOVES[self.state]:
-            raise AssertionError(f"illegal Ollama answer move {self.state.value} -> "
-                                 f"{new.value}")
-        self.state = new
-
-    def _wrong(self, what: str) -> AssertionError:
-        return AssertionError(f"Ollama answer: {what} while {self.state.value}")
-
     @property
-    def closing(self) -> bool:
-        return self.real.closing
+    def family(self) -> Family:
+        return Family.OLLAMA
 
-    def frame(self, data: bytes) -> bytes:
-        return data
-
-    def _headers(self, given: list[Header], content_type: bytes) -> list[Header]:
-        return [(b"content-type", content_type),
-                *((k, v) for k, v in given if k in (SERVED_BY, AFFINITY))]
+    def upstream_error(self, status: int, body: bytes) -> SluiceError:
+        return upstream_error(status, body)
 
     def _translator(self) -> StreamTranslator:
         translator = self.translator
@@ -133,32 +98,11 @@ class OllamaOut:
             lines += translator.finish(now_text(), self.timing())
         return lines
 
-    def _new_answer(self) -> None:
-        """A head (or a whole answer) of the model server's: before any, or after an error
-        answer cut while it was gathered (a failover), whose body is then dropped."""
-        if self.state is not State.IDLE and self.state is not State.GATHERING_ERROR:
-            raise self._wrong("another answer")
-        self._error_status = 0
-        self._error_headers = []
-        self._error_body = bytearray()
-
-    async def _send_error(self, err: SluiceError, headers: list[Header]) -> None:
-        self.real.error_code = err.code
-        await self.real.send_whole(err.status, self._headers(headers, JSON_TYPE),
-                                   err.body(Family.OLLAMA))
-
-    async def _send_gathered(self) -> None:
-        """The error answer gathered, whole, in Ollama's shape."""
-        self._move(State.DONE)
-        await self._send_error(upstream_error(self._error_status, bytes(self._error_body)),
-                               self._error_headers)
-
     async def send_whole(self, status: int, headers: list[Header], body: bytes,
                          reason: bytes = b"") -> None:
         self._new_answer()
         if status >= 400:
-            self._move(State.DONE)
-            await self._send_error(upstream_error(status, body), headers)
+            await self._send_error(self.upstream_error(status, body), headers)
             return
         data = whole_answer(self.answer, body, now_text(), self.timing())
         self._move(State.DONE)
@@ -168,12 +112,7 @@ class OllamaOut:
                         *, end: bool, on_block: Callable[[], None] | None = None) -> None:
         self._new_answer()
         if status >= 400:  # an error answer that came chunked: its whole body first
-            self._move(State.GATHERING_ERROR)
-            self._error_status = status
-            self._error_headers = headers
-            self._error_body += body
-            if end:
-                await self._send_gathered()
+            await self._gather(status, headers, body, end=end)
             return
         lines, rest = self._first_lines(body)
         self._move(State.STREAMING)
@@ -228,8 +167,7 @@ class OllamaOut:
     async def end(self, data: bytes = b"", on_block: Callable[[], None] | None = None) -> None:
         state = self.state
         if state is State.GATHERING_ERROR:
-            self._error_body += data
-            await self._send_gathered()
+            await self._send_gathered(data)
             return
         if state is State.BROKEN:
             return

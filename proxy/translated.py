@@ -27,8 +27,9 @@ from protocol.errors import SluiceError, bad_request, not_found
 from protocol.headers import Header
 from protocol.translate import CHAT_PATH, COUNT_PATHS, Translator, translator_for
 from protocol.translate.chat import text_of_prompt
+from proxy.answer_writer import JSON_TYPE
 from proxy.routing.attempts import Outcome
-from proxy.translated_out import JSON_TYPE, TRANSLATED, TranslatedOut
+from proxy.translated_out import TRANSLATED, TranslatedOut
 from proxy.upstream.connection import UpstreamFailure
 from proxy.upstream.pool import ConnectionPool, whole_exchange
 

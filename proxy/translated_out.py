@@ -10,69 +10,59 @@ unfinished event is held), a whole answer at once, an error answer in the client
 (the server's context overflow in the words agents compact on). Every answer says
 ``x-sluice-translated: chat``.
 
-States (``TranslatedOut.state``): ``IDLE`` → ``GATHERING_ERROR`` (a chunked error answer,
-gathered to its end; a head after it is the next node's answer) → ``STREAMING`` → ``DONE``
-or ``BROKEN`` (an error event ended it: the server's error event, a cut, a relay failure;
-whatever follows is dropped).
+States (``TranslatedOut.state``, with the chunked error answer's gathering shared with the
+Ollama writer in :class:`proxy.answer_writer.AnswerWriter`): ``IDLE`` → ``GATHERING_ERROR``
+(a chunked error answer, gathered to its end; a head after it is the next node's answer) →
+``STREAMING`` → ``DONE`` or ``BROKEN`` (an error event ended it: the server's error event, a
+cut, a relay failure; whatever follows is dropped).
 """
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from protocol.errors import SluiceError
-from protocol.headers import AFFINITY, SERVED_BY, Header
+from protocol.errors import Family, SluiceError
+from protocol.headers import Header
 from protocol.ollama.sse_reader import EventTooLarge, SseReader
 from protocol.ollama.stream import CUT_MESSAGE
 from protocol.ollama.text_delta import TextDelta
 from protocol.ollama.wire import NotJson, load_json
 from protocol.translate.chat import context_overflow, error_message, upstream_error
+from proxy.answer_writer import JSON_TYPE, AnswerWriter, State
 
 if TYPE_CHECKING:
-    from protocol.response import Response
     from protocol.translate import StreamTranslator, Translator
     from proxy.downstream import Downstream
 
 __all__ = ["TRANSLATED", "State", "TranslatedOut"]
 
 TRANSLATED = b"x-sluice-translated"
-JSON_TYPE = b"application/json"
 SSE_TYPE = b"text/event-stream"
 _DONE = b"[DONE]"
 _PEEL = 4  # events of a read taken one by one while no text chunk is learned (see _events)
 
 
-class State(enum.Enum):
-    IDLE = "idle"
-    GATHERING_ERROR = "gathering-error"
-    STREAMING = "streaming"
-    DONE = "done"
-    BROKEN = "broken"
-
-
-class TranslatedOut:
+class TranslatedOut(AnswerWriter):
     """See the module. ``real``: the client's Downstream; ``model``: the name the client
     asked for; ``stream``: the client asked for a stream; ``prompt_chars``: the translated
     prompt's characters (the estimate when the server says no usage)."""
 
-    chunked = False
+    KIND = "translated"
+    EXTRA_HEADERS = ((TRANSLATED, b"chat"),)
 
     def __init__(self, real: Downstream, translator: Translator, model: str, *, stream: bool,
                  prompt_chars: int, options: dict[str, Any] | None = None,
                  on_waiting: Callable[[], None] | None = None) -> None:
-        self.real = real
-        self.response: Response = real.response
+        super().__init__(real)
         self.translator = translator
         self.model = model
         self.stream_asked = stream
         self.prompt_chars = prompt_chars
         self.options = options or {}  # the translator's answer_options of the request
-        self.state = State.IDLE
         self.stream: StreamTranslator | None = None  # once a stream began
         self.usage_estimated = False
         self._said_finish = False  # a chunk had a finish_reason
@@ -88,42 +78,22 @@ class TranslatedOut:
         self.on_waiting = on_waiting
         self._pinging = False  # a keep-alive is being written: the relay's writes wait
         self._pinged: trio.Event | None = None  # set when that write is over
-        self._error_status = 0
-        self._error_headers: list[Header] = []
-        self._error_body = bytearray()
 
     def __repr__(self) -> str:
         return f"TranslatedOut({self.translator.NAME}, {self.state.value}, {self.real!r})"
 
     @property
-    def closing(self) -> bool:
-        return self.real.closing
+    def family(self) -> Family:
+        return self.translator.FAMILY
 
-    def frame(self, data: bytes) -> bytes:
-        return data
-
-    def _headers(self, given: list[Header], content_type: bytes) -> list[Header]:
-        return [(b"content-type", content_type), (TRANSLATED, b"chat"),
-                *((k, v) for k, v in given if k in (SERVED_BY, AFFINITY))]
-
-    def _new_answer(self) -> None:
-        if self.state is not State.IDLE and self.state is not State.GATHERING_ERROR:
-            raise AssertionError(f"translated answer: another answer while {self.state.value}")
-        self._error_status = 0
-        self._error_headers = []
-        self._error_body = bytearray()
-
-    async def _send_error(self, err: SluiceError, headers: list[Header]) -> None:
-        self.state = State.DONE
-        self.real.error_code = err.code
-        await self.real.send_whole(err.status, self._headers(headers, JSON_TYPE),
-                                   err.body(self.translator.FAMILY))
+    def upstream_error(self, status: int, body: bytes) -> SluiceError:
+        return upstream_error(self.translator, status, body)
 
     async def send_whole(self, status: int, headers: list[Header], body: bytes,
                          reason: bytes = b"") -> None:
         self._new_answer()
         if status >= 400:
-            await self._send_error(upstream_error(self.translator, status, body), headers)
+            await self._send_error(self.upstream_error(status, body), headers)
             return
         try:
             answer = load_json(body)
@@ -141,7 +111,7 @@ class TranslatedOut:
                                         **self.options)
         if answer.get("usage") is None:
             self.usage_estimated = True
-        self.state = State.DONE
+        self._move(State.DONE)
         await self.real.send_whole(200, self._headers(headers, JSON_TYPE),
                                    json.dumps(out, separators=(",", ":"),
                                               ensure_ascii=False).encode())
@@ -160,7 +130,7 @@ class TranslatedOut:
             "finish_reason": choice.get("finish_reason") if isinstance(choice, dict) else None}],
             "usage": answer.get("usage")})
         data += self._finish(stream)
-        self.state = State.DONE
+        self._move(State.DONE)
         await self.real.send_head(200, self._headers(headers, SSE_TYPE), b"OK",
                                   self.real.frame(data), end=True)
 
@@ -175,22 +145,17 @@ class TranslatedOut:
     async def send_head(self, status: int, headers: list[Header], reason: bytes, body: bytes,
                         *, end: bool, on_block: Callable[[], None] | None = None) -> None:
         self._new_answer()
-        if status >= 400:
-            self.state = State.GATHERING_ERROR
-            self._error_status = status
-            self._error_headers = headers
-            self._error_body += body
-            if end:
-                await self._send_gathered()
+        if status >= 400:  # an error answer that came chunked: its whole body first
+            await self._gather(status, headers, body, end=end)
             return
         stream = self._stream()
-        self.state = State.STREAMING
+        self._move(State.STREAMING)
         data = stream.start() + self._events(body)
         real = self.real
         if end:  # the whole stream in one read: its end in the same write when it is sound
             tail = self._tail(stream)
             if not self._failed:
-                self.state = State.DONE
+                self._move(State.DONE)
                 await real.send_head(200, self._headers(headers, SSE_TYPE), b"OK",
                                      real.frame(data + tail), end=True, on_block=on_block)
                 return
@@ -202,10 +167,6 @@ class TranslatedOut:
         self._after()
         if self.on_waiting is not None and not self._closed and stream.ping():
             self.on_waiting()
-
-    async def _send_gathered(self) -> None:
-        await self._send_error(upstream_error(self.translator, self._error_status,
-                                              bytes(self._error_body)), self._error_headers)
 
     def _finish(self, stream: StreamTranslator) -> bytes:
         self._closed = True
@@ -299,7 +260,7 @@ class TranslatedOut:
     def _after(self) -> None:
         """An error event ends the answer."""
         if self._failed and self.state is State.STREAMING:
-            self.state = State.BROKEN
+            self._move(State.BROKEN)
             self.response.broken()
 
     async def ping(self) -> bool:
@@ -340,18 +301,17 @@ class TranslatedOut:
         elif state is State.GATHERING_ERROR:
             self._error_body += data
         elif state is not State.BROKEN and state is not State.DONE:
-            raise AssertionError(f"translated answer: body bytes while {state.value}")
+            raise self._wrong("body bytes")
 
     async def end(self, data: bytes = b"", on_block: Callable[[], None] | None = None) -> None:
         state = self.state
         if state is State.GATHERING_ERROR:
-            self._error_body += data
-            await self._send_gathered()
+            await self._send_gathered(data)
             return
         if state is State.BROKEN or state is State.DONE:
             return
         if state is not State.STREAMING:
-            raise AssertionError(f"translated answer: the end while {state.value}")
+            raise self._wrong("the end")
         stream = self._stream()
         out = self._events(data)
         await self._end_with(out + self._tail(stream), on_block)
@@ -369,10 +329,10 @@ class TranslatedOut:
         if self._pinging:
             await self._wait_for_ping()
         if self._failed:
-            self.state = State.BROKEN
+            self._move(State.BROKEN)
             await real.send_broken(out, "upstream_error")
             return
-        self.state = State.DONE
+        self._move(State.DONE)
         await real.end(real.frame(out), on_block)
 
     async def error_event(self, err: SluiceError, *, at_boundary: bool) -> None:
@@ -380,7 +340,7 @@ class TranslatedOut:
         if self.state is not State.STREAMING:
             self.response.broken()
             return
-        self.state = State.BROKEN
+        self._move(State.BROKEN)
         if self._pinging:
             await self._wait_for_ping()
         data = b"" if self._closed else self._fail(self._stream(), err.code or "upstream_error",
