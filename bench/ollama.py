@@ -41,6 +41,7 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 SHAPE = {"chunks": 100, "count": 300}  # S3's
@@ -314,28 +315,41 @@ def measure_one(env: dict[str, Any], target: str, transport: str, count: int,
     }
 
 
+def interleaved(scenario: str, targets: tuple[str, ...], transports: list[str], rounds: int,
+                count: int, warm: int, measure: Callable[[str, str, int], dict[str, Any]]
+                ) -> tuple[list[dict[str, Any]], list[str]]:
+    """``measure(target, transport, count)`` for each transport, round and target, each
+    target first in turn, after ``warm`` requests of each (first pool entries, lazy
+    imports, a translator's first use); the runs and what was not delivered whole."""
+    for tr in transports:
+        for tg in targets:
+            measure(tg, tr, warm)
+    runs: list[dict[str, Any]] = []
+    width = max(map(len, targets))
+    for tr in transports:
+        for rnd in range(rounds):
+            turn = rnd % len(targets)
+            for tg in targets[turn:] + targets[:turn]:
+                r = measure(tg, tr, count)
+                runs.append({"scenario": scenario, "transport": tr, "round": rnd, "target": tg,
+                             **r})
+                print(f"{scenario} {tr:4} round {rnd + 1} {tg:{width}}: "
+                      f"{r['completed']}/{r['started']} ok, TTFL p50 {r['ttfl_p50']} ms, "
+                      f"proxy CPU {r['proxy_cpu_s']} s ({r['cpu_ms_per_stream']} ms/stream), "
+                      f"{r['wall_s']} s", file=sys.stderr)
+    problems = [f"{scenario} {r['transport']} {r['target']} round {r['round'] + 1}: "
+                f"{r['completed']}/{r['count']} complete {r['errors']}"
+                for r in runs if r["completed"] != r["count"] or r["errors"]]
+    return runs, problems
+
+
 def run_s11(env: dict[str, Any], transports: list[str], rounds: int,
             smoke: bool) -> dict[str, Any]:
     """Every measurement of S11, interleaved per round; returns the JSON section."""
     count, chunks = (SMOKE_COUNT if smoke else SHAPE["count"]), SHAPE["chunks"]
-    for tr in transports:  # first pool entries, lazy imports, the translator's first use
-        for tg in TARGETS:
-            measure_one(env, tg, tr, 5 if smoke else WARM_UP, chunks)
-    runs: list[dict[str, Any]] = []
-    for tr in transports:
-        for rnd in range(rounds):
-            turn = rnd % len(TARGETS)  # each target first in turn
-            for tg in TARGETS[turn:] + TARGETS[:turn]:
-                r = measure_one(env, tg, tr, count, chunks)
-                runs.append({"scenario": "S11", "transport": tr, "round": rnd, "target": tg,
-                             **r})
-                print(f"S11 {tr:4} round {rnd + 1} {tg:6}: {r['completed']}/{r['started']} "
-                      f"ok, TTFL p50 {r['ttfl_p50']} ms, proxy CPU {r['proxy_cpu_s']} s "
-                      f"({r['cpu_ms_per_stream']} ms/stream), {r['wall_s']} s",
-                      file=sys.stderr)
-    problems = [f"S11 {r['transport']} {r['target']} round {r['round'] + 1}: "
-                f"{r['completed']}/{r['count']} complete {r['errors']}"
-                for r in runs if r["completed"] != r["count"] or r["errors"]]
+    runs, problems = interleaved(
+        "S11", TARGETS, transports, rounds, count, 5 if smoke else WARM_UP,
+        lambda tg, tr, n: measure_one(env, tg, tr, n, chunks))
     for tr in transports:
         for rnd in range(rounds):
             sse = {r["target"]: set(r["digests"]) for r in runs

@@ -25,7 +25,6 @@ v1 of the medians and the median of the per-round ratios; TTFL (first whole even
 from __future__ import annotations
 
 import json
-import sys
 import time
 from typing import Any
 
@@ -40,6 +39,7 @@ from bench.ollama import (
     _ratio,
     check_sse,
     expected_text,
+    interleaved,
 )
 
 SHAPE = {"chunks": 100, "count": 300}  # S3's
@@ -72,15 +72,24 @@ def request(target: str, model: str, chunks: int) -> tuple[str, bytes]:
         "bench_chunks": chunks, "bench_gap_ms": 0}).encode()
 
 
-def check_messages(body: bytes, chunks: int, model: str) -> str | None:
-    """What is wrong with a translated Messages stream (None: nothing)."""
+def named_events(body: bytes) -> list[tuple[str, Any]] | None:
+    """A stream of named SSE events as (name, parsed data) pairs; None when one is not
+    JSON."""
     events = []
     for block in body.decode("utf-8", "replace").split("\n\n")[:-1]:
         name, _, data = block.partition("\ndata: ")
         try:
             events.append((name.removeprefix("event: "), json.loads(data)))
         except ValueError:
-            return "an event that is not JSON"
+            return None
+    return events
+
+
+def check_messages(body: bytes, chunks: int, model: str) -> str | None:
+    """What is wrong with a translated Messages stream (None: nothing)."""
+    events = named_events(body)
+    if events is None:
+        return "an event that is not JSON"
     names = [n for n, _ in events]
     want = ["message_start", "content_block_start", *["content_block_delta"] * (chunks - 1),
             "content_block_stop", "message_delta", "message_stop"]
@@ -99,13 +108,9 @@ def check_messages(body: bytes, chunks: int, model: str) -> str | None:
 
 def check_responses(body: bytes, chunks: int, model: str) -> str | None:
     """What is wrong with a translated Responses stream (None: nothing)."""
-    events = []
-    for block in body.decode("utf-8", "replace").split("\n\n")[:-1]:
-        name, _, data = block.partition("\ndata: ")
-        try:
-            events.append((name.removeprefix("event: "), json.loads(data)))
-        except ValueError:
-            return "an event that is not JSON"
+    events = named_events(body)
+    if events is None:
+        return "an event that is not JSON"
     names = [n for n, _ in events]
     if names[:2] != ["response.created", "response.in_progress"] \
             or names[-1] != "response.completed":
@@ -173,24 +178,9 @@ def measure_one(env: dict[str, Any], target: str, transport: str, count: int,
 def run_s3t(env: dict[str, Any], transports: list[str], rounds: int,
             smoke: bool) -> dict[str, Any]:
     count, chunks = (SMOKE_COUNT if smoke else SHAPE["count"]), SHAPE["chunks"]
-    for tr in transports:  # the probe's verdict, lazy imports, the translator's first use
-        for tg in TARGETS:
-            measure_one(env, tg, tr, 5 if smoke else WARM_UP, chunks)
-    runs: list[dict[str, Any]] = []
-    for tr in transports:
-        for rnd in range(rounds):
-            turn = rnd % len(TARGETS)
-            for tg in TARGETS[turn:] + TARGETS[:turn]:
-                r = measure_one(env, tg, tr, count, chunks)
-                runs.append({"scenario": "S3T", "transport": tr, "round": rnd, "target": tg,
-                             **r})
-                print(f"S3T {tr:4} round {rnd + 1} {tg:8}: {r['completed']}/{r['started']} "
-                      f"ok, TTFL p50 {r['ttfl_p50']} ms, proxy CPU {r['proxy_cpu_s']} s "
-                      f"({r['cpu_ms_per_stream']} ms/stream), {r['wall_s']} s",
-                      file=sys.stderr)
-    problems = [f"S3T {r['transport']} {r['target']} round {r['round'] + 1}: "
-                f"{r['completed']}/{r['count']} complete {r['errors']}"
-                for r in runs if r["completed"] != r["count"] or r["errors"]]
+    runs, problems = interleaved(
+        "S3T", TARGETS, transports, rounds, count, 5 if smoke else WARM_UP,
+        lambda tg, tr, n: measure_one(env, tg, tr, n, chunks))
     return {"shape": {**SHAPE, "count": count}, "targets": list(TARGETS),
             "summary": summarise(runs, transports), "problems": problems, "runs": runs}
 
