@@ -6,6 +6,7 @@ the chat path ``CHAT``, :func:`chat_body`, :func:`error_of` and :func:`assert_re
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -155,8 +156,13 @@ def chat_body(model: str = "fake-model", stream: bool = False, **extra: Any) -> 
 
 async def read_events(client: Client, count: int) -> bytes:
     """Body bytes of a streamed reply (after its head) until ``count`` SSE events are in."""
+    return await read_until(client, lambda got: got.count(b"\n\n") >= count)
+
+
+async def read_until(client: Client, enough: Callable[[bytes], bool]) -> bytes:
+    """Body bytes of a streamed reply (after its head) until ``enough`` says so of them."""
     got = b""
-    while got.count(b"\n\n") < count:
+    while not enough(got):
         event = client.h11.next_event()
         if event is h11.NEED_DATA:
             client.h11.receive_data(await client.stream.receive_some(65536))

@@ -356,3 +356,24 @@ class Launcher:
             log = gw.log()
             if "Traceback" in log:
                 raise AssertionError(f"gateway {gw.name} logged a traceback:\n{log}")
+
+
+async def sigterm_mid_stream(proc: trio.Process, url: str, up: Any) -> tuple[int, Reply]:
+    """A streamed chat request to ``url`` (``unix:/path``), then SIGTERM to ``proc`` (a
+    ``sluice serve``) once the fake upstream ``up`` has it: the exit code and the client's
+    reply, which a drain lets finish."""
+    replies: list[Reply] = []
+
+    async def stream() -> None:
+        replies.append(await request(url, "POST", "/v1/chat/completions",
+                                     chat_body(stream=True)))
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(stream)
+        with trio.fail_after(5):
+            while not up.requests_to("/v1/chat/completions"):
+                await trio.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+    with trio.fail_after(15):
+        code = await proc.wait()
+    return code, replies[0]

@@ -15,9 +15,9 @@ import yaml
 
 from protocol.config import default_config, dump_config_yaml
 from proxy.cli.commands import check_config
-from tests.client import chat_body, request
 from tests.conftest import free_port, gateway_config
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
+from tests.gateways import sigterm_mid_stream
 
 SLUICE = [sys.executable, "-m", "proxy"]
 
@@ -111,26 +111,13 @@ async def test_serve_writes_config_and_drains_on_sigterm(nursery: trio.Nursery,
         with trio.fail_after(15):  # state.json is written once every listener listens
             while not sock.exists() or not (data / "state.json").exists():
                 await trio.sleep(0.05)
-        replies = []
-
-        async def stream() -> None:
-            replies.append(await request(f"unix:{sock}", "POST", "/v1/chat/completions",
-                                         chat_body(stream=True)))
-
-        async with trio.open_nursery() as inner:
-            inner.start_soon(stream)
-            with trio.fail_after(5):
-                while not up.requests_to("/v1/chat/completions"):
-                    await trio.sleep(0.01)
-            proc.send_signal(signal.SIGTERM)
-        with trio.fail_after(15):
-            code = await proc.wait()
+        code, reply = await sigterm_mid_stream(proc, f"unix:{sock}", up)
     finally:
         if proc.returncode is None:
             proc.kill()
     assert code == 0
-    assert replies[0].complete
-    assert replies[0].body == b"".join(events)
+    assert reply.complete
+    assert reply.body == b"".join(events)
     assert not sock.exists()
     assert proc.stderr is not None
     log = (await proc.stderr.receive_some(1 << 20)).decode()

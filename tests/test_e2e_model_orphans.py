@@ -67,16 +67,22 @@ async def until_gone(pid: int, seconds: float) -> None:
             await trio.sleep(0.02)
 
 
+async def load_web(gw: GatewayProcess) -> int:
+    """Once the gateway is ready, load its model ``web``: the server's pid."""
+    await gw.ready()
+    reply = await gw.call("POST", "/api/v1/models/local/web/load", admin=True)
+    assert reply.status == 200, reply.body
+    pid: int = reply.json()["pid"]
+    return pid
+
+
 async def test_a_command_server_dies_with_a_killed_gateway(
         short_tmp: Path, strays: list[int]) -> None:
     gw = with_models(GatewayProcess(short_tmp / "g", "orphans"),
                      ModelConfig(name="web", command=HTTP_SERVER, health="/", memory=GIB))
     gw.launch()
     try:
-        await gw.ready()
-        reply = await gw.call("POST", "/api/v1/models/local/web/load", admin=True)
-        assert reply.status == 200, reply.body
-        pid = reply.json()["pid"]
+        pid = await load_web(gw)
         strays.append(pid)
         assert alive(pid)
         started = start_time(pid)
@@ -103,10 +109,7 @@ async def test_the_workers_of_a_command_go_with_it(short_tmp: Path, strays: list
                                  memory=GIB))
     gw.launch()
     try:
-        await gw.ready()
-        reply = await gw.call("POST", "/api/v1/models/local/web/load", admin=True)
-        assert reply.status == 200, reply.body
-        pid = reply.json()["pid"]
+        pid = await load_web(gw)
         kids = children(pid)
         workers = [kid for kid in kids if command_line(kid)[:2] == ["sleep", "300"]]
         assert len(workers) == 1, kids

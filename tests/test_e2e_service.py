@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import plistlib
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +18,10 @@ import yaml
 
 from protocol.config import dump_config_yaml
 from proxy.cli.service_host import Host
-from tests.client import chat_body, request
+from tests.client import request
 from tests.conftest import gateway_config
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
+from tests.gateways import sigterm_mid_stream
 from tests.test_service import _service, unit_env, unit_exec
 
 UNIT = "sluice.service"
@@ -311,28 +311,15 @@ async def test_the_units_exec_start_is_a_gateway_that_drains(box: Box, short_tmp
         token = yaml.safe_load((data / "secrets.yaml").read_text())["admin_token"]
         said = status.stdout + status.stderr + again.stdout + again.stderr
         assert token not in said + box.unit.read_text()
-        replies = []
-
-        async def stream() -> None:
-            replies.append(await request(sock, "POST", "/v1/chat/completions",
-                                         chat_body(stream=True)))
-
-        async with trio.open_nursery() as inner:
-            inner.start_soon(stream)
-            with trio.fail_after(5):
-                while not up.requests_to("/v1/chat/completions"):
-                    await trio.sleep(0.01)
-            proc.send_signal(signal.SIGTERM)
-        with trio.fail_after(15):
-            code = await proc.wait()
+        code, reply = await sigterm_mid_stream(proc, sock, up)
     finally:
         if proc.returncode is None:
             proc.kill()
     assert proc.stderr is not None
     log = (await proc.stderr.receive_some(1 << 20)).decode()
     assert code == 0, log
-    assert replies[0].complete  # the stream in flight finished: a drain
-    assert replies[0].body == b"".join(events)
+    assert reply.complete  # the stream in flight finished: a drain
+    assert reply.body == b"".join(events)
     assert "draining" in log
 
 

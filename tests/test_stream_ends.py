@@ -18,7 +18,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.client import CHAT, Client, chat_body, read_events, request
+from tests.client import CHAT, Client, chat_body, read_events, read_until, request
 from tests.conftest import RunningGateway, StartGateway
 from tests.fakeupstream import LLAMA_SSE_HEADERS, ReceivedRequest, ResponseWriter, sse_events
 from tests.test_dialects import MESSAGES, RESPONSES, anthropic_stream, responses_stream
@@ -116,20 +116,13 @@ async def test_a_client_that_leaves_at_the_last_event_got_the_whole_answer(
 
 async def read_ollama_lines(client: Client, count: int | None = None) -> bytes:
     """An Ollama stream's bytes until its line with ``done: true`` (or ``count`` lines)."""
-    import h11
 
-    got = b""
-    while True:
+    def enough(got: bytes) -> bool:
         lines = [json.loads(line) for line in got.split(b"\n")[:-1]]
-        if (lines and lines[-1].get("done")) or (count is not None and len(lines) >= count):
-            return got
-        event = client.h11.next_event()
-        if event is h11.NEED_DATA:
-            client.h11.receive_data(await client.stream.receive_some(65536))
-        elif isinstance(event, h11.Data):
-            got += event.data
-        else:
-            raise AssertionError(f"stream ended early: {event!r}")
+        return bool((lines and lines[-1].get("done"))
+                    or (count is not None and len(lines) >= count))
+
+    return await read_until(client, enough)
 
 
 async def test_an_ollama_client_that_leaves_at_done_got_the_whole_answer(
