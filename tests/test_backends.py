@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import trio
-import trio.testing
 
 from protocol.config import default_config
 from tests.client import CHAT, chat_body, request
@@ -19,6 +18,7 @@ from tests.fakeupstream import (
     sse_events,
     sse_stream,
 )
+from tests.waits import settled
 
 INTERVAL = default_config().health_checks.interval
 
@@ -120,7 +120,8 @@ async def test_a_connection_found_closed_before_writing_is_replaced(
     gw = await start_gateway([("fake", upstream.url)])
     for _ in range(3):
         assert (await request(gw.tcp, "POST", CHAT, chat_body())).status == 200
-        await trio.sleep(0.05)  # the close reaches the gateway while the connection idles
+        conn_id = upstream.requests_to(CHAT)[-1].conn_id  # idles in the pool, closed by it:
+        await settled(lambda c=conn_id: c in upstream.ended_at, "the server's close")
     assert len(upstream.requests_to(CHAT)) == 3
 
 

@@ -8,6 +8,7 @@ import struct
 
 import pytest
 import trio
+import trio.testing
 
 from tests.client import CHAT, Client, chat_body, read_events, request
 from tests.conftest import StartGateway, inject_backend
@@ -20,15 +21,14 @@ from tests.fakeupstream import (
     stall_before_head,
     stall_between_chunks,
 )
+from tests.waits import settled
 
 LIMIT = 0.1  # seconds, SPEC §6
 
 
 async def wait_for_request(up: FakeUpstream, path: str) -> int:
     """The connection id of the first request the upstream got on ``path``."""
-    with trio.fail_after(5):
-        while not up.requests_to(path):
-            await trio.sleep(0.002)
+    await settled(lambda: bool(up.requests_to(path)), f"a request to {path}")
     return up.requests_to(path)[0].conn_id
 
 
@@ -63,7 +63,7 @@ async def test_disconnect_cancels_upstream(phase: str, abrupt: bool, upstream: F
         with trio.fail_after(5):
             await client.read_head()
             await read_events(client, events_before_close)
-    await trio.sleep(0.02)  # let the gateway settle into waiting
+    await trio.testing.wait_all_tasks_blocked()  # the gateway settled into waiting
     closed = trio.current_time()
     if abrupt:
         await close_abruptly(client)
@@ -72,9 +72,8 @@ async def test_disconnect_cancels_upstream(phase: str, abrupt: bool, upstream: F
     with trio.fail_after(2):
         seen = await upstream.wait_connection_closed(conn_id)
     assert seen - closed < LIMIT
-    with trio.fail_after(2):  # and the gateway has let go of the client connection
-        while gw.gateway.ctx.connection_count:
-            await trio.sleep(0.002)
+    # and the gateway has let go of the client connection
+    await settled(lambda: not gw.gateway.ctx.connection_count, "the connection closed", 2)
 
 
 async def test_disconnect_while_connecting(blackhole: str, upstream: FakeUpstream,
@@ -83,13 +82,11 @@ async def test_disconnect_while_connecting(blackhole: str, upstream: FakeUpstrea
     inject_backend(gw, "hole", blackhole, ["hole-model"])
     client = await Client.open(gw.tcp)
     await client.send_request("POST", CHAT, chat_body("hole-model"))
-    await trio.sleep(0.05)
+    await trio.testing.wait_all_tasks_blocked()
     assert gw.gateway.ctx.connection_count == 1  # still connecting upstream
     closed = trio.current_time()
     await client.aclose()
-    with trio.fail_after(2):
-        while gw.gateway.ctx.connection_count:
-            await trio.sleep(0.002)
+    await settled(lambda: not gw.gateway.ctx.connection_count, "the connection closed", 2)
     assert trio.current_time() - closed < LIMIT
 
 

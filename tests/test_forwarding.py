@@ -68,7 +68,7 @@ async def pool(nursery: trio.Nursery, start_gateway: StartGateway, short_tmp: An
         cfg = attrs.evolve(cfg, circuit_breaker=attrs.evolve(cfg.circuit_breaker, **breaker))
     settings.config = cfg
     configure(gw, tuple(nodes), enabled=True)
-    await trio.sleep(0.1)
+    await gw.gateway.ctx.nodes.first_round(10)  # the round the switch started
     assert [e.status for e in gw.gateway.ctx.nodes.endpoints] == ["online"] * len(handlers)
     return gw, ups
 

@@ -180,12 +180,11 @@ async def test_switching_on_through_the_api(nursery: trio.Nursery,
         reply = await request(gw.unix, "PUT", "/api/v1/settings/load-balancing", body, admin)
         assert reply.status == 200
 
-    await trio.sleep(0.3)
+    await trio.testing.wait_all_tasks_blocked()  # the settings change asked no node
     assert polls(up) == 0
     await put_lb(True)
-    with trio.fail_after(2):
-        while ("over-there", "remote") not in await models(gw):
-            await trio.sleep(0.02)
+    await gw.gateway.ctx.nodes.first_round(2)  # the round the PUT started
+    assert ("over-there", "remote") in await models(gw)
     assert polls(up) == 1
     await put_lb(False)
     assert await models(gw) == []

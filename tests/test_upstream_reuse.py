@@ -25,6 +25,7 @@ from tests.fakeupstream import (
     sse_events,
     sse_stream,
 )
+from tests.waits import settled
 from tools.faults.server import FaultServer
 
 MODEL = "fake-model"
@@ -55,6 +56,12 @@ def chat_answers(closes: Callable[[int], bool], *, late: bool = True) -> Callabl
 
 def pool_of(gw: RunningGateway) -> ConnectionPool:
     return gw.gateway.connections
+
+
+def probes_done(pool: ConnectionPool) -> bool:
+    """No probe of a connection is running (each one pooled or closed its connection)."""
+    holder = pool._probes.nursery
+    return holder is None or not holder.child_tasks
 
 
 @pytest.fixture(params=["tcp", "unix"])
@@ -129,11 +136,11 @@ async def test_an_upstream_that_keeps_its_connections_still_gets_them_reused(
             if pool.after_streams(address) is not Verdict.UNKNOWN:
                 break
             assert (await client.request("POST", CHAT, chat_body(stream=True))).complete
-            await trio.sleep(0.01)  # let the probe finish: its connection is then pooled
+            await settled(lambda: probes_done(pool), "the probe")  # its connection pooled
         assert pool.after_streams(address) is Verdict.KEEPS
         probes = pool.probes
         assert PROBES_TO_TRUST <= probes < PROBES_TO_TRUST + PROBES_AT_ONCE
-        await trio.sleep(0.05)  # a probe still in flight puts its connection back
+        await settled(lambda: probes_done(pool), "the probes")  # their connections back
         connects = pool.connects
         for stream in [True, True, False, True, False, False, True] * 5:
             reply = await client.request("POST", CHAT, chat_body(stream=stream))
@@ -160,16 +167,14 @@ async def test_trust_ends_when_a_connection_after_a_stream_is_found_closed(
         if pool.after_streams(address) is Verdict.KEEPS:
             break
         assert (await request(gw.unix, "POST", CHAT, chat_body(stream=True))).complete
-        await trio.sleep(0.01)
+        await settled(lambda: probes_done(pool), "the probe")
     assert pool.after_streams(address) is Verdict.KEEPS
     closing = True
     before = len(unix_upstream.requests_to(CHAT))
     reply = await request(gw.unix, "POST", CHAT, chat_body(stream=True))
     assert reply.complete
     conn_id = unix_upstream.requests_to(CHAT)[-1].conn_id
-    with trio.fail_after(5):  # the server has closed it (a Unix socket's EOF is at once)
-        while conn_id not in unix_upstream.ended_at:
-            await trio.sleep(0.001)
+    await settled(lambda: conn_id in unix_upstream.ended_at, "the server's close")
     reply = await request(gw.unix, "POST", CHAT, chat_body())
     assert reply.status == 200
     assert pool.after_streams(address) is Verdict.CLOSES

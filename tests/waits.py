@@ -1,0 +1,43 @@
+"""Waiting in tests for something to happen, without a fixed sleep.
+
+First choice: the event itself (a ``trio.Event`` or channel the code or the fake has, e.g.
+``NodeIndex.first_round``, ``FakeUpstream.wait_connection_closed``). Failing that:
+
+- :func:`settled`: a state of this test's own trio run (a gateway and fakes in process),
+  checked again each time every task is blocked (``wait_all_tasks_blocked``), so it costs
+  no time past the moment the run goes quiet, and a loopback segment or a worker thread
+  still on its way only means one more look.
+- :func:`until`: a state of another process (a ``sluice serve`` child, a model server),
+  which can only be asked: asked every 10 ms, bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import trio
+import trio.testing
+
+__all__ = ["settled", "until"]
+
+
+async def settled(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    """Once this trio run's tasks are all blocked and ``check()`` holds (looked at again
+    each time they are); fails naming ``what`` after ``timeout`` seconds."""
+    with trio.move_on_after(timeout):
+        while True:
+            await trio.testing.wait_all_tasks_blocked(cushion=0.001)
+            if check():
+                return
+    raise AssertionError(f"not within {timeout:g} s: {what}")
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 10.0,
+                every: float = 0.01) -> None:
+    """Until ``await check()`` holds, asked every ``every`` seconds (another process's
+    state, with no signal to wait on); fails naming ``what`` after ``timeout`` seconds."""
+    with trio.move_on_after(timeout):
+        while not await check():
+            await trio.sleep(every)
+        return
+    raise AssertionError(f"not within {timeout:g} s: {what}")
