@@ -162,6 +162,7 @@ class FakeNode(FakeUpstream):
         super().__init__(models=models, unix_path=unix_path)
         self.fingerprint = fingerprint
         self.models_delay = models_delay
+        self.models_gate: trio.Event | None = None  # when set: /v1/models waits for it
         self.status = 200  # what GET /v1/models answers; not 200: an error ("loading model")
         self.extra = list(extra)  # listed after the models (e.g. the node's own remotes)
         self.states: dict[str, str] = {}  # model -> its "sluice": {"state": S} (SPEC §11)
@@ -201,6 +202,8 @@ class FakeNode(FakeUpstream):
     async def _node_models(self, req: ReceivedRequest, w: ResponseWriter) -> None:
         if self.models_delay:
             await trio.sleep(self.models_delay)
+        if self.models_gate is not None:
+            await self.models_gate.wait()
         if self.status != 200:
             await w.json(self.status, {"error": {"message": "loading model"}})
             return

@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from tests.client import request
 from tests.conftest import RunningGateway, StartGateway
 from tests.llama_server import llama_server
 from tests.test_e2e_llama import gguf  # noqa: F401 (fixture)
+from tests.waits import settled
 
 pytest.importorskip("xllamacpp")
 
@@ -72,7 +74,9 @@ async def test_turns_stay_on_the_llama_server_that_holds_them(
                 home[n] = str(reply.header("x-sluice-served-by"))
 
             nursery.start_soon(first, 1)
-            await trio.sleep(0.3)
+            router = gw.gateway.ctx.router
+            await settled(lambda: sum(router.backend_in_flight(b.name) for b in backends) == 1,
+                          "the first conversation on its server")
             nursery.start_soon(first, 2)
         assert sorted(home.values()) == ["local:one", "local:two"], home
         turns = [("/v1/chat/completions", False), ("/v1/chat/completions", True),
@@ -82,7 +86,8 @@ async def test_turns_stay_on_the_llama_server_that_holds_them(
                 reply = await ask(gw, path, n, turn, stream)
                 assert reply.header("x-sluice-served-by") == home[n], (n, turn, path)
                 assert reply.header("x-sluice-affinity") == "hit", (n, turn, path)
-        await trio.sleep(0.2)  # the hub's batch
+        await trio.testing.wait_all_tasks_blocked()  # the last answer's record handed over
+        gw.gateway.hub.drain()  # and the hub's batch written now
         log = (await request(gw.unix, "GET", "/api/v1/requests?limit=8")).json()["requests"]
         later = [e for e in log if e["affinity"] == "hit"]
         assert len(later) == 6, log

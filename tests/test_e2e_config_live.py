@@ -133,7 +133,17 @@ async def test_hand_edits_are_applied_live(launch: Launcher, nursery: trio.Nurse
     reply = await gw.call("PUT", "/api/v1/settings/timeouts", {"connection": "5s"},
                           admin=True)
     assert reply.status == 200, reply.body
-    await trio.sleep(2.6)  # more than one look at the file
+    # Two looks at the file since that write, asked for at once by SIGHUP (which reads a
+    # changed file without waiting for it to settle): the second begins only once the
+    # first is done, so had the first read the write back, its line would be logged first.
+    assert gw.proc is not None
+    for looks in (1, 2):
+        os.kill(gw.proc.pid, signal.SIGHUP)
+
+        async def heard(looks: int = looks) -> bool:
+            return gw.log().count("SIGHUP: reading config.yaml") == looks
+
+        await gw.wait_until(heard, f"SIGHUP {looks} in the log")
     assert gw.log().count("config.yaml reloaded") == 2
     assert "connection: 5s" in path.read_text()
 

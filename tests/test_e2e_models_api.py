@@ -202,7 +202,7 @@ async def test_a_client_that_leaves_mid_load_does_not_cancel_it(
     stream = await connect(gw.unix)
     client = Client(stream)
     await client.send_request("POST", "/v1/chat/completions", chat_body("two", stream=True))
-    await trio.sleep(0.2)
+    await wait_state(gw, "two", "loading")
     await client.aclose()  # gone while two loads
     two = await wait_state(gw, "two", "loaded")
     assert alive(two["pid"])

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.client import CHAT, Client, assert_refused, chat_body, read_events, request
+from tests.client import CHAT, Client, Reply, assert_refused, chat_body, read_events, request
 from tests.conftest import (
     RunningGateway,
     StartGateway,
@@ -39,6 +39,7 @@ from tests.fakeupstream import (
     stall_before_head,
     status,
 )
+from tests.waits import settled
 
 STATS = "/api/v1/pool/routing-stats"
 MODEL = "remote-m"
@@ -541,15 +542,25 @@ async def test_right_after_start_a_request_waits_for_the_first_node_checks(
     """Real time over TCP: config.yaml names the node, as a user would write it."""
     from proxy.server import Gateway
 
-    # The first check is still running when the request comes.
-    up = await FakeNode("node-a", [MODEL], models_delay=0.3,
-                        answer=json_completion("first")).start(nursery)
+    # The first check is held until the request has come.
+    up = await FakeNode("node-a", [MODEL], answer=json_completion("first")).start(nursery)
+    up.models_gate = gate = trio.Event()
     cfg = gateway_config([], socket_dir=short_tmp / "s", nodes=(node("node-a", up.url, 1),),
                          lb=True)
     gateway = Gateway(open_settings(short_tmp / "data", cfg), drain_timeout=1.0)
     await nursery.start(gateway.run)
     gw = RunningGateway(gateway)
-    reply = await chat(gw)
+    replies: list[Reply] = []
+
+    async def send() -> None:
+        replies.append(await chat(gw))
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(send)
+        await settled(lambda: gateway.ctx.connection_count == 1, "the request at the gateway")
+        assert not replies  # it waits for the check
+        gate.set()
+    [reply] = replies
     assert reply.status == 200
     assert reply.header("x-sluice-served-by") == "node:node-a"
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 import yaml
 
 import proxy.lan.pairing
@@ -219,7 +220,8 @@ async def test_no_code_or_key_in_any_log(start_gateway: StartGateway,
     key = reply.json()["accessKey"]
     assert (await from_ip(gw, "127.0.0.7", "GET", "/v1/models",
                           headers=[("authorization", f"Bearer {key}")])).status == 200
-    gw.gateway.hub.drain()  # the access log's batch, written now
+    await trio.testing.wait_all_tasks_blocked()  # every request's record handed over
+    gw.gateway.hub.drain()  # and the access log's batch written now
     assert "pairing code claimed by laptop (node-laptop-1) from 127.0.0.7" in caplog.text
     assert "/api/v1/pairing/claim" in caplog.text  # the access log's line of the claim
     outputs = [caplog.text, json.dumps(seen, default=str),

@@ -23,6 +23,7 @@ from tests.conftest import RunningGateway, StartGateway, admin, free_port
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
 from tests.test_node_listener import loopback_only  # noqa: F401 (fixture)
 from tests.tls_certs import identities
+from tests.waits import published, until
 
 pytestmark = pytest.mark.usefixtures("loopback_only", "remote_seam")  # 127.0.0.2: remote
 
@@ -52,10 +53,19 @@ async def node_state(a: RunningGateway, fingerprint: str) -> dict[str, Any]:
     return entry
 
 
-async def until(what: str, check: Any, timeout: float = 10.0) -> None:
-    with trio.fail_after(timeout):
-        while not await check():
-            await trio.sleep(0.05)
+async def node_is(a: RunningGateway, fingerprint: str, what: str, **state: Any) -> None:
+    """Until A's node ``fingerprint`` has ``state`` (NodeEndpoint attributes), looked at
+    after each change A's node index publishes; then A's API says so too."""
+    nodes = a.gateway.ctx.nodes
+
+    def holds() -> bool:
+        endpoint = nodes.endpoint(fingerprint)
+        return endpoint is not None and all(getattr(endpoint, name) == value
+                                            for name, value in state.items())
+
+    await published(nodes.changes, holds, what)
+    entry = await node_state(a, fingerprint)
+    assert entry["status"] == nodes.endpoint(fingerprint).status, entry  # type: ignore[union-attr]
 
 
 @pytest.fixture
@@ -105,10 +115,7 @@ async def test_pair_pin_and_chat_over_the_tls_link(
     text = (a.gateway.settings.data_dir / "config.yaml").read_text()
     assert f"pin: {id_b.fingerprint}" in text
 
-    async def online() -> bool:
-        return (await node_state(a, b_fp))["status"] == "online"
-
-    await until("B online over TLS", online)
+    await node_is(a, b_fp, "B online over TLS", status="online")
     handshakes = a.gateway.connections.handshakes
     assert handshakes >= 1
     direct = await request(b.unix, "POST", CHAT, chat_body("fake-model", stream=True))
@@ -120,15 +127,13 @@ async def test_pair_pin_and_chat_over_the_tls_link(
 
     # B comes back with another certificate on the same ports: A refuses it.
     b.gateway.shutdown()
-    await until("B stopped", lambda: _closed(port))
+    await until(lambda: _closed(port), "B stopped")
     b2 = RunningGateway(Gateway(Settings.open(b.gateway.settings.data_dir), drain_timeout=1,
                                 identity=id_b2))  # its data folder, a new certificate
     await nursery.start(b2.gateway.run)
 
-    async def refused() -> bool:
-        return (await node_state(a, b_fp)).get("lastError") == "node_identity_changed"
-
-    await until("A refuses B's new certificate", refused)
+    await node_is(a, b_fp, "A refuses B's new certificate", last_error="node_identity_changed")
+    assert (await node_state(a, b_fp)).get("lastError") == "node_identity_changed"
     assert (await node_state(a, b_fp))["status"] == "offline"
     notes = (await admin(a, "GET", "/api/v1/notifications")).json()["notifications"]
     [changed] = [n for n in notes if n["code"] == "node_identity_changed"]
@@ -140,7 +145,7 @@ async def test_pair_pin_and_chat_over_the_tls_link(
     again = await pair(a, b2, await code_of(b2))
     assert again.status == 200, again.body
     assert again.json()["pin"] == id_b2.fingerprint
-    await until("B online again", online)
+    await node_is(a, b_fp, "B online again", status="online")
     notes = (await admin(a, "GET", "/api/v1/notifications")).json()["notifications"]
     assert not [n for n in notes if n["code"] == "node_identity_changed"]
     assert (await request(a.unix, "POST", CHAT, chat_body("fake-model"))).status == 200
@@ -150,10 +155,7 @@ async def test_pair_pin_and_chat_over_the_tls_link(
     assert gone.json() == {"fingerprint": id_a.fingerprint, "unpaired": True}
     assert (await admin(b2, "GET", "/api/v1/pairing/peers")).json() == []
 
-    async def offline() -> bool:
-        return (await node_state(a, b_fp))["status"] == "offline"
-
-    await until("A cut off", offline)
+    await node_is(a, b_fp, "A cut off", status="offline")
     missing = await admin(b2, "DELETE", f"/api/v1/pairing/peers/{id_a.fingerprint}")
     assert missing.status == 404
 

@@ -1,7 +1,8 @@
 """Waiting in tests for something to happen, without a fixed sleep.
 
 First choice: the event itself (a ``trio.Event`` or channel the code or the fake has, e.g.
-``NodeIndex.first_round``, ``FakeUpstream.wait_connection_closed``). Failing that:
+``NodeIndex.first_round``, ``FakeUpstream.wait_connection_closed``), or :func:`published`,
+a check looked at after each change the code publishes. Failing that:
 
 - :func:`settled`: a state of this test's own trio run (a gateway and fakes in process),
   checked again each time every task is blocked (``wait_all_tasks_blocked``), so it costs
@@ -14,11 +15,31 @@ First choice: the event itself (a ``trio.Event`` or channel the code or the fake
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 import trio.testing
 
-__all__ = ["settled", "until"]
+from proxy.publish import Subscribers
+
+__all__ = ["published", "settled", "until"]
+
+
+async def published(changes: Subscribers[Any], check: Callable[[], bool], what: str,
+                    timeout: float = 10.0) -> None:
+    """Until ``check()`` holds, looked at now and after each change ``changes`` publishes
+    (e.g. ``NodeIndex.changes``); fails naming ``what`` after ``timeout`` seconds."""
+    heard = [trio.Event()]
+    unsubscribe = changes.subscribe(lambda _value: heard[-1].set())
+    try:
+        with trio.move_on_after(timeout):
+            while not check():
+                await heard[-1].wait()
+                heard.append(trio.Event())
+            return
+    finally:
+        unsubscribe()
+    raise AssertionError(f"not within {timeout:g} s: {what}")
 
 
 async def settled(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
