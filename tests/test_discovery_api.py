@@ -22,6 +22,7 @@ from proxy.lan.discovery_switch import UNAVAILABLE
 from tests.client import Reply, request
 from tests.conftest import RunningGateway, StartGateway, configure, node
 from tests.test_discovery import ETH0, PEER, PEER_AT, FakeLink
+from tests.waits import settled
 
 SETTINGS = "/api/v1/settings/discovery"
 DISCOVERED = "/api/v1/nodes/discovered"
@@ -91,18 +92,14 @@ async def test_browsing_live_on_and_off(start_gateway: StartGateway) -> None:
     assert reply.json() == {"announce": False, "browse": True, "announcing": False,
                             "browsing": True}
     assert ("settings", {"section": "discovery", "value": reply.json()}) in events
-    with trio.fail_after(5):
-        while not (links and links[0].queries()):
-            await trio.sleep(0.01)
+    await settled(lambda: bool(links and links[0].queries()), "the first query")
     link = links[0]
     assert link.joined == [ETH0.address]
     assert link.announcements() == []  # browsing only
     link.deliver(announce_packet(PEER), PEER_AT)
     entry = {"fingerprint": "node-studio", "name": "studio",
              "baseUrl": "http://10.1.0.7:39081", "version": "9.9", "added": False}
-    with trio.fail_after(5):
-        while not await get(gw, DISCOVERED):
-            await trio.sleep(0.01)
+    await settled(lambda: ("discovered", {"computers": [entry]}) in events, "the discovery")
     assert await get(gw, DISCOVERED) == [entry]
     assert ("discovered", {"computers": [entry]}) in events
     # Adding it to the config's nodes (the user's action) turns ``added`` on, with an event.
@@ -115,9 +112,7 @@ async def test_browsing_live_on_and_off(start_gateway: StartGateway) -> None:
                        b'{"enabled": false}', [("authorization", "Bearer "
                                                 + gw.gateway.settings.secrets.admin_token)])
     assert lb.status == 200
-    with trio.fail_after(5):
-        while not link.closed:
-            await trio.sleep(0.01)
+    await settled(lambda: link.closed, "the link closed")
     assert await get(gw, DISCOVERED) == []
     assert events[-1] == ("discovered", {"computers": []})
     assert (await get(gw, SETTINGS))["browsing"] is False
@@ -130,9 +125,8 @@ async def test_the_suite_never_opens_the_real_mdns_socket(start_gateway: StartGa
     gw = await start_gateway([], lb=True)
     assert (await put(gw, {"browse": True})).json()["browsing"] is True
     notes = gw.gateway.ctx.notifications
-    with trio.fail_after(5):
-        while not any(n["code"] == UNAVAILABLE for n in notes.all()):
-            await trio.sleep(0.01)
+    await settled(lambda: any(n["code"] == UNAVAILABLE for n in notes.all()),
+                  f"the {UNAVAILABLE} notification")
     (note,) = [n for n in notes.all() if n["code"] == UNAVAILABLE]
     assert NO_MDNS in note["message"]
     assert gw.gateway.discovery.service is None

@@ -37,6 +37,7 @@ from tests.client import CHAT, chat_body, connect, request
 from tests.conftest import RunningGateway, StartGateway, admin, configure, free_port, node
 from tests.fakenode import FakeNode, start_node
 from tests.fakeupstream import FakeUpstream, Handler, json_completion, status
+from tests.waits import settled
 
 POOL = "/api/v1/pool/distributed-status"
 STATS = "/api/v1/pool/routing-stats"
@@ -307,9 +308,8 @@ async def test_settings_and_node_events_carry_no_secret(
             ).status == 201
     assert (await admin(gw, "PUT", "/api/v1/settings/load-balancing", {"enabled": True})
             ).status == 200
-    with trio.fail_after(10):
-        while not any(e["status"] == "online" for e in seen.of("node")):
-            await trio.sleep(0.02)
+    await settled(lambda: any(e["status"] == "online" for e in seen.of("node")),
+                  "node-k online", 10)
     assert up.requests_to("/v1/models")[-1].header("authorization") == f"Bearer {key}"
     reply = await request(gw.unix, "POST", CHAT, chat_body("m"))
     assert reply.status == 200

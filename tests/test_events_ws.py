@@ -31,6 +31,7 @@ from tests.client import Client, chat_body, connect, raw, request
 from tests.conftest import REMOTE, RunningGateway, StartGateway
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
 from tests.figures import Figures
+from tests.waits import settled
 
 PATH = "/api/v1/events"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -167,9 +168,7 @@ class RawFeed:
 
 async def subscribed(gw: RunningGateway, count: int) -> None:
     """Wait until the gateway has ``count`` events subscribers."""
-    with trio.fail_after(WAIT):
-        while len(gw.gateway.ctx.events) != count:
-            await trio.sleep(0.005)
+    await settled(lambda: len(gw.gateway.ctx.events) == count, f"{count} subscribers", WAIT)
 
 
 def record(n: int = 1) -> RequestRecord:
@@ -221,9 +220,7 @@ async def test_hello_comes_first_with_every_field(start_gateway: StartGateway,
                    for line in caplog.messages)
         # The WebSocket is a client connection like any other.
         assert gw.gateway.ctx.connection_count == 1
-    with trio.fail_after(WAIT):
-        while gw.gateway.ctx.connection_count:
-            await trio.sleep(0.005)
+    await settled(lambda: not gw.gateway.ctx.connection_count, "the connection closed", WAIT)
 
 
 async def test_published_events_arrive(start_gateway: StartGateway, transport: str) -> None:
@@ -351,13 +348,14 @@ async def test_a_subscriber_that_never_reads_slows_nobody_then_gets_resync(
         seq = 0
         filler = "x" * 2000
 
-        async def publish(stop: trio.Event) -> None:
+        async def publish(stop: trio.Event, done: trio.Event) -> None:
             nonlocal seq
             while not stop.is_set():
                 for _ in range(5):
                     hub.publish("notification", {"seq": seq, "filler": filler})
                     seq += 1
-                await trio.sleep(0.005)
+                await trio.sleep(0.005)  # the publisher's pace (part of the scenario)
+            done.set()
 
         async def stream_gaps() -> list[float]:
             client = await Client.open(gw.tcp)
@@ -387,24 +385,21 @@ async def test_a_subscriber_that_never_reads_slows_nobody_then_gets_resync(
         async with subscribe(gw, "tcp") as ws:
             nursery.start_soon(read_healthy, ws)
             stop = trio.Event()
-            nursery.start_soon(publish, stop)
+            nursery.start_soon(publish, stop, trio.Event())
             alone = await stream_gaps()
             stop.set()
             stuck = await RawFeed.open(gw.unix)  # reads its 101, then nothing
             await subscribed(gw, 2)
             stuck_sub = gw.gateway.ctx.events.subscribers[1]
-            stop = trio.Event()
-            nursery.start_soon(publish, stop)
+            stop, stopped = trio.Event(), trio.Event()
+            nursery.start_soon(publish, stop, stopped)
             beside = await stream_gaps()
-            with trio.fail_after(WAIT):
-                while not stuck_sub.lost:
-                    await trio.sleep(0.005)
+            await settled(lambda: bool(stuck_sub.lost), "the stuck one's queue overflowed", WAIT)
             stop.set()
-            await trio.sleep(0.01)
+            await stopped.wait()
             hub.publish("notification", {"seq": "last"})
-            with trio.fail_after(WAIT):
-                while not healthy or healthy[-1]["data"].get("seq") != "last":
-                    await trio.sleep(0.005)
+            await settled(lambda: bool(healthy) and healthy[-1]["data"].get("seq") == "last",
+                          "the last event at the healthy subscriber", WAIT)
             # The stuck one now reads: what its kernel buffers held, then resync, then the
             # newest frames, up to the last.
             seen = []
@@ -531,9 +526,7 @@ async def test_gateway_shutdown_sends_1001(start_gateway: StartGateway,
         for ws in (tcp, unix):
             assert (await read_until_closed(ws)).code == 1001
         # The stuck subscriber holds the stop for CLOSE_TIMEOUT at most, not the drain's 60 s.
-        with trio.fail_after(close_timeout + WAIT):
-            while state.exists():
-                await trio.sleep(0.01)
+        await settled(lambda: not state.exists(), "the gateway stopped", close_timeout + WAIT)
         await stuck.stream.aclose()
 
 
@@ -556,9 +549,7 @@ async def test_pings_and_a_client_that_never_answers(start_gateway: StartGateway
                 pass
         assert silent.pings >= 1
         await subscribed(gw, 1)
-        with trio.fail_after(WAIT):
-            while answering.pings < silent.pings + 5:
-                await trio.sleep(0.01)
+        await settled(lambda: answering.pings >= silent.pings + 5, "five pings more", WAIT)
         assert len(gw.gateway.ctx.events) == 1  # the answering one is still subscribed
         nursery.cancel_scope.cancel()
     await answering.stream.aclose()

@@ -28,6 +28,7 @@ from proxy.listeners import (
 from proxy.server import Gateway
 from tests.client import Client
 from tests.conftest import free_port, gateway_config, open_settings
+from tests.waits import settled
 
 _LISTEN = "0A"
 
@@ -316,9 +317,7 @@ async def test_stop_leaves_a_socket_that_replaced_ours(places: Places) -> None:
         path.unlink()
         with live_socket(path):
             gateway.shutdown()
-            with trio.fail_after(5):
-                while (places.data / STATE_FILE).exists():  # run() has finished
-                    await trio.sleep(0.01)
+            await settled(lambda: not (places.data / STATE_FILE).exists(), "run() finished")
         nursery.cancel_scope.cancel()
     assert stat.S_ISSOCK(os.lstat(path).st_mode)
 

@@ -32,6 +32,7 @@ from tests.client import CHAT, chat_body, request
 from tests.conftest import free_port, gateway_config, open_settings
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
 from tests.tls_certs import client_context, identities, open_pinned, plain_http_to
+from tests.waits import settled
 
 
 @pytest.fixture
@@ -184,8 +185,7 @@ async def test_an_unknown_certificate_is_refused_at_the_handshake(
         await ask(node.pool(node.stranger), node.address(), b"GET", "/health", [])
     listener = node.gateway.node_listener
     assert listener is not None
-    while listener.refused < 1:  # the server's side of the refusal, logged
-        await trio.sleep(0.001)
+    await settled(lambda: listener.refused >= 1, "the refusal at the server")  # logged
     assert any(r.levelno == logging.DEBUG and "handshake" in r.getMessage()
                for r in caplog.records)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
@@ -205,8 +205,8 @@ async def test_a_removed_peer_is_cut_off(node: Node) -> None:
                              client_context(node.peer), 10)
     listener = node.gateway.node_listener
     assert listener is not None
-    while listener.open_connections(node.peer.fingerprint) < 2:
-        await trio.sleep(0.001)
+    await settled(lambda: listener.open_connections(node.peer.fingerprint) >= 2,
+                  "both connections at the listener")
     node.peers.set({})
     assert listener.open_connections(node.peer.fingerprint) == 0
     assert await held.recv(4096) == b""  # closed by the gateway, with a close_notify

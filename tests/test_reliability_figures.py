@@ -21,6 +21,7 @@ from tests.conftest import StartGateway
 from tests.fakeupstream import FakeUpstream, stall_before_head, stall_between_chunks
 from tests.figures import Figures
 from tests.soakload import close_client
+from tests.waits import settled
 
 ABORTS = 10  # per transport and kind of close
 LIMITS = {"first_byte": 0.5, "chunk_interval": 1.0}  # seconds, as configured
@@ -28,9 +29,7 @@ TIMEOUT_RUNS = 3
 
 
 async def wait_requests(up: FakeUpstream, count: int) -> None:
-    with trio.fail_after(5):
-        while len(up.requests_to(CHAT)) < count:
-            await trio.sleep(0.001)
+    await settled(lambda: len(up.requests_to(CHAT)) >= count, f"{count} requests")
 
 
 @pytest.mark.parametrize("abrupt", [False, True], ids=["close", "reset"])

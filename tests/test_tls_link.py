@@ -32,6 +32,7 @@ from tests.tls_certs import (
     signed_by,
     twin_of,
 )
+from tests.waits import settled
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
@@ -90,8 +91,7 @@ class TlsServer:
             seen.done.set()
 
     async def outcome(self, index: int = -1) -> Seen:
-        while not self.seen:
-            await trio.sleep(0.001)
+        await settled(lambda: bool(self.seen), "a connection at the server")
         seen = self.seen[index]
         await seen.done.wait()
         return seen
