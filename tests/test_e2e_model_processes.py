@@ -76,7 +76,7 @@ def test_a_model_server_outlives_the_thread_that_started_it_not_the_gateway(
     try:
         assert parent.stdout is not None
         child_pid = int(parent.stdout.readline())  # the starting thread ends after this
-        time.sleep(0.5)  # ten checks of the watch later
+        time.sleep(0.5)  # one check of the watch (every 0.5 s) later
         assert out.read_text() == "ready"
         os.kill(child_pid, 0)  # still running
     finally:

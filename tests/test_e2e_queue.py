@@ -19,6 +19,7 @@ from proxy.server import Gateway
 from tests.client import CHAT, request
 from tests.conftest import RunningGateway, admin_headers, gateway_config, open_settings
 from tests.test_e2e_llama import gguf, wait_running  # noqa: F401 (a fixture)
+from tests.waits import settled
 
 pytest.importorskip("xllamacpp")
 
@@ -81,8 +82,10 @@ async def test_a_question_goes_before_a_batch_jobs_waiting_prompts(
                 for i in range(6):
                     senders.start_soon(send, f"batch{i}", ask(f"{LONG} Summarise part {i}.", 48),
                                        batch)
-                    await trio.sleep(0.05)
-                await trio.sleep(1)
+                    await trio.sleep(0.05)  # they come in this order
+                scheduler = gw.gateway.ctx.scheduler
+                await settled(lambda: sum(len(line.waiting) for line in scheduler.snapshot())
+                              == 5, "five prompts waiting behind the one served")
                 senders.start_soon(send, "question", ask("What colour is the sky?", 8),
                                    [("x-sluice-session", "a person")])
             watcher.cancel()

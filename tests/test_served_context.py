@@ -24,6 +24,7 @@ from tests.client import request
 from tests.conftest import StartGateway, configure, node
 from tests.fakenode import start_node
 from tests.fakeupstream import FakeUpstream, ReceivedRequest, ResponseWriter
+from tests.waits import published
 
 # -- the rules -----------------------------------------------------------------------------
 
@@ -108,9 +109,9 @@ async def test_served_context_from_props_and_from_a_vllm_list(
     for up in (llama, vllm):
         await nursery.start(up.serve)
     gw = await start_gateway([("llama", llama.url), ("vllm", vllm.url)])
-    with trio.fail_after(10):
-        while (await models_of(gw)).get("llama-m", {}).get("context_length") is None:
-            await trio.sleep(0.05)
+    backends = gw.gateway.ctx.backends
+    await published(backends.changes, lambda: any(
+        b.name == "llama" and b.served is not None for b in backends.backends), "llama's /props")
     models = await models_of(gw)
     # the fakes answer 404 to POST /v1/messages and /v1/responses: translated (SPEC §17.1)
     apis = {"messages": "translate", "responses": "translate"}

@@ -30,6 +30,7 @@ from tests.fakeupstream import (
     sse_stream,
     status,
 )
+from tests.waits import settled
 
 MODEL = "fake-model"
 
@@ -84,13 +85,16 @@ def client(gw: RunningGateway) -> anthropic.Anthropic:
 
 
 async def log_entries(gw: RunningGateway, count: int) -> list[dict[str, Any]]:
-    for _ in range(100):
-        found: list[dict[str, Any]] = (await request(gw.unix, "GET",
-                                                     "/api/v1/requests")).json()["requests"]
-        if len(found) >= count:
-            return found
-        await trio.sleep(0.02)
-    raise AssertionError("the request log did not get the requests")
+    log, hub = gw.gateway.ctx.request_log, gw.gateway.hub
+
+    def logged() -> bool:
+        hub.drain()  # the batched records, handed to the log now
+        return len(log) >= count
+
+    await settled(logged, f"{count} requests in the request log")
+    found: list[dict[str, Any]] = (await request(gw.unix, "GET",
+                                                 "/api/v1/requests")).json()["requests"]
+    return found
 
 
 ASK = {"model": MODEL, "max_tokens": 64,
