@@ -30,7 +30,7 @@ process: free ports (port 0, ``free_port``), temporary folders (``short_tmp``,
 tests/workers.py: a file lock, a value computed once per run (``llama_answer``), the demo
 model's one fetch (``demo_model``), and the run's figures (the ``figures`` fixture),
 merged by the controller into figures.json. Wait for the event itself (a socket, a log
-line, a state) or use trio's MockClock, never a bare sleep.
+line, a state: tests/waits.py) or use trio's MockClock, never a bare sleep.
 """
 
 from __future__ import annotations
