@@ -21,6 +21,7 @@ from tests.client import chat_body, connect, raw, request
 from tests.conftest import REMOTE, RunningGateway, gateway_config, open_settings, remote_request
 from tests.fakeupstream import FakeUpstream, json_completion
 from tests.figures import Figures
+from tests.waits import settled
 
 ADMIN = "CanaryAdm1nT0ken-Qx7vWz9Lp2Rk5Ty8Nb4Mf6Hd3"
 BACKEND_KEY = "CanaryBackendK3y-Jh2Gf5Sd8Ap1Lk4Zx7Cv0Bn3"
@@ -142,9 +143,8 @@ async def test_no_secret_escapes(nursery: trio.Nursery, short_tmp: Path,
          repr(gateway.ctx), repr(settings.config))
     note((data / "config.yaml").read_text())
     gateway.shutdown()
+    await settled(lambda: not (data / "state.json").exists(), "the gateway stopped")
     with trio.fail_after(5):
-        while (data / "state.json").exists():
-            await trio.sleep(0.01)
         for done in watching:  # each subscriber got its close frame
             await done.wait()
     assert len(frames) > 3

@@ -9,9 +9,11 @@ from typing import Any
 
 import trio
 
+from proxy.routing.stats import routing_stats
 from tests.client import chat_body, request
 from tests.conftest import RunningGateway, StartGateway, admin
 from tests.fakeupstream import FakeUpstream, ReceivedRequest, ResponseWriter, json_completion
+from tests.waits import settled
 
 
 async def sluice_status(gw: RunningGateway, *extra: str) -> str:
@@ -54,9 +56,8 @@ async def test_status_shows_the_node_row(nursery: trio.Nursery,
     assert added["fingerprint"] == "node-gpu0001"
     assert "load balancing: off (1 node registered)" in await sluice_status(gw)
     await admin_json(gw, "PUT", "/api/v1/settings/load-balancing", {"enabled": True})
-    with trio.fail_after(10):  # the switch wakes the health poll at once
-        while not gw.gateway.ctx.nodes.online():
-            await trio.sleep(0.02)
+    await gw.gateway.ctx.nodes.first_round(10)  # the switch wakes the health poll at once
+    assert gw.gateway.ctx.nodes.online()
 
     text = await sluice_status(gw)
     lines = text.splitlines()
@@ -76,9 +77,10 @@ async def test_status_shows_the_node_row(nursery: trio.Nursery,
     reply = await request(gw.unix, "POST", "/v1/chat/completions", chat_body("remote-model"))
     assert reply.status == 200, reply.body
     assert reply.header("x-sluice-served-by") == "node:node-gpu0001"
-    with trio.fail_after(10):  # counted once the answer is relayed whole
-        while (await get_json(gw, "/api/v1/pool/routing-stats"))["totalSuccesses"] != 1:
-            await trio.sleep(0.02)
+    ctx = gw.gateway.ctx  # counted once the answer is relayed whole
+    await settled(lambda: routing_stats(ctx.router, ctx.config)["totalSuccesses"] == 1,
+                  "the forwarded request counted", 10)
+    assert (await get_json(gw, "/api/v1/pool/routing-stats"))["totalSuccesses"] == 1
     lines = (await sluice_status(gw)).splitlines()
     [row] = [line.split() for line in lines if "gpu-box (node-gpu0001)" in line]
     assert row[6:11] == ["closed", "0", "1", "1", "0"]  # CIRCUIT IN-FLIGHT REQ OK FAIL
