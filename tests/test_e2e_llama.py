@@ -52,11 +52,14 @@ def managed(gateway: Gateway) -> dict[str, Any]:
 
 
 async def wait_running(gateway: Gateway, restarts: int) -> dict[str, Any]:
+    assert gateway.ctx.ondemand is not None
+    model = next(iter(gateway.ctx.ondemand.lifecycle.models.values()))
     while True:
+        changed = model.changed  # set at its next change of state
         status = managed(gateway)
         if status["state"] == "loaded" and status["restarts"] == restarts:
             return status
-        await trio.sleep(0.05)
+        await changed.wait()
 
 
 async def test_chat_with_the_openai_sdk(llama_gateway: RunningGateway, transport: str) -> None:
@@ -159,9 +162,11 @@ async def test_a_killed_model_server_is_loaded_again_by_the_next_request(
         llama_gateway: RunningGateway) -> None:
     before = managed(llama_gateway.gateway)
     os.kill(before["pid"], signal.SIGKILL)
+    assert llama_gateway.gateway.ctx.ondemand is not None
+    model = next(iter(llama_gateway.gateway.ctx.ondemand.lifecycle.models.values()))
     with trio.fail_after(30):  # seen at once, by its process (SPEC §11.1: failed)
         while managed(llama_gateway.gateway)["state"] != "failed":
-            await trio.sleep(0.05)
+            await model.changed.wait()
     assert managed(llama_gateway.gateway)["lastError"] == "its server exited"
     ondemand = llama_gateway.gateway.ctx.ondemand
     assert ondemand is not None

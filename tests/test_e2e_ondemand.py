@@ -96,7 +96,7 @@ async def test_load_use_and_unload_real_servers(start: Start) -> None:
     life.release(two)
     with trio.fail_after(15):  # keep_alive 2 s, then SIGTERM
         while two.state is not ModelState.UNLOADED:
-            await trio.sleep(0.05)
+            await two.changed.wait()
     assert not alive(pid_two)
     assert two.memory == 0
 
@@ -138,7 +138,7 @@ async def test_a_client_leaving_mid_load_does_not_cancel_it(start: Start) -> Non
     assert model.state is ModelState.LOADING
     with trio.fail_after(60):
         while model.state is not ModelState.LOADED:
-            await trio.sleep(0.05)
+            await model.changed.wait()
     assert model.server is not None
     assert model.server.pid is not None
     assert alive(model.server.pid)
