@@ -5,8 +5,9 @@ machine); the figures say how close the gateway actually is:
 - ``abort_to_upstream_close_ms``: a client closes mid-stream; how long until the fake
   upstream sees its connection closed (SPEC §6: within 100 ms; asserted: under 1 s);
 - ``timeout_accuracy_ms``: how late the gateway's ``first_byte`` timeout (0.5 s) and
-  ``chunk_interval`` timeout (1 s: the smallest the config accepts) fire, as the client
-  sees it (asserted: never early, under 1 s late);
+  ``chunk_interval`` timeout (1 s: the smallest the config accepts) fire: from the request
+  sent, or from the fake's last event written, to the answer the client sees (asserted:
+  never early, under 1 s late);
 - ``attempts_per_request_max``: how many upstreams one request reached when they fail
   (asserted: two, one failover, never a third).
 """
@@ -18,7 +19,16 @@ import trio
 
 from tests.client import CHAT, Client, chat_body, read_events
 from tests.conftest import StartGateway
-from tests.fakeupstream import FakeUpstream, stall_before_head, stall_between_chunks
+from tests.fakeupstream import (
+    LLAMA_SSE_HEADERS,
+    FakeUpstream,
+    Handler,
+    ReceivedRequest,
+    ResponseWriter,
+    sse_events,
+    stall_before_head,
+    stall_between_chunks,
+)
 from tests.figures import Figures
 from tests.soakload import close_client
 from tests.waits import settled
@@ -54,15 +64,32 @@ async def test_abort_to_upstream_close(abrupt: bool, upstream: FakeUpstream,
         assert seen - closed < 1.0
 
 
-async def _late_error(gw_address: str, *, events: int) -> float:
-    """Seconds from the last thing the client got (the request sent, or the ``events``-th
-    event) to the gateway's timeout answer (a 504, or the SSE error event)."""
+def stall_after_chunks(count: int, sent: list[float]) -> Handler:
+    """The fake's SSE head and ``count`` events, then a stall; ``sent`` gets the time its
+    last event was written (this process's trio clock): the gateway's ``chunk_interval``
+    runs from a moment after it, never before, whatever the machine's load."""
+    events = sse_events(count + 1)[:count]
+
+    async def handler(req: ReceivedRequest, w: ResponseWriter) -> None:
+        await w.head(200, LLAMA_SSE_HEADERS)
+        for data in events:
+            await w.chunk(data)
+        sent.append(trio.current_time())
+        await w.stall()
+
+    return handler
+
+
+async def _late_error(gw_address: str, *, events: int, sent: list[float]) -> float:
+    """Seconds from the start of the gateway's timer as this test can bound it (the request
+    sent; the fake's last event written, ``sent``) to the timeout answer the client gets
+    (a 504, or the SSE error event)."""
     client = await Client.open(gw_address)
     try:
+        start = trio.current_time()
         await client.send_request("POST", CHAT, chat_body(stream=True))
         with trio.fail_after(10):
             if not events:
-                start = trio.current_time()
                 reply = await client.read_reply()
                 end = trio.current_time()
                 assert reply.status == 504, reply
@@ -70,12 +97,11 @@ async def _late_error(gw_address: str, *, events: int) -> float:
                 return end - start
             head = await client.read_head()
             await read_events(client, events)
-            start = trio.current_time()
             reply = await client.read_reply(head)
             end = trio.current_time()
             assert not reply.complete
             assert b"chunk_interval" in reply.body
-            return end - start
+            return end - sent[-1]
     finally:
         await client.aclose()
 
@@ -84,15 +110,16 @@ async def _late_error(gw_address: str, *, events: int) -> float:
 async def test_timeout_accuracy(which: str, upstream: FakeUpstream,
                                 start_gateway: StartGateway, figures: Figures) -> None:
     limit = LIMITS[which]
+    sent: list[float] = []
     if which == "first_byte":
         upstream.on("POST", CHAT, stall_before_head())
         events = 0
     else:
-        upstream.on("POST", CHAT, stall_between_chunks(2))
+        upstream.on("POST", CHAT, stall_after_chunks(2, sent))
         events = 2
     gw = await start_gateway([("fake", upstream.url)], **{which: limit})
     for _ in range(TIMEOUT_RUNS):
-        waited = await _late_error(gw.tcp, events=events)
+        waited = await _late_error(gw.tcp, events=events, sent=sent)
         figures.sample("timeout_accuracy_ms", (waited - limit) * 1000)
         figures.sample(f"timeout_accuracy_{which}_ms", (waited - limit) * 1000)
         assert limit - 0.01 <= waited < limit + 1.0
