@@ -119,9 +119,10 @@ class QueueOrder:
 
     def next(self, now: float) -> Entry | None:
         """The request whose turn it is (it stays until :meth:`served` or :meth:`remove`)."""
-        if not self.entries:
-            return None
-        return min(self.entries.values(), key=lambda e: self._key(e, now))
+        entries = self.entries
+        if len(entries) < 2:  # nobody else waits: no order to find
+            return next(iter(entries.values()), None)
+        return min(entries.values(), key=lambda e: self._key(e, now))
 
     def ordered(self, now: float) -> list[Entry]:
         """Every waiting request in the order they would be served (for reports)."""

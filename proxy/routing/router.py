@@ -134,7 +134,7 @@ class Router:
         local = self.backends.holders_of(info.model)
         if len(local) == 1 and not lb.spill_over:  # the hot path, as choose() would say:
             only = local[0]  # one local candidate is the choice, unless the queue finds it full
-            if not queue or self._local_candidate(only, 1).free != 0:
+            if not queue or self._free_now(only) != 0:  # None: unknown, so unlimited
                 return self._start_local(only)
             return None
         rules = Rules(lb.strategy, lb.prefer_loaded, lb.spill_over, lb.affinity.load_bound,
@@ -193,6 +193,14 @@ class Router:
             failover=lb.failover_enabled, prefer_loaded=lb.prefer_loaded,
             forwarded=header_value(headers, FORWARDED) is not None,
             load_bound=lb.affinity.load_bound, queue=queue)
+
+    def _free_now(self, backend: LocalBackend) -> int | None:
+        """A local backend's free slots now, as :meth:`_local_candidate` counts them (None:
+        unknown)."""
+        busy = self.backend_in_flight(backend.name)
+        return free_slots(busy, capacity(self._busy_now(backend.served_by.decode(),
+                                                        backend.slots, busy),
+                                         backend.max_concurrent))
 
     def _local_candidate(self, backend: LocalBackend, priority: int) -> Candidate:
         """A local backend as the choice sees it (named as ``servedBy``)."""

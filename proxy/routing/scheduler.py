@@ -62,7 +62,7 @@ class Ticket:
         self.plan: Plan | None = None
         self.error: SluiceError | None = None
         self.placed: float | None = None  # when it left the line
-        self.woken = trio.Event()
+        self.woken: trio.Event | None = None  # made when it waits (most never do)
 
     def __repr__(self) -> str:
         return (f"Ticket({self.model!r}, {self.entry.client!r}, {self.entry.priority}, "
@@ -163,8 +163,9 @@ class Scheduler:
             self.dispatch(ticket.model)
             if ticket.plan is None and ticket.error is None:
                 limit = self.settings.config.timeouts.request.queue
+                woken = ticket.woken = trio.Event()
                 with trio.move_on_at(ticket.entered + limit):
-                    await ticket.woken.wait()
+                    await woken.wait()
         except BaseException:
             if ticket.plan is not None:  # placed as its client left: give the slot back
                 ticket.plan.attempt.finish(Outcome.ABORTED, trio.current_time())
@@ -252,7 +253,8 @@ class Scheduler:
                 line.order.served(entry, now)
             line.tickets.pop(entry.seq)
             ticket.placed = now
-            ticket.woken.set()
+            if ticket.woken is not None:
+                ticket.woken.set()
             self._changed()
 
     def _slots(self, model: str) -> int | None:
