@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from protocol.config import ModelConfig, dump_config_yaml, parse_config_text
-from tests.client import Client, chat_body, connect
+from tests.client import Client, Reply, chat_body, connect
 from tests.gateways import GatewayProcess
 from tests.test_e2e_llama import gguf  # noqa: F401 (a fixture)
 from tests.test_e2e_ondemand import alive
@@ -27,6 +27,12 @@ from tests.test_e2e_ondemand import alive
 pytest.importorskip("xllamacpp")
 
 LOAD_LIMIT = 60.0  # seconds: a load here takes 1-3 s, the suite may share two cores
+
+
+async def ask(gw: GatewayProcess, model: str) -> Reply:
+    """A short chat for ``model`` over the Unix socket: eight tokens at most (an answer
+    without ``max_tokens`` may fill the model's context, many seconds on one core)."""
+    return await gw.chat(model, via="unix", body=chat_body(model, max_tokens=8))
 
 
 @pytest.fixture
@@ -100,9 +106,9 @@ async def test_ps_load_unload_and_a_request_through_the_gateway(
         before.stdout
 
     # A request for an unloaded model loads it, waits, then is answered; loadMs says so.
-    reply = await gw.chat("two", via="unix")
+    reply = await ask(gw, "two")
     assert reply.status == 200, reply.body
-    again = await gw.chat("two", via="unix")
+    again = await ask(gw, "two")
     assert again.status == 200
     records = [r for r in (await gw.get_json("/api/v1/requests?model=two"))["requests"]]
     assert len(records) == 2
@@ -149,7 +155,7 @@ async def test_ps_load_unload_and_a_request_through_the_gateway(
     unknown = await sluice(gw, "load", "nope")
     assert unknown.returncode == 1
     assert "404" in unknown.stderr
-    assert (await gw.chat("two", via="unix")).status == 200
+    assert (await ask(gw, "two")).status == 200
 
     metrics = (await gw.call("GET", "/metrics")).body.decode()
     assert 'sluice_model_loads_total{model="two",outcome="success"} 3' in metrics
@@ -179,7 +185,7 @@ async def test_a_rescan_finds_new_files_and_forgets_gone_ones(
     assert found.status == 200
     assert found.json()["added"] == ["three-q4"]
     assert "three-q4" in by_name(found.json())
-    reply = await gw.chat("three-q4", via="unix")
+    reply = await ask(gw, "three-q4")
     assert reply.status == 200
     link.unlink()
     # Loaded when its file went: it leaves once idle (now), its server stopped.
@@ -192,7 +198,7 @@ async def test_a_rescan_finds_new_files_and_forgets_gone_ones(
 
     await gw.wait_until(forgotten, "three-q4 forgotten", 20)
     assert not alive(pid)
-    missing = await gw.chat("three-q4", via="unix")
+    missing = await ask(gw, "three-q4")
     assert missing.status in (404, 503)
 
 
@@ -206,7 +212,7 @@ async def test_a_client_that_leaves_mid_load_does_not_cancel_it(
     await client.aclose()  # gone while two loads
     two = await wait_state(gw, "two", "loaded")
     assert alive(two["pid"])
-    assert (await gw.chat("two", via="unix")).status == 200
+    assert (await ask(gw, "two")).status == 200
 
 
 async def test_a_models_entry_edited_in_by_hand_comes_and_goes(
@@ -224,7 +230,7 @@ async def test_a_models_entry_edited_in_by_hand_comes_and_goes(
         return "four" in by_name(await local(gw))
 
     await gw.wait_until(listed, "four in the catalogue", 20)
-    assert (await gw.chat("four", via="unix")).status == 200
+    assert (await ask(gw, "four")).status == 200
     pid = (await wait_state(gw, "four", "loaded"))["pid"]
     assert alive(pid)
     path.write_text(dump_config_yaml(cfg))  # the entry removed by hand
@@ -234,4 +240,4 @@ async def test_a_models_entry_edited_in_by_hand_comes_and_goes(
 
     await gw.wait_until(forgotten, "four forgotten", 30)
     assert not alive(pid)
-    assert (await gw.chat("one", via="unix")).status == 200  # the others serve on
+    assert (await ask(gw, "one")).status == 200  # the others serve on

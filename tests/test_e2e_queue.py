@@ -1,5 +1,5 @@
 """The queue (SPEC §18) in front of the real demo llama.cpp with one slot: a batch key's
-six long prompts at once, then one interactive question from another client: the question
+four long prompts at once, then one interactive question from another client: the question
 is served next (after the prompt in progress), nothing beyond the slot is sent to the
 server, and the batch requests are all answered."""
 
@@ -24,7 +24,10 @@ from tests.waits import settled
 pytest.importorskip("xllamacpp")
 
 LONG = " ".join(f"Item {i}: the {i}th line of a long report about rivers and towns."
-                for i in range(60))  # about 1,000 tokens of prefill
+                for i in range(30))  # about 500 tokens of prefill
+
+
+BATCH = 4  # the batch job's prompts: one served, three waiting when the question comes
 
 
 async def one_slot_gateway(nursery: trio.Nursery, short_tmp: Path, gguf: Path  # noqa: F811
@@ -79,13 +82,13 @@ async def test_a_question_goes_before_a_batch_jobs_waiting_prompts(
 
             inner.start_soon(watching)
             async with trio.open_nursery() as senders:
-                for i in range(6):
-                    senders.start_soon(send, f"batch{i}", ask(f"{LONG} Summarise part {i}.", 48),
+                for i in range(BATCH):
+                    senders.start_soon(send, f"batch{i}", ask(f"{LONG} Summarise part {i}.", 16),
                                        batch)
                     await trio.sleep(0.05)  # they come in this order
                 scheduler = gw.gateway.ctx.scheduler
                 await settled(lambda: sum(len(line.waiting) for line in scheduler.snapshot())
-                              == 5, "five prompts waiting behind the one served")
+                              == BATCH - 1, "the batch's prompts waiting behind the one served")
                 senders.start_soon(send, "question", ask("What colour is the sky?", 8),
                                    [("x-sluice-session", "a person")])
             watcher.cancel()
@@ -98,4 +101,4 @@ async def test_a_question_goes_before_a_batch_jobs_waiting_prompts(
     entries = (await request(gw.unix, "GET", "/api/v1/requests",
                              headers=admin_headers(gw))).json()["requests"]
     classes = sorted(e["priority"] for e in entries if e["path"] == CHAT)
-    assert classes == ["batch"] * 6 + ["interactive"]
+    assert classes == ["batch"] * BATCH + ["interactive"]
