@@ -19,7 +19,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 
@@ -27,10 +26,9 @@ from protocol.aliases import AliasTable
 from protocol.config import ModelConfig
 from protocol.translate import TRANSLATORS
 from proxy.demo import DEMO_MODEL
-from proxy.server import Gateway
 from tests.client import request
-from tests.conftest import RunningGateway, gateway_config, open_settings
-from tests.test_e2e_llama import gguf, wait_running  # noqa: F401 (fixture)
+from tests.conftest import RunningGateway
+from tests.test_e2e_llama import gguf, managed_gateway  # noqa: F401 (fixture)
 from tests.workers import CACHE
 
 pytest.importorskip("xllamacpp")
@@ -40,6 +38,11 @@ CODEX = "@openai/codex@0.171.0"
 AGENTS = CACHE / "agents"
 RUN_TIMEOUT = 600  # seconds an agent may take: a long prompt on a slow shared CPU
 PROMPT = "Reply with one short sentence about the sea."
+# The answer's bound: a 135M model may ramble until its context is full (Codex sends no
+# max_output_tokens, and has no setting for it: 3,300 tokens took 177 s here on one core).
+# Claude Code says its bound (CLAUDE_CODE_MAX_OUTPUT_TOKENS); Codex's is the context.
+MAX_OUTPUT = 256
+CONTEXT = 2048  # Claude Code's prompt here is ~100 tokens, Codex's with its tools ~800
 
 
 @pytest.fixture(scope="session")
@@ -67,18 +70,12 @@ def agents() -> Path:
 
 
 async def start(nursery: trio.Nursery, folder: Path, model: Path, apis: str) -> RunningGateway:
-    cfg = gateway_config([], socket_dir=folder / "s")
     # One slot with room for an agent's prompt; every name the agents send (claude-*,
     # Codex's) served by the demo model.
-    cfg = attrs.evolve(cfg, aliases=AliasTable([("claude-*", DEMO_MODEL),
-                                                ("gpt-*", DEMO_MODEL)]),
-                       models=(ModelConfig(name=DEMO_MODEL, path=str(model), context=16384,
-                                           parallel=1, threads=1, preload=True, apis=apis),))
-    gateway = Gateway(open_settings(folder / "data", cfg))
-    await nursery.start(gateway.run)
-    with trio.fail_after(120):
-        await wait_running(gateway, restarts=0)
-    return RunningGateway(gateway)
+    return await managed_gateway(
+        nursery, folder, ModelConfig(name=DEMO_MODEL, path=str(model), context=CONTEXT,
+                                     parallel=1, threads=1, preload=True, apis=apis),
+        aliases=AliasTable([("claude-*", DEMO_MODEL), ("gpt-*", DEMO_MODEL)]))
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
@@ -119,7 +116,7 @@ async def test_claude_code(nursery: trio.Nursery, short_tmp: Path, gguf: Path,  
                     ANTHROPIC_API_KEY="sk-unused", ANTHROPIC_MODEL=DEMO_MODEL,
                     ANTHROPIC_SMALL_FAST_MODEL=DEMO_MODEL,
                     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1",
-                    DISABLE_TELEMETRY="1", CLAUDE_CODE_MAX_OUTPUT_TOKENS="4096",
+                    DISABLE_TELEMETRY="1", CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(MAX_OUTPUT),
                     API_TIMEOUT_MS=str(RUN_TIMEOUT * 1000))
     proc = await run_agent([str(agents / "claude"), "-p", PROMPT, "--model", DEMO_MODEL,
                             "--system-prompt", "You are a brief assistant.", "--tools", "",

@@ -62,6 +62,19 @@ async def wait_running(gateway: Gateway, restarts: int) -> dict[str, Any]:
         await changed.wait()
 
 
+async def managed_gateway(nursery: trio.Nursery, folder: Path, model: ModelConfig,
+                          **changes: Any) -> RunningGateway:
+    """An in-process gateway in ``folder`` whose one ``models:`` entry is ``model`` (more
+    config ``changes`` beside it), once that model's server runs."""
+    cfg = gateway_config([], socket_dir=folder / "s")
+    cfg = attrs.evolve(cfg, models=(model,), **changes)
+    gateway = Gateway(open_settings(folder / "data", cfg))
+    await nursery.start(gateway.run)
+    with trio.fail_after(120):
+        await wait_running(gateway, restarts=0)
+    return RunningGateway(gateway)
+
+
 async def test_chat_with_the_openai_sdk(llama_gateway: RunningGateway, transport: str) -> None:
     def chat() -> tuple[Any, list[Any]]:
         with llama_gateway.openai_client(transport) as client:
@@ -215,16 +228,11 @@ async def test_launcher_stops_cleanly_on_sigterm(gguf: Path, short_tmp: Path) ->
 async def test_model_server_falls_back_to_loopback_tcp(nursery: trio.Nursery, short_tmp: Path,
                                                        gguf: Path) -> None:
     name = "smollm2-" + "x" * 100  # <socket dir>/m-<name>.sock would pass 103 bytes
-    cfg = gateway_config([], socket_dir=short_tmp / "s")
-    cfg = attrs.evolve(cfg, models=(ModelConfig(name=name, path=str(gguf), context=512,
-                                                parallel=1, threads=1, preload=True),))
-    gateway = Gateway(open_settings(short_tmp / "data", cfg))
-    await nursery.start(gateway.run)
-    with trio.fail_after(120):
-        status = await wait_running(gateway, restarts=0)
+    gw = await managed_gateway(nursery, short_tmp, ModelConfig(
+        name=name, path=str(gguf), context=512, parallel=1, threads=1, preload=True))
+    status = managed(gw.gateway)
     assert status["transport"] == "tcp"
     assert status["address"].startswith("http://127.0.0.1:")
-    gw = RunningGateway(gateway)
     with trio.fail_after(60):
         reply = await request(gw.unix, "POST", CHAT, chat_body(name, max_tokens=4))
     assert reply.status == 200

@@ -9,16 +9,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 
 from protocol.config import ModelConfig
 from proxy.demo import DEMO_MODEL
-from proxy.server import Gateway
 from tests.client import CHAT, request
-from tests.conftest import RunningGateway, admin_headers, gateway_config, open_settings
-from tests.test_e2e_llama import gguf, wait_running  # noqa: F401 (a fixture)
+from tests.conftest import RunningGateway, admin_headers
+from tests.test_e2e_llama import gguf, managed_gateway  # noqa: F401 (a fixture)
 from tests.waits import settled
 
 pytest.importorskip("xllamacpp")
@@ -32,14 +30,8 @@ BATCH = 4  # the batch job's prompts: one served, three waiting when the questio
 
 async def one_slot_gateway(nursery: trio.Nursery, short_tmp: Path, gguf: Path  # noqa: F811
                            ) -> RunningGateway:
-    cfg = gateway_config([], socket_dir=short_tmp / "s")
-    cfg = attrs.evolve(cfg, models=(ModelConfig(name=DEMO_MODEL, path=str(gguf), context=2048,
-                                                parallel=1, threads=1, preload=True),))
-    gateway = Gateway(open_settings(short_tmp / "data", cfg))
-    await nursery.start(gateway.run)
-    with trio.fail_after(120):
-        await wait_running(gateway, restarts=0)
-    return RunningGateway(gateway)
+    return await managed_gateway(nursery, short_tmp, ModelConfig(
+        name=DEMO_MODEL, path=str(gguf), context=2048, parallel=1, threads=1, preload=True))
 
 
 def ask(text: str, tokens: int) -> bytes:

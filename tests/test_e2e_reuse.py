@@ -19,7 +19,6 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import attrs
 import pytest
 import trio
 
@@ -39,7 +38,7 @@ from tests.conftest import (
 from tests.cycles import SHAPES, CycleResult, run_transitions
 from tests.figures import Figures
 from tests.llama_server import llama_server as launch_llama
-from tests.test_e2e_llama import gguf, wait_running  # noqa: F401 (a fixture)
+from tests.test_e2e_llama import gguf, managed_gateway  # noqa: F401 (a fixture)
 
 pytest.importorskip("xllamacpp")
 
@@ -59,16 +58,10 @@ async def all_shapes(address: str, figures: Figures, where: str) -> dict[str, Cy
     return results
 
 
-async def managed_gateway(nursery: trio.Nursery, folder: Path, gguf: Path,  # noqa: F811
-                          **options: object) -> RunningGateway:
-    cfg = gateway_config([], socket_dir=folder / "s", **options)  # type: ignore[arg-type]
-    cfg = attrs.evolve(cfg, models=(ModelConfig(name=DEMO_MODEL, path=str(gguf), context=1024,
-                                                parallel=3, threads=1, preload=True),))
-    gateway = Gateway(open_settings(folder / "data", cfg))
-    await nursery.start(gateway.run)
-    with trio.fail_after(120):
-        await wait_running(gateway, restarts=0)
-    return RunningGateway(gateway)
+async def three_slot_gateway(nursery: trio.Nursery, folder: Path, gguf: Path  # noqa: F811
+                             ) -> RunningGateway:
+    return await managed_gateway(nursery, folder, ModelConfig(
+        name=DEMO_MODEL, path=str(gguf), context=1024, parallel=3, threads=1, preload=True))
 
 
 def verdict(gw: RunningGateway) -> Verdict:
@@ -78,7 +71,7 @@ def verdict(gw: RunningGateway) -> Verdict:
 
 async def test_the_managed_model(nursery: trio.Nursery, short_tmp: Path, gguf: Path,  # noqa: F811
                                  figures: Figures) -> None:
-    gw = await managed_gateway(nursery, short_tmp, gguf)
+    gw = await three_slot_gateway(nursery, short_tmp, gguf)
     await all_shapes(gw.tcp, figures, "managed")
     assert verdict(gw) is Verdict.CLOSES
     assert gw.gateway.connections.probes <= PROBES_AT_ONCE
@@ -105,7 +98,7 @@ async def test_a_backends_entry(llama_server: str, start_gateway: StartGateway,
 
 async def test_two_gateways(nursery: trio.Nursery, short_tmp: Path, gguf: Path,  # noqa: F811
                             figures: Figures) -> None:
-    b = await managed_gateway(nursery, short_tmp / "b", gguf)
+    b = await three_slot_gateway(nursery, short_tmp / "b", gguf)
     cfg = gateway_config([], socket_dir=short_tmp / "a" / "s", lb=True, interval=1,
                          nodes=[node("node-b", f"http://{b.tcp}", 1)])
     a = RunningGateway(Gateway(open_settings(short_tmp / "a" / "data", cfg)))

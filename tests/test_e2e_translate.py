@@ -11,17 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import attrs
 import pytest
 import trio
 
 from protocol.config import ModelConfig
 from proxy.demo import DEMO_MODEL
-from proxy.server import Gateway
 from tests.client import request
-from tests.conftest import RunningGateway, gateway_config, open_settings
+from tests.conftest import RunningGateway
 from tests.test_e2e_clients import anthropic_client, openai_client
-from tests.test_e2e_llama import gguf, wait_running  # noqa: F401 (fixture)
+from tests.test_e2e_llama import gguf, managed_gateway  # noqa: F401 (fixture)
 
 pytest.importorskip("xllamacpp")
 
@@ -33,15 +31,9 @@ ASK: dict[str, Any] = {"model": DEMO_MODEL, "max_tokens": 16, "extra_body": {"te
 
 
 async def start(nursery: trio.Nursery, folder: Path, model: Path, apis: str) -> RunningGateway:
-    cfg = gateway_config([], socket_dir=folder / "s")
-    cfg = attrs.evolve(cfg, models=(ModelConfig(name=DEMO_MODEL, path=str(model), context=1024,
-                                                parallel=2, threads=1, preload=True,
-                                                apis=apis),))
-    gateway = Gateway(open_settings(folder / "data", cfg))
-    await nursery.start(gateway.run)
-    with trio.fail_after(120):
-        await wait_running(gateway, restarts=0)
-    return RunningGateway(gateway)
+    return await managed_gateway(nursery, folder, ModelConfig(
+        name=DEMO_MODEL, path=str(model), context=1024, parallel=2, threads=1, preload=True,
+        apis=apis))
 
 
 async def test_the_sdk_through_llama_cpps_chat(nursery: trio.Nursery, short_tmp: Path,
