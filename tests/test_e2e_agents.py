@@ -41,8 +41,14 @@ PROMPT = "Reply with one short sentence about the sea."
 # The answer's bound: a 135M model may ramble until its context is full (Codex sends no
 # max_output_tokens, and has no setting for it: 3,300 tokens took 177 s here on one core).
 # Claude Code says its bound (CLAUDE_CODE_MAX_OUTPUT_TOKENS); Codex's is the context.
-MAX_OUTPUT = 256
+MAX_OUTPUT = 1024
 CONTEXT = 2048  # Claude Code's prompt here is ~100 tokens, Codex's with its tools ~800
+# Claude Code fails a whole answer that stops at its output bound (stop_reason max_tokens),
+# saying so: the demo model sampled a long ramble (seen once in a suite's run at 256). The
+# answer came through sluice whole and was read, so that one cause is asked again, at most
+# twice; any other failure fails at once.
+RAMBLED = b"output token maximum"
+ATTEMPTS = 3
 
 
 @pytest.fixture(scope="session")
@@ -118,9 +124,12 @@ async def test_claude_code(nursery: trio.Nursery, short_tmp: Path, gguf: Path,  
                     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1",
                     DISABLE_TELEMETRY="1", CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(MAX_OUTPUT),
                     API_TIMEOUT_MS=str(RUN_TIMEOUT * 1000))
-    proc = await run_agent([str(agents / "claude"), "-p", PROMPT, "--model", DEMO_MODEL,
-                            "--system-prompt", "You are a brief assistant.", "--tools", "",
-                            "--max-turns", "1"], env, short_tmp)
+    for _ in range(ATTEMPTS):
+        proc = await run_agent([str(agents / "claude"), "-p", PROMPT, "--model", DEMO_MODEL,
+                                "--system-prompt", "You are a brief assistant.", "--tools", "",
+                                "--max-turns", "1"], env, short_tmp)
+        if not (proc.returncode != 0 and RAMBLED in proc.stdout):
+            break  # an answer, or a failure that is not the model's length
     assert proc.returncode == 0, await said(proc, gw)
     assert proc.stdout.decode().strip(), await said(proc, gw)
     asked = [e for e in await requests_to(gw, "/v1/messages") if e["status"] == 200]
