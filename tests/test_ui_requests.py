@@ -110,6 +110,9 @@ def test_a_refresh_rereads_the_log(console_gateway: ConsoleGateway, console_page
 
     gw = console_gateway
     page = console_page(gw, "/requests")
+    # The feed is up first (its socket open, the hello read): the socket closed below is the
+    # live one, not one still connecting
+    expect(page.locator("#connection")).to_have_text("live", timeout=15_000)
     page.context.set_offline(True)  # no reconnect gets through meanwhile
     page.evaluate("async () => { (await import('/ui/js/feed.js')).feed.socket.close(); }")
     expect(page.locator("#connection")).to_have_text("reconnecting", timeout=15_000)
