@@ -194,19 +194,19 @@ class Router:
             forwarded=header_value(headers, FORWARDED) is not None,
             load_bound=lb.affinity.load_bound, queue=queue)
 
-    def _free_now(self, backend: LocalBackend) -> int | None:
-        """A local backend's free slots now, as :meth:`_local_candidate` counts them (None:
-        unknown)."""
+    def _load(self, backend: LocalBackend) -> tuple[int, Slots | None]:
+        """A local backend's requests in flight and its slots now (None: unknown)."""
         busy = self.backend_in_flight(backend.name)
-        return free_slots(busy, capacity(self._busy_now(backend.served_by.decode(),
-                                                        backend.slots, busy),
-                                         backend.max_concurrent))
+        return busy, capacity(self._busy_now(backend.served_by.decode(), backend.slots, busy),
+                              backend.max_concurrent)
+
+    def _free_now(self, backend: LocalBackend) -> int | None:
+        """A local backend's free slots now (None: unknown)."""
+        return free_slots(*self._load(backend))
 
     def _local_candidate(self, backend: LocalBackend, priority: int) -> Candidate:
         """A local backend as the choice sees it (named as ``servedBy``)."""
-        busy = self.backend_in_flight(backend.name)
-        slots = capacity(self._busy_now(backend.served_by.decode(), backend.slots, busy),
-                         backend.max_concurrent)
+        busy, slots = self._load(backend)
         return Candidate(backend.served_by.decode(), priority, busy,
                          waiting=waiting(busy, slots), local=True,
                          free=free_slots(busy, slots))
