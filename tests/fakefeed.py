@@ -101,6 +101,7 @@ class FakeFeed:
 
     async def _plain_get(self, stream: trio.SocketStream, head: bytes) -> None:
         path = head.split(b" ", 2)[1].decode()
+        self.gets.append(path)  # before answering: the client may act on the answer first
         body = self.http.get(path)
         status = b"200 OK" if body is not None else b"404 Not Found"
         payload = json.dumps(body if body is not None else
@@ -109,7 +110,6 @@ class FakeFeed:
                               b"\r\ncontent-length: " + str(len(payload)).encode() +
                               b"\r\nconnection: close\r\n\r\n" + payload)
         await stream.aclose()
-        self.gets.append(path)
         self.got.set()
         self.got = trio.Event()
 

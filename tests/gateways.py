@@ -377,3 +377,12 @@ async def sigterm_mid_stream(proc: trio.Process, url: str, up: Any) -> tuple[int
     with trio.fail_after(15):
         code = await proc.wait()
     return code, replies[0]
+
+
+async def reap(proc: trio.Process) -> None:
+    """Kill ``proc`` if it still runs and wait for it, even while the test is being
+    cancelled: a process left to the garbage collector warns in whichever test runs next."""
+    with trio.CancelScope(shield=True), trio.fail_after(10):
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()

@@ -17,7 +17,7 @@ from protocol.config import default_config, dump_config_yaml
 from proxy.cli.commands import check_config
 from tests.conftest import free_port, gateway_config
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
-from tests.gateways import sigterm_mid_stream
+from tests.gateways import reap, sigterm_mid_stream
 
 SLUICE = [sys.executable, "-m", "proxy"]
 
@@ -113,8 +113,7 @@ async def test_serve_writes_config_and_drains_on_sigterm(nursery: trio.Nursery,
                 await trio.sleep(0.05)
         code, reply = await sigterm_mid_stream(proc, f"unix:{sock}", up)
     finally:
-        if proc.returncode is None:
-            proc.kill()
+        await reap(proc)
     assert code == 0
     assert reply.complete
     assert reply.body == b"".join(events)

@@ -20,6 +20,7 @@ from proxy.datadir import GatewayState, write_state
 from tests.client import chat_body, request
 from tests.conftest import StartGateway
 from tests.fakefeed import FakeFeed
+from tests.gateways import reap
 from tests.fakeupstream import FakeUpstream, json_completion
 from tests.test_cli_events import as_fetched, entry, hello_data
 from tests.test_status_pool import GPU, SPARE, health, routing_stats, stats
@@ -56,11 +57,17 @@ class Cli:
             while data := await self.proc.stderr.receive_some(1 << 16):
                 err += data
             code = await self.proc.wait()
+        await self.kill()  # closes the pipes
         return code, self.out, err.decode()
 
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
+    async def kill(self) -> None:
+        """Kill it if it still runs, reap it and close its pipes, even while cancelled
+        (a process left to the garbage collector warns in whichever test runs next)."""
+        await reap(self.proc)
+        with trio.CancelScope(shield=True):
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    await pipe.aclose()
 
 
 @pytest.fixture
@@ -84,7 +91,7 @@ async def test_events_prints_a_line_per_frame_and_ends_when_the_gateway_stops(
         await feed.close(1001)
         code, out, err = await cli.finish()
     finally:
-        cli.kill()
+        await cli.kill()
     assert code == 0, err
     lines = out.splitlines()
     assert len(lines) == 5
@@ -110,7 +117,7 @@ async def test_events_json_prints_the_frames_as_sent(feed: FakeFeed) -> None:
         await feed.close(1001)
         code, out, err = await cli.finish()
     finally:
-        cli.kill()
+        await cli.kill()
     assert code == 0, err
     frames = [json.loads(text) for text in out.splitlines()]
     assert [f["type"] for f in frames] == ["request", "node"]
@@ -128,7 +135,7 @@ async def test_events_types_still_shows_the_feeds_own_frames(feed: FakeFeed) -> 
         await feed.close(1001)
         code, out, _ = await cli.finish()
     finally:
-        cli.kill()
+        await cli.kill()
     assert code == 0
     assert [text.split()[1] for text in out.splitlines()[:-1]] == ["hello", "resync"]
 
@@ -142,7 +149,7 @@ async def test_a_lost_connection_is_exit_1(feed: FakeFeed) -> None:
         await feed.drop()
         code, out, err = await cli.finish()
     finally:
-        cli.kill()
+        await cli.kill()
     assert code == 1
     assert "gateway stopped" not in out
     assert "sluice: lost the connection to the gateway" in err
@@ -155,7 +162,7 @@ async def test_another_close_code_is_exit_1(feed: FakeFeed) -> None:
         await feed.close(1011)
         code, _, err = await cli.finish()
     finally:
-        cli.kill()
+        await cli.kill()
     assert code == 1
     assert "the gateway closed the events feed (code 1011)" in err
 
@@ -171,7 +178,7 @@ async def test_ctrl_c_closes_the_feed_and_is_exit_0(feed: FakeFeed) -> None:
         with trio.fail_after(5):
             await feed.client_gone.wait()
     finally:
-        cli.kill()
+        await cli.kill()
     assert code == 0, err
     assert err == ""  # no traceback, no KeyboardInterrupt
     assert feed.closed_by_client == 1000  # it said goodbye with a close frame
@@ -192,7 +199,7 @@ async def test_a_reader_that_goes_away_ends_it_quietly(feed: FakeFeed) -> None:
         assert cli.proc.stderr is not None
         err = await cli.proc.stderr.receive_some(1 << 16)
     finally:
-        cli.kill()
+        await cli.kill()
     assert code == 0
     assert err == b""  # no traceback, no "Exception ignored"
 
@@ -258,7 +265,7 @@ async def test_status_watch_redraws_the_table(feed: FakeFeed) -> None:
         await feed.close(1001)
         code, out, err = await cli.finish()
     finally:
-        cli.kill()
+        await cli.kill()
     assert code == 0, err
     assert "\x1b" not in out  # not a terminal: no screen clearing
     tables = out.split("\ngateway: running")
@@ -279,7 +286,7 @@ async def test_status_watch_json_fetches_again_on_resync(feed: FakeFeed) -> None
         await feed.close(1001)
         code, out, err = await cli.finish()
     finally:
-        cli.kill()
+        await cli.kill()
     assert code == 0, err
     first, second = (json.loads(text) for text in out.splitlines())
     assert first == as_fetched(hello_data())
@@ -317,7 +324,7 @@ async def test_both_commands_follow_a_real_gateway(start_gateway: StartGateway,
         assert tcp_code == 0, tcp_err
     finally:
         for cli in (events, watch, over_tcp):
-            cli.kill()
+            await cli.kill()
     lines = out.splitlines()
     fingerprint = gw.gateway.settings.node_id
     assert f" hello        connected to {fingerprint} (sluice " in lines[0]

@@ -21,7 +21,7 @@ from proxy.cli.service_host import Host
 from tests.client import request
 from tests.conftest import gateway_config
 from tests.fakeupstream import FakeUpstream, sse_events, sse_stream
-from tests.gateways import sigterm_mid_stream
+from tests.gateways import reap, sigterm_mid_stream
 from tests.test_service import _service, unit_env, unit_exec
 
 UNIT = "sluice.service"
@@ -313,8 +313,7 @@ async def test_the_units_exec_start_is_a_gateway_that_drains(box: Box, short_tmp
         assert token not in said + box.unit.read_text()
         code, reply = await sigterm_mid_stream(proc, sock, up)
     finally:
-        if proc.returncode is None:
-            proc.kill()
+        await reap(proc)
     assert proc.stderr is not None
     log = (await proc.stderr.receive_some(1 << 20)).decode()
     assert code == 0, log
