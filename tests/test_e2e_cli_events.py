@@ -20,8 +20,8 @@ from proxy.datadir import GatewayState, write_state
 from tests.client import chat_body, request
 from tests.conftest import StartGateway
 from tests.fakefeed import FakeFeed
-from tests.gateways import reap
 from tests.fakeupstream import FakeUpstream, json_completion
+from tests.gateways import reap
 from tests.test_cli_events import as_fetched, entry, hello_data
 from tests.test_status_pool import GPU, SPARE, health, routing_stats, stats
 
