@@ -205,3 +205,15 @@ def test_threads_0_is_the_cores_the_server_may_use(monkeypatch: pytest.MonkeyPat
     assert given.cpuparams.n_threads == 2
     monkeypatch.delattr(launcher.os, "sched_getaffinity")  # a system without affinity
     assert build_params(auto, xllamacpp).cpuparams.n_threads == 8
+
+
+def test_the_launcher_s_sampling_defaults() -> None:
+    """``--temp`` and ``--seed`` set what a request that names neither samples with (the
+    agents test serves its model greedy this way); left out, llama.cpp's own defaults."""
+    default = xllamacpp.CommonParams().sampling
+    kept = build_params(launcher._parser().parse_args(BASE), xllamacpp).sampling
+    assert (kept.temp, kept.seed) == (default.temp, default.seed)
+    assert default.temp > 0
+    given = build_params(launcher._parser().parse_args([*BASE, "--temp", "0", "--seed", "7"]),
+                         xllamacpp).sampling
+    assert (given.temp, given.seed) == (0.0, 7)

@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="the V cache's type")
     parser.add_argument("--batch", type=int, default=None, metavar="N",
                         help="the logical batch size (n_batch)")
+    parser.add_argument("--temp", type=float, default=None, metavar="T",
+                        help="the sampling temperature of a request that names none "
+                             "(llama.cpp's default: 0.8; 0 = always the likeliest token)")
+    parser.add_argument("--seed", type=int, default=None, metavar="N",
+                        help="the sampling seed of a request that names none (llama.cpp's "
+                             "default: a random one per request)")
     parser.add_argument("--parent", type=int, default=None,
                         help="the gateway's pid: stop once it is gone (default: our parent)")
     return parser
@@ -166,6 +172,10 @@ def build_params(args: argparse.Namespace, xllamacpp: ModuleType) -> Any:
             _set(params, key, key, value, xllamacpp)
     if args.batch is not None:
         _set(params, "batch", "n_batch", args.batch, xllamacpp)
+    if args.temp is not None:
+        params.sampling.temp = args.temp
+    if args.seed is not None:
+        params.sampling.seed = args.seed
     return params
 
 
