@@ -8,7 +8,9 @@ round. Every proxied measurement gets a fresh proxy: a gateway made for S8 alone
 (``api.max_connections`` raised to :data:`MAX_CONNECTIONS`, the main gateway keeps the
 default 1024) or an nginx with room for 2 x 4000 connections and a deeper listen backlog. So
 the idle RSS taken just before the load is a process that has never held more streams, and
-(peak - idle) / N is what one held stream costs.
+(peak - idle) / N is what one held stream costs. (At smoke size, which judges no figure,
+the gateways are all started at the beginning of the run, and there is no warm-up or rest
+before the idle RSS.)
 
 Figures per N and target: streams delivered complete / started, missing chunks, idle and
 peak RSS, (peak - idle) / N, proxy CPU, CPU per relayed chunk (CPU / (completed x chunks)),
@@ -31,7 +33,7 @@ HELD_N = (250, 1000, 2000, 4000)
 SHAPE = {"chunks": 50, "gap_ms": 200}
 RAMP_MS = 1000  # load.js opens the N connections over this long (the same for every N)
 SMOKE_N = (20, 40)
-SMOKE_SHAPE = {"chunks": 10, "gap_ms": 50}
+SMOKE_SHAPE = {"chunks": 10, "gap_ms": 20}
 SMOKE_RAMP_MS = 50
 MAX_CONNECTIONS = 8192  # the S8 gateway's api.max_connections: above 4000 plus headroom
 NGINX_CONNECTIONS = 16384  # worker_connections: each proxied stream takes two
@@ -68,35 +70,70 @@ def _stop(kids: Any, proc: dict[str, Any]) -> None:
     kids.procs[:] = [(n, p) for n, p in kids.procs if p is not popen]
 
 
-def _start_proxy(kids: Any, tmp: Path, mock: dict[str, Any], target: str,
-                 name: str) -> dict[str, Any]:
+def _spawn_gateway(kids: Any, tmp: Path, mock: dict[str, Any], name: str) -> dict[str, Any]:
+    """An S8 gateway started (not waited for)."""
+    return dict(_base().spawn_gateway(kids, tmp, name, _base().mock_backends(mock),
+                                      api_extra=f"  max_connections: {MAX_CONNECTIONS}\n"))
+
+
+def _gateway_ready(gw: dict[str, Any]) -> dict[str, Any]:
     base = _base()
+    for tr in ("tcp", "unix"):
+        base.wait_models({tr: gw[tr]}, base.MOCK_MODELS, gw["proc"], "the S8 gateway",
+                         gw["log"])
+    return {**gw, "pids": base.with_descendants(gw["pid"]), "procs": [("sluice S8", gw)]}
+
+
+def serials(transports: list[str], rounds: int, ns: tuple[int, ...],
+            targets: list[str]) -> list[tuple[str, int, int, str, str]]:
+    """Every measurement of S8 in its order: transport, round, N, target and the name of
+    its fresh proxy's folder."""
+    order = [(tr, rnd, n, tg) for tr in transports for rnd in range(rounds) for n in ns
+             for tg in targets]
+    return [(tr, rnd, n, tg, f"h{i}") for i, (tr, rnd, n, tg) in enumerate(order, 1)]
+
+
+def targets_of(nginx: bool) -> list[str]:
+    return ["direct", "sluice"] + (["nginx"] if nginx else [])
+
+
+def prestart(kids: Any, tmp: Path, mock: dict[str, Any], transports: list[str],
+             rounds: int, nginx: bool) -> dict[str, dict[str, Any]]:
+    """At smoke size: every S8 gateway the run will measure, started at once (each still
+    fresh when its turn comes: it holds no stream before its own load); by folder name."""
+    return {name: _spawn_gateway(kids, tmp, mock, name)
+            for _tr, _rnd, _n, tg, name in serials(transports, rounds, SMOKE_N,
+                                                   targets_of(nginx)) if tg == "sluice"}
+
+
+def _start_proxy(kids: Any, tmp: Path, mock: dict[str, Any], target: str,
+                 name: str, started: dict[str, Any] | None = None) -> dict[str, Any]:
     if target == "sluice":
-        gw = base.spawn_gateway(kids, tmp, name, base.mock_backends(mock),
-                                api_extra=f"  max_connections: {MAX_CONNECTIONS}\n")
-        for tr in ("tcp", "unix"):
-            base.wait_models({tr: gw[tr]}, base.MOCK_MODELS, gw["proc"], "the S8 gateway",
-                             gw["log"])
-        return {**gw, "pids": base.with_descendants(gw["pid"]), "procs": [("sluice S8", gw)]}
-    nginx = base.start_nginx(kids, tmp, mock, name=name, connections=NGINX_CONNECTIONS,
+        return _gateway_ready(started or _spawn_gateway(kids, tmp, mock, name))
+    nginx = _base().start_nginx(kids, tmp, mock, name=name, connections=NGINX_CONNECTIONS,
                              backlog=NGINX_BACKLOG)
     assert nginx is not None
     return dict(nginx)
 
 
 def measure_one(kids: Any, tmp: Path, mock: dict[str, Any], target: str, transport: str,
-                params: dict[str, Any], name: str) -> dict[str, Any]:
-    """One measurement: a fresh proxy (unless direct), a warm-up, the idle RSS, the load."""
+                params: dict[str, Any], name: str, smoke: bool = False,
+                started: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One measurement: a fresh proxy (unless direct; ``started``: the one :func:`prestart`
+    started for it), a warm-up and a rest (not at smoke size, which judges no figure), the
+    idle RSS, the load."""
     base = _base()
     env: dict[str, Any] = {"mock": mock}
     proxy = None
     if target != "direct":
-        proxy = env[target] = _start_proxy(kids, tmp, mock, target, name)
+        proxy = env[target] = _start_proxy(kids, tmp, mock, target, name, started)
     try:
-        base.measure(env, target, transport, WARM_UP)  # lazy imports, first pool entries
+        if not smoke:
+            base.measure(env, target, transport, WARM_UP)  # lazy imports, first pool entries
         idle = None
         if proxy is not None:
-            time.sleep(0.5)
+            if not smoke:
+                time.sleep(0.5)
             proxy["pids"] = base.with_descendants(proxy["pid"])
             idle = base.rss_bytes(proxy["pids"])
         run = base.measure(env, target, transport, params)
@@ -128,29 +165,25 @@ def figures(run: dict[str, Any], n: int, chunks: int) -> dict[str, Any]:
 
 
 def run_s8(kids: Any, tmp: Path, mock: dict[str, Any], transports: list[str], rounds: int,
-           smoke: bool, nginx: bool) -> dict[str, Any]:
-    """Every measurement of S8, interleaved per round and N; returns the JSON section."""
+           smoke: bool, nginx: bool, started: dict[str, dict[str, Any]] | None = None
+           ) -> dict[str, Any]:
+    """Every measurement of S8, interleaved per round and N; returns the JSON section.
+    ``started``: the smoke run's gateways, from :func:`prestart`."""
     ns, shape, ramp = (SMOKE_N, SMOKE_SHAPE, SMOKE_RAMP_MS) if smoke else \
         (HELD_N, SHAPE, RAMP_MS)
-    targets = ["direct", "sluice"] + (["nginx"] if nginx else [])
+    targets = targets_of(nginx)
     runs: list[dict[str, Any]] = []
-    serial = 0
-    for tr in transports:
-        for rnd in range(rounds):
-            for n in ns:
-                params = {"stream": True, "concurrency": n, "count": n, "ramp_ms": ramp,
-                          **shape}
-                for tg in targets:
-                    serial += 1
-                    r = measure_one(kids, tmp, mock, tg, tr, params, f"h{serial}")
-                    f = figures(r, n, shape["chunks"])
-                    runs.append({"scenario": "S8", "transport": tr, "round": rnd,
-                                 "target": tg, "n": n, "params": params, "figures": f,
-                                 "load": r["load"]})
-                    print(f"S8 {tr:4} round {rnd + 1} N={n:<5} {tg:7}: {f['completed']}/"
-                          f"{f['started']} ok, gap p99 {f['gap_p99']} ms, proxy CPU "
-                          f"{f['proxy_cpu_s']} s ({f['cpu_us_per_chunk']} µs/chunk), RSS "
-                          f"{f['idle_rss_mb']} -> {f['peak_rss_mb']} MB", file=sys.stderr)
+    for tr, rnd, n, tg, name in serials(transports, rounds, ns, targets):
+        params = {"stream": True, "concurrency": n, "count": n, "ramp_ms": ramp, **shape}
+        r = measure_one(kids, tmp, mock, tg, tr, params, name, smoke,
+                        (started or {}).get(name) if tg == "sluice" else None)
+        f = figures(r, n, shape["chunks"])
+        runs.append({"scenario": "S8", "transport": tr, "round": rnd, "target": tg, "n": n,
+                     "params": params, "figures": f, "load": r["load"]})
+        print(f"S8 {tr:4} round {rnd + 1} N={n:<5} {tg:7}: {f['completed']}/"
+              f"{f['started']} ok, gap p99 {f['gap_p99']} ms, proxy CPU "
+              f"{f['proxy_cpu_s']} s ({f['cpu_us_per_chunk']} µs/chunk), RSS "
+              f"{f['idle_rss_mb']} -> {f['peak_rss_mb']} MB", file=sys.stderr)
     summary = summarise(runs, transports, targets, ns)
     problems = [f"S8 {r['transport']} N={r['n']} {r['target']} round {r['round'] + 1}: "
                 f"{r['load']['completed']}/{r['load']['started']} complete, "

@@ -121,6 +121,7 @@ def start(kids: Any, tmp: Path, lan: Any) -> dict[str, Any]:
     b = base.spawn_gateway(kids, tmp, "b", base.mock_backends(mock), prefix=ns_b,
                            api_extra="  require_auth: true\n  allow_external_access: true\n"
                                      f"  node_port: {NODE_PORT}\n")
+    pinned = base.spawn_gateway(kids, tmp, "at", LB, prefix=ns_a)  # needs nothing of B's
     base.wait_models({"unix": b["unix"]}, base.MOCK_MODELS, b["proc"], "gateway B", b["log"])
     health = base.get_json({"unix": b["unix"]}, "/health")
     fingerprint = base.get_json({"unix": b["unix"]}, "/api/v1/node/identity")["fingerprint"]
@@ -132,7 +133,7 @@ def start(kids: Any, tmp: Path, lan: Any) -> dict[str, Any]:
             f"    base_url: {b_url}\n    priority: 1\n    enabled: true\n")
     a = {"plain": base.spawn_gateway(kids, tmp, "ap", LB + node, prefix=ns_a,
                                      secrets=json.dumps({"node_keys": {fingerprint: key}})),
-         "pinned": base.spawn_gateway(kids, tmp, "at", LB, prefix=ns_a)}
+         "pinned": pinned}
     for gw in a.values():
         base.wait_until(lambda gw=gw: base.get_json({"unix": gw["unix"]}, "/health"),
                         gw["proc"], "gateway A", "/health", gw["log"])
@@ -230,7 +231,7 @@ def run_s7tls(transports: list[str], rounds: int, smoke: bool) -> dict[str, Any]
     try:
         lan.make()
         env = start(kids, tmp, lan)
-        for tr in transports:
+        for tr in transports if not smoke else ():  # a smoke run judges no figure
             for link in LINKS:
                 for params in WARM:
                     measure(env, link, tr, params)

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -30,23 +32,49 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import attrs
 import trio
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from protocol.config import BackendConfig, Config, default_config, dump_config_yaml
 from protocol.upstream_url import UpstreamAddress, parse_upstream_url
 from proxy import binding, listeners
 from proxy.lan.node_peers import NodePeers
 from proxy.link.tls import End, tls_context
 from proxy.server import Gateway
+from proxy.settings.store import Settings
 from proxy.upstream.pool import ConnectionPool, whole_exchange
 from tests.client import CHAT, chat_body
-from tests.conftest import free_port, gateway_config, open_settings
 from tests.fakeupstream import FakeUpstream, json_completion, sse_events, sse_stream
 from tests.tls_certs import identities
 
+# The gateway in here sends no mDNS (SPEC §14), as none the tests start does.
+os.environ["SLUICE_NO_MDNS"] = "1"
+
 Case = Callable[[], Awaitable[None]]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def settings_for(data_dir: Path, backend_url: str, socket_dir: Path) -> Settings:
+    """The default config but for API port 0, ``socket_dir``, the fake as the one backend,
+    external access on and a node port, written to ``data_dir`` and opened (what
+    tests/conftest.py's helpers make, without importing the test suite's fixtures)."""
+    cfg: Config = default_config()
+    cfg = attrs.evolve(
+        cfg, api=attrs.evolve(cfg.api, port=0, allow_external_access=True,
+                              node_port=free_port()),
+        local=attrs.evolve(cfg.local, socket_dir=str(socket_dir)),
+        backends=(BackendConfig(name="fake", url=backend_url, kind="llm", apis="auto"),))
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (data_dir / "config.yaml").write_text(dump_config_yaml(cfg))
+    return Settings.open(data_dir)
 
 
 async def run(rounds: int, requests: int, handshakes: int, stream: bool
@@ -69,9 +97,7 @@ async def run(rounds: int, requests: int, handshakes: int, stream: bool
             await nursery.start(upstream.serve)
             upstream.on("POST", CHAT, sse_stream(sse_events(20)) if stream
                         else json_completion())
-            cfg = gateway_config([("fake", upstream.url)], socket_dir=folder / "s",
-                                 allow_external_access=True, node_port=free_port())
-            settings = open_settings(folder / "data", cfg)
+            settings = settings_for(folder / "data", upstream.url, folder / "s")
             record, key = await settings.keys.add("a")
             peers = NodePeers({peer.fingerprint: (peer.der, record.id)})
             gateway = Gateway(settings, drain_timeout=1, identity=own, node_peers=peers)
