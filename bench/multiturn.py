@@ -9,9 +9,11 @@ the balancing gateway: the time to first token of every turn after the first (p5
 the share of prompt tokens the servers reused, the gateway's affinity mix, for every
 strategy and for an oracle (user i pinned by hand to node i % 2: sent straight to that
 node's gateway). The whole cluster is started afresh for every strategy, so each starts
-cold. Controls (``--controls``): negative (every request a new conversation sharing no
-prefix; cache-aware against least-loaded) and hotspot (one conversation sending most
-requests; each server's share of requests and of busy time). Figures and targets:
+cold (but at smoke size, which judges no figure: one cluster, its balancer of the one
+strategy, runs the oracle first, then that strategy). Controls (``--controls``): negative
+(every request a new conversation sharing no prefix; cache-aware against least-loaded)
+and hotspot (one conversation sending most requests; each server's share of requests and
+of busy time). Figures and targets:
 bench/multiturn_report.py.
 
     flock /tmp/sluice-cpu.lock .venv/bin/python bench/multiturn.py --controls --rounds 1
@@ -46,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STRATEGIES = ("oracle", "round-robin", "least-loaded", "cache-aware")
 RUN_DEADLINE_S = 900.0  # one strategy's whole load, bounded
 SMOKE = {"users": [2], "turns": [2], "strategies": ["oracle", "cache-aware"],
-         "max_tokens": 4, "scale": 0.2, "negative": (2, 1), "hotspot": (2, 1, 2)}
+         "max_tokens": 4, "scale": 0.1, "negative": (2, 1), "hotspot": (2, 1, 2)}
 FULL = {"negative": (4, 3), "hotspot": (3, 1, 6)}  # (users, requests); (fan-out, others, turns)
 
 
@@ -69,7 +71,8 @@ def parser() -> argparse.ArgumentParser:
                          "~250, turns ~40)")
     ap.add_argument("--context", type=int, default=4096, help="llama.cpp context, all slots")
     ap.add_argument("--smoke", action="store_true",
-                    help="tiny: 2 users, 2 turns, oracle and cache-aware, texts a fifth of "
+                    help="tiny: 2 users, 2 turns, the oracle then cache-aware on one cluster, "
+                         "texts a tenth of "
                          "the size, 4 tokens (the controls tiny too); exit 1 unless every "
                          "request was answered")
     ap.add_argument("--gguf", type=Path, default=None, help="the SmolLM2 GGUF to serve")
@@ -96,21 +99,33 @@ def _lean(records: list[dict[str, Any]], labels: dict[str, str]) -> list[dict[st
 
 
 def run_strategy(gguf: Path, opts: argparse.Namespace, strategy: str, users: int,
-                 turns: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One strategy's run on a fresh cluster: its turn records and the gateway's view."""
+                 turns: int, shared: Cluster | None = None
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One strategy's run on a fresh cluster (or on ``shared``, the smoke run's one cluster,
+    already warm, its balancer of ``strategy`` unless that is the oracle): its turn records
+    and the gateway's view."""
+    if shared is not None:
+        return _run_on(shared, opts, strategy, users, turns)
     with Cluster(gguf, "round-robin" if strategy == report.ORACLE else strategy,
                  opts.context) as c:
         c.warm_up()
-        if strategy == report.ORACLE:
-            records = workload.conversations(c.node_target, c.node_label, users, turns,
-                                             opts.max_tokens, RUN_DEADLINE_S, opts.scale)
-            view: dict[str, Any] = {}
-        else:
-            records = workload.conversations(lambda u: c.target(), lambda u: "balancer",
-                                             users, turns, opts.max_tokens, RUN_DEADLINE_S,
-                                             opts.scale)
-            view = c.gateway_view()
-        return _lean(records, c.labels()), {"started_s": c.started_s, **view}
+        return _run_on(c, opts, strategy, users, turns)
+
+
+def _run_on(c: Cluster, opts: argparse.Namespace, strategy: str, users: int, turns: int
+            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    if strategy == report.ORACLE:
+        records = workload.conversations(c.node_target, c.node_label, users, turns,
+                                         opts.max_tokens, RUN_DEADLINE_S, opts.scale)
+        view: dict[str, Any] = {}
+    else:
+        if c.strategy != strategy:
+            raise RuntimeError(f"{strategy} asked of a cluster balancing by {c.strategy}")
+        records = workload.conversations(lambda u: c.target(), lambda u: "balancer",
+                                         users, turns, opts.max_tokens, RUN_DEADLINE_S,
+                                         opts.scale)
+        view = c.gateway_view()
+    return _lean(records, c.labels()), {"started_s": c.started_s, **view}
 
 
 def run_controls(gguf: Path, opts: argparse.Namespace, shapes: dict[str, Any]
@@ -199,20 +214,28 @@ def main(argv: list[str] | None = None) -> int:
     gguf = gguf_path(opts.gguf)
     runs: list[dict[str, Any]] = []
     raw_controls: dict[str, Any] | None = None
+    balanced = [s for s in opts.strategies if s != report.ORACLE]
     try:
         for n in range(max(1, opts.rounds)):
-            for users, turns in zip(opts.users, opts.turns, strict=True):
-                # each round in another order, so that no strategy gains from its place
-                order = opts.strategies[n % len(opts.strategies):] + \
-                    opts.strategies[:n % len(opts.strategies)]
-                for strategy in order:
-                    records, view = run_strategy(gguf, opts, strategy, users, turns)
-                    runs.append({"strategy": strategy, "users": users, "turns": turns,
-                                 "round": n, "records": records, "gateway": view})
-                    f = report.measure(records)
-                    print(f"S12 {users}x{turns} round {n + 1} {strategy:12}: p50 "
-                          f"{f['ttft_p50_s']} s, p90 {f['ttft_p90_s']} s, reused "
-                          f"{f['reused_share']}, {f['affinity']}", file=sys.stderr)
+            with contextlib.ExitStack() as stack:
+                shared = None
+                if opts.smoke and len(balanced) <= 1:  # one cluster: the oracle, then it
+                    shared = stack.enter_context(Cluster(
+                        gguf, balanced[0] if balanced else "round-robin", opts.context))
+                    shared.warm_up()
+                for users, turns in zip(opts.users, opts.turns, strict=True):
+                    # each round in another order, so that no strategy gains from its place
+                    order = opts.strategies[n % len(opts.strategies):] + \
+                        opts.strategies[:n % len(opts.strategies)]
+                    for strategy in order:
+                        records, view = run_strategy(gguf, opts, strategy, users, turns,
+                                                     shared)
+                        runs.append({"strategy": strategy, "users": users, "turns": turns,
+                                     "round": n, "records": records, "gateway": view})
+                        f = report.measure(records)
+                        print(f"S12 {users}x{turns} round {n + 1} {strategy:12}: p50 "
+                              f"{f['ttft_p50_s']} s, p90 {f['ttft_p90_s']} s, reused "
+                              f"{f['reused_share']}, {f['affinity']}", file=sys.stderr)
             if opts.controls:
                 got = run_controls(gguf, opts, shapes)
                 if raw_controls is None:

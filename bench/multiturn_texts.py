@@ -1,6 +1,6 @@
 """S12's conversation texts, deterministic (a seeded ``random.Random`` per text): a system
 prompt every conversation shares (~350 words), a private document per user (~250 words),
-turns of ~40 words (each ``scale`` times that: the smoke run's are a fifth); and the bodies
+turns of ~40 words (each ``scale`` times that: the smoke run's are a tenth); and the bodies
 of each turn, the history re-sent every time, as chat apps and agents do. Standard library
 only."""
 

@@ -30,6 +30,7 @@ once into ``.cache/`` like the tests'; ``$SLUICE_TEST_CACHE`` elsewhere).
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import importlib.util
 import json
@@ -59,7 +60,7 @@ CONFIGS = (NO_FOLDER, "0", "1", "2", str(CATALOGUE))
 SETTLE_S = 1.0  # S10: rest before sampling the idle RSS
 RSS_SAMPLES = 5  # S10: samples 100 ms apart, their median
 LISTING_CALLS = 3  # S10: GET /v1/models and status calls before the rest
-SMOKE_CONFIGS = (NO_FOLDER, "0", "2")
+SMOKE_CONFIGS = (NO_FOLDER, "0", "2")  # at smoke size: started at once, no rest, 1 sample
 CHILD_POLL = 0.005  # S9: how often the gateway's new child is looked for (until found)
 
 COLD_MAX_ADDED_MS = 300.0
@@ -83,9 +84,10 @@ def unavailable() -> str | None:
     return None
 
 
+@functools.cache
 def demo_gguf() -> Path:
     """The demo GGUF, fetched once into the tests' cache (``.cache/`` or
-    ``$SLUICE_TEST_CACHE``)."""
+    ``$SLUICE_TEST_CACHE``); checked (its sha256) once a run."""
     from proxy.demo import ensure_demo_model
 
     base = _base()
@@ -389,9 +391,12 @@ def _stop(kids: Any, proc: subprocess.Popen[bytes]) -> None:
 
 # -- S9: the rounds --------------------------------------------------------------------------
 
-def run_s9(kids: Any, tmp: Path, transports: list[str], rounds: int) -> dict[str, Any]:
+def run_s9(kids: Any, tmp: Path, transports: list[str], rounds: int, smoke: bool = False
+           ) -> dict[str, Any]:
     """S9's samples, interleaved per round (floor, then the gateway over each transport),
-    after one warm-up of each (not recorded: page cache, the command line to copy)."""
+    after one warm-up of each (not recorded: page cache, the command line to copy). At
+    smoke size, which judges no figure, the floor has no warm-up and the gateway's (a cold
+    request over the Unix socket like any) is its Unix sample."""
     base = _base()
     gguf = demo_gguf()
     gw = start_cold_gateway(kids, tmp, gguf, "c9")
@@ -406,11 +411,12 @@ def run_s9(kids: Any, tmp: Path, transports: list[str], rounds: int) -> dict[str
         if warm["first_token_ms"] is None or not argv:
             raise RuntimeError(f"S9 warm-up failed: {warm}\n{base.tail(gw['log'])}")
         argv = floor_argv(argv, listen)
-        cold_floor(kids, argv, listen, floor_log)
+        if not smoke:
+            cold_floor(kids, argv, listen, floor_log)
         for rnd in range(rounds):
             for tg, tr in [("floor", "unix"), *(("sluice", t) for t in transports)]:
                 r = cold_floor(kids, argv, listen, floor_log) if tg == "floor" else \
-                    cold_via_gateway(gw, tr)
+                    warm if smoke_sample(smoke, rnd, tg, tr) else cold_via_gateway(gw, tr)
                 r.pop("server_argv", None)
                 runs.append({"scenario": "S9", "round": rnd, "target": tg, "transport": tr,
                              **r})
@@ -421,6 +427,12 @@ def run_s9(kids: Any, tmp: Path, transports: list[str], rounds: int) -> dict[str
     finally:
         _stop(kids, gw["proc"])
     return summarise_s9(runs, transports, argv, gguf)
+
+
+def smoke_sample(smoke: bool, rnd: int, target: str, transport: str) -> bool:
+    """Whether this sample of S9's (or S9CMD's) is the gateway's warm-up: at smoke size, the
+    first round's Unix one."""
+    return smoke and (rnd, target, transport) == (0, "sluice", "unix")
 
 
 def summarise_s9(runs: list[dict[str, Any]], transports: list[str], argv: list[str],
@@ -468,16 +480,28 @@ def _ratio(x: Any, y: Any) -> float | None:
 
 # -- S10: idle RSS with a catalogue -----------------------------------------------------------
 
-def start_catalogue_gateway(kids: Any, tmp: Path, gguf: Path, config: str,
+def spawn_catalogue_gateway(kids: Any, tmp: Path, gguf: Path, config: str,
                             name: str) -> dict[str, Any]:
     """A gateway of S10's ``config`` (:data:`CONFIGS`): no backends, and either no folder to
     scan (``model_loading.dirs: []``) or the default ``models`` folder with that many links
-    to the GGUF (none when 0: no folder); ready once it lists them all, unloaded."""
-    base = _base()
-    n = 0 if config == NO_FOLDER else int(config)
+    to the GGUF (none when 0: no folder); started, not waited for."""
+    n = _count(config)
     rest = "model_loading:\n  dirs: []\n" if config == NO_FOLDER else ""
-    gw = base.spawn_gateway(kids, tmp, name, rest,
-                            prepare=lambda data: _link_models(data, gguf, n))
+    return dict(_base().spawn_gateway(kids, tmp, name, rest,
+                                      prepare=lambda data: _link_models(data, gguf, n)))
+
+
+def _count(config: str) -> int:
+    return 0 if config == NO_FOLDER else int(config)
+
+
+def start_catalogue_gateway(kids: Any, tmp: Path, gguf: Path, config: str, name: str,
+                            started: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`spawn_catalogue_gateway` (or the one ``started`` so), ready once it lists its
+    models, all unloaded."""
+    base = _base()
+    n = _count(config)
+    gw = started or spawn_catalogue_gateway(kids, tmp, gguf, config, name)
     want = {f"m{i:02d}" for i in range(1, n + 1)}
 
     def ready() -> bool:
@@ -499,20 +523,24 @@ def _link_models(data: Path, gguf: Path, n: int) -> None:
             os.symlink(gguf, folder / f"m{i:02d}.gguf")
 
 
-def idle_rss(kids: Any, tmp: Path, gguf: Path, config: str, name: str) -> dict[str, Any]:
-    """One fresh gateway of ``config``: its idle RSS (MB), then it stops."""
+def idle_rss(kids: Any, tmp: Path, gguf: Path, config: str, name: str, smoke: bool = False,
+             started: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One fresh gateway of ``config``: its idle RSS (MB), then it stops. (At smoke size,
+    which judges no figure: one round of listing calls, no rest, one sample.)"""
     base = _base()
-    gw = start_catalogue_gateway(kids, tmp, gguf, config, name)
+    gw = start_catalogue_gateway(kids, tmp, gguf, config, name, started)
     try:
-        for _ in range(LISTING_CALLS):
+        for _ in range(1 if smoke else LISTING_CALLS):
             for path in ("/v1/models", "/api/v1/inference/status", "/api/v1/models/local"):
                 base.http_call({"unix": gw["unix"]}, "GET", path)
-        time.sleep(SETTLE_S)
+        if not smoke:
+            time.sleep(SETTLE_S)
         pids = base.with_descendants(gw["pid"])
         samples = []
-        for _ in range(RSS_SAMPLES):
+        for _ in range(1 if smoke else RSS_SAMPLES):
             samples.append(base.rss_bytes(pids))
-            time.sleep(0.1)
+            if not smoke:
+                time.sleep(0.1)
         if gw["proc"].poll() is not None:
             raise RuntimeError(f"the S10 gateway exited:\n{base.tail(gw['log'])}")
         listed = len(base.get_model_entries({"unix": gw["unix"]}))
@@ -523,18 +551,20 @@ def idle_rss(kids: Any, tmp: Path, gguf: Path, config: str, name: str) -> dict[s
 
 
 def run_s10(kids: Any, tmp: Path, rounds: int, smoke: bool) -> dict[str, Any]:
-    """S10's gateways, one of each config per round, in turn."""
+    """S10's gateways, one of each config per round, in turn (at smoke size all started at
+    once, each measured in turn)."""
     configs = SMOKE_CONFIGS if smoke else CONFIGS
     gguf = demo_gguf()
     runs: list[dict[str, Any]] = []
-    serial = 0
-    for rnd in range(rounds):
-        for config in configs:
-            serial += 1
-            r = idle_rss(kids, tmp, gguf, config, f"r{serial}")
-            runs.append({"scenario": "S10", "round": rnd, "config": config, **r})
-            print(f"S10 round {rnd + 1} {_label(config)}: idle RSS {r['rss_mb']} MB "
-                  f"({r['processes']} process(es), {r['listed']} listed)", file=sys.stderr)
+    names = [(rnd, config, f"r{i}") for i, (rnd, config) in
+             enumerate(((rnd, c) for rnd in range(rounds) for c in configs), 1)]
+    started = {name: spawn_catalogue_gateway(kids, tmp, gguf, config, name)
+               for _rnd, config, name in names} if smoke else {}
+    for rnd, config, name in names:
+        r = idle_rss(kids, tmp, gguf, config, name, smoke, started.get(name))
+        runs.append({"scenario": "S10", "round": rnd, "config": config, **r})
+        print(f"S10 round {rnd + 1} {_label(config)}: idle RSS {r['rss_mb']} MB "
+              f"({r['processes']} process(es), {r['listed']} listed)", file=sys.stderr)
     return summarise_s10(runs, configs)
 
 

@@ -127,9 +127,11 @@ def cold_floor(kids: Any, argv: list[str], log: Path) -> dict[str, Any]:
     return ondemand._after_spawn(res)
 
 
-def run_s9cmd(kids: Any, tmp: Path, transports: list[str], rounds: int) -> dict[str, Any]:
+def run_s9cmd(kids: Any, tmp: Path, transports: list[str], rounds: int, smoke: bool = False
+              ) -> dict[str, Any]:
     """S9CMD's samples, interleaved per round (the floor, then the gateway over each
-    transport), after one warm-up of each (not recorded: page cache, the command line)."""
+    transport), after one warm-up of each (not recorded: page cache, the command line). At
+    smoke size the floor has no warm-up and the gateway's is its Unix sample (S9's way)."""
     base = _base()
     gguf = ondemand.demo_gguf()
     gw = start_command_gateway(kids, tmp, gguf, "c9cmd")
@@ -141,10 +143,12 @@ def run_s9cmd(kids: Any, tmp: Path, transports: list[str], rounds: int) -> dict[
         if warm["first_token_ms"] is None or not argv:
             raise RuntimeError(f"S9CMD warm-up failed: {warm}\n{base.tail(gw['log'])}")
         argv = floor_argv(argv, base.free_port())
-        cold_floor(kids, argv, floor_log)
+        if not smoke:
+            cold_floor(kids, argv, floor_log)
         for rnd in range(rounds):
             for tg, tr in [("floor", "tcp"), *(("sluice", t) for t in transports)]:
                 r = cold_floor(kids, argv, floor_log) if tg == "floor" else \
+                    warm if ondemand.smoke_sample(smoke, rnd, tg, tr) else \
                     ondemand.cold_via_gateway(gw, tr)
                 r.pop("server_argv", None)
                 runs.append({"scenario": SCENARIO, "round": rnd, "target": tg,

@@ -953,9 +953,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"S9, S9CMD, S10 skipped: {skipped}", file=sys.stderr)
         else:
             if s9:
-                s9_result = ondemand.run_s9(kids, tmp, transports, rounds)
+                s9_result = ondemand.run_s9(kids, tmp, transports, rounds, opts.smoke)
             if s9cmd:
-                s9cmd_result = ondemand_command.run_s9cmd(kids, tmp, transports, rounds)
+                s9cmd_result = ondemand_command.run_s9cmd(kids, tmp, transports, rounds,
+                                                          opts.smoke)
             if s10:
                 s10_result = ondemand.run_s10(kids, tmp, rounds, opts.smoke)
         s7tls_result: dict[str, Any] | None = None
