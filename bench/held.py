@@ -111,7 +111,7 @@ def _start_proxy(kids: Any, tmp: Path, mock: dict[str, Any], target: str,
     if target == "sluice":
         return _gateway_ready(started or _spawn_gateway(kids, tmp, mock, name))
     nginx = _base().start_nginx(kids, tmp, mock, name=name, connections=NGINX_CONNECTIONS,
-                             backlog=NGINX_BACKLOG)
+                                backlog=NGINX_BACKLOG)
     assert nginx is not None
     return dict(nginx)
 

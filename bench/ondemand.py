@@ -62,6 +62,9 @@ RSS_SAMPLES = 5  # S10: samples 100 ms apart, their median
 LISTING_CALLS = 3  # S10: GET /v1/models and status calls before the rest
 SMOKE_CONFIGS = (NO_FOLDER, "0", "2")  # at smoke size: started at once, no rest, 1 sample
 CHILD_POLL = 0.005  # S9: how often the gateway's new child is looked for (until found)
+# S9's and S9CMD's model at smoke size: llama.cpp on one thread (the default, 0, is every
+# core, each spinning: on a shared 2-core machine a cold start then costs 2-4x the CPU).
+SMOKE_THREADS = 1
 
 COLD_MAX_ADDED_MS = 300.0
 RSS_MAX_ADDED_MB = 2.0
@@ -170,11 +173,14 @@ def _has_content(data: bytes) -> bool:
 
 # -- S9: the gateway's side ------------------------------------------------------------------
 
-def start_cold_gateway(kids: Any, tmp: Path, gguf: Path, name: str) -> dict[str, Any]:
+def start_cold_gateway(kids: Any, tmp: Path, gguf: Path, name: str, smoke: bool = False
+                       ) -> dict[str, Any]:
     """A gateway whose one model is the GGUF as a ``models:`` entry (defaults but
-    ``keep_alive: 0s``), no backends, no models folder; ready once it lists the model."""
+    ``keep_alive: 0s``, and at smoke size :data:`SMOKE_THREADS`), no backends, no models
+    folder; ready once it lists the model."""
     base = _base()
-    rest = (f"models:\n  - name: {MODEL}\n    path: {gguf}\n    keep_alive: 0s\n"
+    threads = f"    threads: {SMOKE_THREADS}\n" if smoke else ""
+    rest = (f"models:\n  - name: {MODEL}\n    path: {gguf}\n    keep_alive: 0s\n{threads}"
             "model_loading:\n  dirs: []\n")
     gw = base.spawn_gateway(kids, tmp, name, rest)
     for tr in ("tcp", "unix"):
@@ -399,7 +405,7 @@ def run_s9(kids: Any, tmp: Path, transports: list[str], rounds: int, smoke: bool
     request over the Unix socket like any) is its Unix sample."""
     base = _base()
     gguf = demo_gguf()
-    gw = start_cold_gateway(kids, tmp, gguf, "c9")
+    gw = start_cold_gateway(kids, tmp, gguf, "c9", smoke)
     folder = tmp / "f9"
     folder.mkdir(mode=0o700)
     listen = folder / f"m-{MODEL}.sock"

@@ -53,19 +53,22 @@ def health_poll() -> float:
     return HEALTH_POLL
 
 
-def command() -> list[str]:
-    """The entry's ``command``: the bundled launcher, as a user would write it."""
+def command(smoke: bool = False) -> list[str]:
+    """The entry's ``command``: the bundled launcher, as a user would write it (at smoke
+    size with S9's smoke thread count, :data:`bench.ondemand.SMOKE_THREADS`)."""
+    threads = ondemand.SMOKE_THREADS if smoke else THREADS
     return [sys.executable, "-m", "proxy.models.launcher", "--model", "${MODEL}",
             "--alias", "${NAME}", "--listen", "127.0.0.1:${PORT}", "--context", str(CONTEXT),
-            "--parallel", str(PARALLEL), "--threads", str(THREADS)]
+            "--parallel", str(PARALLEL), "--threads", str(threads)]
 
 
-def start_command_gateway(kids: Any, tmp: Path, gguf: Path, name: str) -> dict[str, Any]:
+def start_command_gateway(kids: Any, tmp: Path, gguf: Path, name: str, smoke: bool = False
+                          ) -> dict[str, Any]:
     """A gateway whose one model is the GGUF served by :func:`command` (``keep_alive: 0s``),
     no backends, no models folder; ready once it lists the model on both listeners."""
     base = _base()
     rest = (f"models:\n  - name: {ondemand.MODEL}\n    path: {json.dumps(os.fspath(gguf))}\n"
-            f"    command: {json.dumps(command())}\n    keep_alive: 0s\n"
+            f"    command: {json.dumps(command(smoke))}\n    keep_alive: 0s\n"
             "model_loading:\n  dirs: []\n")
     gw = base.spawn_gateway(kids, tmp, name, rest)
     for tr in ("tcp", "unix"):
@@ -134,7 +137,7 @@ def run_s9cmd(kids: Any, tmp: Path, transports: list[str], rounds: int, smoke: b
     smoke size the floor has no warm-up and the gateway's is its Unix sample (S9's way)."""
     base = _base()
     gguf = ondemand.demo_gguf()
-    gw = start_command_gateway(kids, tmp, gguf, "c9cmd")
+    gw = start_command_gateway(kids, tmp, gguf, "c9cmd", smoke)
     floor_log = tmp / "floor-cmd.log"
     runs: list[dict[str, Any]] = []
     try:
@@ -162,7 +165,7 @@ def run_s9cmd(kids: Any, tmp: Path, transports: list[str], rounds: int, smoke: b
         ondemand._stop(kids, gw["proc"])
     result = ondemand.summarise_s9(runs, transports, argv, gguf, max_added_ms=MAX_ADDED_MS,
                                    floor_key="healthy_ms")
-    return {**result, "command": command(), "health_poll_s": health_poll()}
+    return {**result, "command": command(smoke), "health_poll_s": health_poll()}
 
 
 def table(s: dict[str, Any], smoke: bool) -> str:

@@ -479,12 +479,77 @@ def start_nginx(kids: Children, tmp: Path, mock: dict[str, Any], name: str = "ng
 
 # -- measuring -------------------------------------------------------------------------------
 
+class LoadClient:
+    """One ``node bench/load.js --serve`` run after ``prefix``: loads one after another."""
+
+    def __init__(self, prefix: tuple[str, ...]) -> None:
+        self.err = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
+        self.proc = subprocess.Popen([*prefix, "node", str(BENCH / "load.js"), "--serve"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.err, preexec_fn=_die_with_parent)
+
+    def run(self, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None
+        assert stdout is not None
+        stdin.write(json.dumps(args).encode() + b"\n")
+        stdin.flush()
+        got: list[bytes] = []
+        reader = threading.Thread(target=lambda: got.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not got or not got[0].strip():
+            self.close()
+            self.err.seek(0)
+            raise RuntimeError(f"load.js --serve gave no answer ({self.proc.returncode}): "
+                               f"{self.err.read()[-2000:].decode(errors='replace')}")
+        return dict(json.loads(got[0]))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.err.close()
+
+
+class LoadClients:
+    """While ``on`` (a smoke run, which judges no figure): one resident load client per
+    prefix for every load, instead of a node process a load (its start costs more than a
+    smoke load)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.clients: dict[tuple[str, ...], LoadClient] = {}
+
+    def get(self, prefix: tuple[str, ...]) -> LoadClient:
+        if prefix not in self.clients:
+            self.clients[prefix] = LoadClient(prefix)
+        return self.clients[prefix]
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+        self.clients.clear()
+
+
+LOADS = LoadClients()
+
+
 def run_load(target: dict[str, str], model: str, params: dict[str, Any],
              headers: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
              ) -> dict[str, Any]:
     limit = params["duration_s"] + 20 if "duration_s" in params else 50
     args = {"target": target, "model": model, "time_limit_s": limit, **params,
             **({"headers": headers} if headers else {})}
+    if LOADS.on:
+        return LOADS.get(prefix).run(args, limit + 20)
     proc = subprocess.run([*prefix, "node", str(BENCH / "load.js"), json.dumps(args)],
                           capture_output=True, text=True, timeout=limit + 20,
                           preexec_fn=_die_with_parent)
@@ -880,6 +945,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     kids = Children()
     tmp = Path(tempfile.mkdtemp(prefix="slb-", dir="/tmp"))  # short: socket paths ≤ 103 bytes
+    LOADS.on = opts.smoke
     try:
         env: dict[str, Any] = {}
         s8_started: dict[str, Any] = {}
@@ -888,11 +954,11 @@ def main(argv: list[str] | None = None) -> int:
             # The gateway starts while S7's pair and nginx do (before any measurement).
             started = spawn_gateway(kids, tmp, "data", mock_backends(env["mock"])
                                     + (aliases.CONFIG if opts.aliased else ""))
-            if s8 and opts.smoke:  # and S8's fresh gateways (no nginx at smoke size)
-                s8_started = held.prestart(kids, tmp, env["mock"], transports, rounds,
-                                           nginx=False)
             if s7:
                 env["forwarded"] = start_forwarded(kids, tmp, env["mock"])
+            if s8 and opts.smoke:  # S8's fresh gateways start while the loads before it run
+                s8_started = held.prestart(kids, tmp, env["mock"], transports, rounds,
+                                           nginx=False)  # (no nginx at smoke size)
             if (scenarios or s8) and not (opts.smoke or opts.no_nginx):
                 nginx = start_nginx(kids, tmp, env["mock"])
                 if nginx is not None:
@@ -1060,6 +1126,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
+        LOADS.close()
         kids.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -147,10 +148,12 @@ def start(kids: Any, tmp: Path, lan: Any) -> dict[str, Any]:
         _ready(base, gw, fingerprint, f"gateway A ({link})")
         gw.update(link=link, ns=ns_a, a_pids=base.with_descendants(gw["pid"]))
     b.update(pids=b_pids, ns=ns_b, node_port=NODE_PORT, api_port=int(b["tcp"].rsplit(":", 1)[1]))
+    with ThreadPoolExecutor() as pool:  # the two CLIs side by side
+        listed = {link: pool.submit(cli, (), "nodes", "list", "--data-dir", str(gw["data"]))
+                  for link, gw in a.items()}
+        nodes = {link: future.result() for link, future in listed.items()}
     return {"mock": mock, "b": b, "a": a, "fingerprint": fingerprint,
-            "node_port": NODE_PORT, "b_url": b_url,
-            "nodes": {link: cli((), "nodes", "list", "--data-dir", str(gw["data"]))
-                      for link, gw in a.items()}}
+            "node_port": NODE_PORT, "b_url": b_url, "nodes": nodes}
 
 
 def _ready(base: Any, gw: dict[str, Any], fingerprint: str, name: str) -> None:
@@ -257,6 +260,7 @@ def run_s7tls(transports: list[str], rounds: int, smoke: bool) -> dict[str, Any]
         result["problems"] += s7tls_report.problems(result)
         return result
     finally:
+        base.LOADS.close()  # a smoke run's load clients in namespace a end before it does
         kids.stop_all()
         lan.remove()
         shutil.rmtree(tmp, ignore_errors=True)
