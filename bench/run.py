@@ -880,7 +880,8 @@ def main(argv: list[str] | None = None) -> int:
                          "after (bench/scheduling.py)")
     ap.add_argument("--transport", choices=("tcp", "unix", "both"), default="both")
     ap.add_argument("--smoke", action="store_true",
-                    help="tiny run of every scenario, 1 round, no nginx; exit 1 unless every "
+                    help="tiny run of every scenario, 1 round, no nginx, no warm-ups, one "
+                         "resident load client (docs/performance.md); exit 1 unless every "
                          "body equals direct's and every request completed")
     ap.add_argument("--no-nginx", action="store_true", help="leave nginx out")
     ap.add_argument("--watch", action="store_true",
