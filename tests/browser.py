@@ -32,7 +32,13 @@ when Playwright or Chromium is missing — ``scripts/test`` installs both):
     and fails listing every serious or critical violation (rule, impact, help, elements).
 ``screenshot`` (function)
     ``screenshot(page, name)`` -> the path of ``test-output/screens/<name>.png`` (whole
-    page), written for the README and for looking at.
+    page), for looking at. A full-page capture costs a few tenths of a second, so only the
+    README's pictures (``README_SCREENS``) are written on every run; ``SLUICE_SCREENSHOTS=1``
+    writes them all.
+
+:func:`restyle` ``(page, width=..., height=..., color_scheme=...)`` turns an open page into
+another variant (viewport size, ``prefers-color-scheme``) without a new context, so that a
+test checks its narrow and dark variants on one page and one gateway.
 
 :class:`ConsoleGateway`: ``url`` (``http://localhost:<port>``), ``token`` (admin),
 ``log_path`` / ``log()``, ``process`` (tests.gateways.GatewayProcess), ``nodes`` (name ->
@@ -48,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -71,6 +78,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking",
                  "--disable-gpu"]
 DEFAULT_NODES = ("studio", "laptop", "den")
 READY_TIMEOUT = 15_000  # ms: the page, its feed and its screen (a loaded 2-core machine)
+# The screenshots the README shows (copied to docs/screens/ by hand), written on every run.
+README_SCREENS = frozenset({"pool-1280", "node-order", "pairing-code", "found-on-network"})
 
 
 def missing() -> str | None:
@@ -313,10 +322,24 @@ def axe() -> Callable[[Any, str], None]:
     return check
 
 
+def restyle(page: Any, *, width: int | None = None, height: int | None = None,
+            color_scheme: str | None = None) -> Any:
+    """The same page at another viewport size and/or colour scheme (the media queries and
+    the layout follow at once); returns ``page``."""
+    if width is not None or height is not None:
+        size = page.viewport_size
+        page.set_viewport_size({"width": width or size["width"],
+                                "height": height or size["height"]})
+    if color_scheme is not None:
+        page.emulate_media(color_scheme=color_scheme)
+    return page
+
+
 def save_screenshot(page: Any, name: str) -> Path:
-    SCREENS.mkdir(parents=True, exist_ok=True)
     path = SCREENS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    if name in README_SCREENS or os.environ.get("SLUICE_SCREENSHOTS") == "1":
+        SCREENS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(path), full_page=True)
     return path
 
 

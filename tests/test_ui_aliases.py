@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from http.client import HTTPConnection
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.browser import ConsoleGateway, OpenPage
+from tests.browser import ConsoleGateway, OpenPage, missing, restyle, running_gateway
 
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import expect
@@ -46,11 +47,22 @@ def chat(gw: ConsoleGateway, model: str) -> tuple[int, str | None]:
         conn.close()
 
 
+@pytest.fixture(scope="module")
+def aliases_gateway() -> Iterator[ConsoleGateway]:
+    """One gateway for the module (one node): each test starts from START's table."""
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    with running_gateway(("studio",)) as gw:
+        yield gw
+
+
 @pytest.fixture
-def gateway(make_console_gateway: Any) -> ConsoleGateway:
-    gw: ConsoleGateway = make_console_gateway(nodes=("studio",))
+def gateway(aliases_gateway: ConsoleGateway) -> ConsoleGateway:
+    gw = aliases_gateway
     status, body = gw.api("PUT", ALIASES, {"aliases": START})
     assert status == 200, body
+    assert table(gw) == list(START.items())
     return gw
 
 
@@ -152,16 +164,18 @@ def test_the_table_and_every_change(gateway: ConsoleGateway, console_page: OpenP
     assert ("claude-3-opus", "studio-m") in served
 
 
-@pytest.mark.parametrize(("width", "scheme"), [(1280, "dark"), (360, "light")])
 def test_axe_and_narrow(gateway: ConsoleGateway, console_page: OpenPage, axe: Any,
-                        screenshot: Any, width: int, scheme: str) -> None:
-    page = console_page(gateway, "/aliases", width=width, color_scheme=scheme)
-    expect(page.get_by_label("Name of alias gpt-4o")).to_have_value("gpt-4o")
-    expect(page.get_by_role("button", name="Reorder claude-*")).to_be_visible()
-    overflow = page.evaluate("() => document.documentElement.scrollWidth > window.innerWidth")
-    assert not overflow, "the screen scrolls sideways"
-    axe(page, f"aliases at {width} px, {scheme}")
-    screenshot(page, f"aliases-{width}-{scheme}")
+                        screenshot: Any) -> None:
+    page = console_page(gateway, "/aliases", width=1280, color_scheme="dark")
+    for width, scheme in [(1280, "dark"), (360, "light")]:
+        restyle(page, width=width, color_scheme=scheme)
+        expect(page.get_by_label("Name of alias gpt-4o")).to_have_value("gpt-4o")
+        expect(page.get_by_role("button", name="Reorder claude-*")).to_be_visible()
+        overflow = page.evaluate(
+            "() => document.documentElement.scrollWidth > window.innerWidth")
+        assert not overflow, f"the screen scrolls sideways at {width} px"
+        axe(page, f"aliases at {width} px, {scheme}")
+        screenshot(page, f"aliases-{width}-{scheme}")
 
 
 def test_read_only_without_the_token(gateway: ConsoleGateway, console_page: OpenPage) -> None:

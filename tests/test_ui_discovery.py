@@ -16,22 +16,52 @@ Connect are in tests/test_ui_discovery_lan.py."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from tests.browser import ConsoleGateway, OpenPage
+from tests.browser import ConsoleGateway, OpenPage, missing, restyle, running_gateway
 
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Page, expect
 
 DISCOVERY = "/api/v1/settings/discovery"
 PAIRING = "/api/v1/pairing"
+LOAD_BALANCING = "/api/v1/settings/load-balancing"
 SWITCH = "Find computers on this network"
 
-Gateways = Callable[..., ConsoleGateway]
 Shot = Callable[[Page, str], Any]
+
+
+@pytest.fixture(scope="module")
+def discovery_gateway() -> Iterator[ConsoleGateway]:
+    """One gateway for the module, no nodes, load balancing on (each test turns off what it
+    needs off, and the ``gateway`` fixture puts back discovery, load balancing and the
+    pairing code)."""
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    with running_gateway(()) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+def gateway(discovery_gateway: ConsoleGateway) -> Iterator[ConsoleGateway]:
+    """The module's gateway as each test expects it: discovery off, no pairing code."""
+    gw = discovery_gateway
+    yield gw
+    gw.api("DELETE", PAIRING)
+    for path, doc in ((DISCOVERY, {"browse": False, "announce": False}),
+                      (LOAD_BALANCING, {"enabled": True})):
+        status, body = gw.api("PUT", path, doc)
+        assert status == 200, body
+    assert gw.get(PAIRING)["active"] is False
+
+
+def load_balancing_off(gateway: ConsoleGateway) -> None:
+    status, body = gateway.api("PUT", LOAD_BALANCING, {"enabled": False})
+    assert status == 200, body
 
 
 def shown_code(page: Page) -> str:
@@ -41,10 +71,10 @@ def shown_code(page: Page) -> str:
     return code.inner_text().replace(" ", "")
 
 
-def test_switch_saves_both_and_says_what_is_missing(make_console_gateway: Gateways,
+def test_switch_saves_both_and_says_what_is_missing(gateway: ConsoleGateway,
                                                     console_page: OpenPage,
                                                     screenshot: Shot) -> None:
-    gateway = make_console_gateway(nodes=(), lb=False)
+    load_balancing_off(gateway)
     page = console_page(gateway)
     switch = page.get_by_role("switch", name=SWITCH)
     effect = page.locator(".discovery-effect")
@@ -84,9 +114,8 @@ def test_switch_saves_both_and_says_what_is_missing(make_console_gateway: Gatewa
     assert (saved["browse"], saved["announce"]) == (False, False), saved
 
 
-def test_pairing_code_counts_down_and_cancel_clears_it(make_console_gateway: Gateways,
+def test_pairing_code_counts_down_and_cancel_clears_it(gateway: ConsoleGateway,
                                                        console_page: OpenPage) -> None:
-    gateway = make_console_gateway(nodes=())
     page = console_page(gateway)
     section = page.get_by_role("region", name="Let another computer connect")
     section.get_by_role("button", name="Show a pairing code").click()
@@ -109,20 +138,20 @@ def test_pairing_code_counts_down_and_cancel_clears_it(make_console_gateway: Gat
     expect(section.get_by_role("button", name="Show a pairing code")).to_be_focused()
 
 
-@pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_a_claimed_code_says_who_connected(make_console_gateway: Gateways,
-                                           console_page: OpenPage, scheme: str,
+def test_a_claimed_code_says_who_connected(gateway: ConsoleGateway,
+                                           console_page: OpenPage,
                                            axe: Callable[[Page, str], None],
                                            screenshot: Shot) -> None:
-    gateway = make_console_gateway(nodes=())
-    page = console_page(gateway, color_scheme=scheme)
+    page = console_page(gateway)
     section = page.get_by_role("region", name="Let another computer connect")
     section.get_by_role("button", name="Show a pairing code").click()
     code = shown_code(page)
     expect(section.get_by_role("timer")).to_be_visible()
-    axe(page, f"nodes with a pairing code ({scheme})")
-    section.scroll_into_view_if_needed()
-    screenshot(page, "pairing-code" if scheme == "light" else "pairing-code-dark")
+    for scheme in ("light", "dark"):  # the same code on the same page, in both schemes
+        restyle(page, color_scheme=scheme)
+        axe(page, f"nodes with a pairing code ({scheme})")
+        section.scroll_into_view_if_needed()
+        screenshot(page, "pairing-code" if scheme == "light" else "pairing-code-dark")
     # A wrong try shows how many are left; then another computer claims it (no admin
     # token: the claim is the other gateway's call).
     wrong = "000000" if code != "000000" else "111111"
@@ -139,9 +168,8 @@ def test_a_claimed_code_says_who_connected(make_console_gateway: Gateways,
     assert gateway.get(PAIRING)["active"] is False
 
 
-def test_an_expired_code_offers_a_new_one(make_console_gateway: Gateways,
+def test_an_expired_code_offers_a_new_one(gateway: ConsoleGateway,
                                           console_page: OpenPage) -> None:
-    gateway = make_console_gateway(nodes=())
     page = console_page(gateway)
     page.clock.install()  # the page's clock from here: the countdown's timers are made after
     section = page.get_by_role("region", name="Let another computer connect")
@@ -161,9 +189,9 @@ def test_an_expired_code_offers_a_new_one(make_console_gateway: Gateways,
     expect(section.get_by_role("timer")).to_have_text(re.compile(r"^[45]:\d\d$"))
 
 
-def test_read_only_console_cannot_switch_or_make_codes(make_console_gateway: Gateways,
+def test_read_only_console_cannot_switch_or_make_codes(gateway: ConsoleGateway,
                                                        console_page: OpenPage) -> None:
-    gateway = make_console_gateway(nodes=(), lb=False)
+    load_balancing_off(gateway)
     page = console_page(gateway, token=False)
     expect(page.get_by_role("switch", name=SWITCH)).to_be_disabled()
     expect(page.get_by_role("button", name="Show a pairing code")).to_be_disabled()
