@@ -20,7 +20,7 @@ import attrs
 import pytest
 
 from protocol.config import ModelConfig
-from tests.browser import missing
+from tests.browser import missing, restyle
 from tests.gateways import GatewayProcess
 from tests.test_e2e_llama import gguf  # noqa: F401 (a fixture)
 from tests.test_e2e_ondemand import alive
@@ -222,25 +222,27 @@ def test_a_broken_gguf_fails_with_its_reason_and_rescan_finds_a_new_file(
     expect(fact(card(page, "extra"), "From")).to_have_text("models folder")
 
 
-@pytest.mark.parametrize(("width", "scheme"), [(360, "light"), (1280, "dark")])
 def test_models_narrow_and_dark(ondemand: OnDemandGateway, console_page: Any, axe: Any,
-                                screenshot: Any, width: int, scheme: str) -> None:
+                                screenshot: Any) -> None:
     from playwright.sync_api import expect
 
-    page = console_page(ondemand, "/local", width=width, color_scheme=scheme)
+    read_only(ondemand, console_page)  # before any load: the cards' first state
+    page = console_page(ondemand, "/local", width=360, color_scheme="light")
     button(card(page, "x"), "Load x").click()
     expect(card(page, "x").locator(".badge")).to_have_text("failed", timeout=LOAD)
     smol = card(page, "smollm2")
     button(smol, "Load smollm2").click()
     expect(smol.locator(".badge")).to_have_text("loaded", timeout=LOAD)
-    expect(smol.locator(".countdown")).to_contain_text("unloads in")
-    assert page.evaluate("document.documentElement.scrollWidth") <= width
-    axe(page, f"local models {width}px {scheme}")
-    screenshot(page, f"models-{width}-{scheme}")
+    for width, scheme in [(360, "light"), (1280, "dark")]:  # one page, both variants
+        restyle(page, width=width, color_scheme=scheme)
+        expect(smol.locator(".countdown")).to_contain_text("unloads in")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        axe(page, f"local models {width}px {scheme}")
+        screenshot(page, f"models-{width}-{scheme}")
 
 
-def test_read_only_shows_the_models_without_their_buttons(ondemand: OnDemandGateway,
-                                                          console_page: Any) -> None:
+def read_only(ondemand: OnDemandGateway, console_page: Any) -> None:
+    """Without the token: the models, without their buttons (nothing loaded yet)."""
     from playwright.sync_api import expect
 
     page = console_page(ondemand, "/local", token=False)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser import ConsoleGateway, OpenPage
+from tests.browser import ConsoleGateway, OpenPage, restyle
 
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Page, expect
@@ -220,39 +220,33 @@ def test_a_circuit_opening_and_a_node_going_offline_show_live(
     expect(row).to_contain_text("circuit open")
 
 
-@pytest.mark.parametrize("width", [1280, 360])
-def test_axe_on_nodes_and_pool(gateway: ConsoleGateway, console_page: OpenPage, width: int,
-                               axe: Callable[[Page, str], None],
-                               screenshot: Callable[[Page, str], Any]) -> None:
-    page = console_page(gateway, width=width, height=800)
+def test_axe_on_nodes_and_pool_wide_narrow_and_dark(
+        gateway: ConsoleGateway, console_page: OpenPage, axe: Callable[[Page, str], None],
+        screenshot: Callable[[Page, str], Any]) -> None:
+    """Both screens at 1280 px and 360 px (light) and in the dark scheme, on one page."""
+    variants = [(1280, 800, "light"), (360, 800, "light"), (1280, 900, "dark")]
+
+    def check(screen: str) -> None:
+        for width, height, scheme in variants:
+            restyle(page, width=width, height=height, color_scheme=scheme)
+            background = page.evaluate("() => getComputedStyle(document.body).backgroundColor")
+            assert background == ("rgb(17, 20, 24)" if scheme == "dark" else
+                                  "rgb(246, 247, 249)"), (scheme, background)
+            name = f"{screen}, dark" if scheme == "dark" else f"{screen} at {width}px"
+            axe(page, name)
+            screenshot(page, f"{screen}-dark" if scheme == "dark" else f"{screen}-{width}")
+            assert page.evaluate("() => document.documentElement.scrollWidth") <= width
+
+    page = console_page(gateway, width=1280, height=800)
     expect(page.locator("ol.order > li")).to_have_count(3)
-    axe(page, f"nodes at {width}px")
-    screenshot(page, f"nodes-{width}")
-    assert page.evaluate("() => document.documentElement.scrollWidth") <= width
+    check("nodes")
     page.get_by_role("link", name="Distributed pool").click()
     expect(page.get_by_role("heading", name="Distributed pool", level=1)).to_be_visible()
     expect(page.locator("table").first).to_be_visible()
-    if width > 360:  # some traffic, for the figures (they arrive live, at most once a second)
-        before = gateway.get("/api/v1/pool/routing-stats")["totalRequests"]
-        assert [gateway.chat(m) for m in ("shared-m", "shared-m", "laptop-m", "local-m")
-                ] == [200] * 4
-        expect(page.locator("section").filter(has_text="Routing stats").locator("p.muted")
-               ).to_contain_text(f"{before + 4} requests")
-    axe(page, f"pool at {width}px")
-    screenshot(page, f"pool-{width}")
-    assert page.evaluate("() => document.documentElement.scrollWidth") <= width
-
-
-def test_dark_scheme(gateway: ConsoleGateway, console_page: OpenPage,
-                     axe: Callable[[Page, str], None],
-                     screenshot: Callable[[Page, str], Any]) -> None:
-    page = console_page(gateway, "/pool", color_scheme="dark")
-    expect(page.locator("table").first).to_be_visible()
-    background = page.evaluate("() => getComputedStyle(document.body).backgroundColor")
-    assert background == "rgb(17, 20, 24)"
-    axe(page, "pool, dark")
-    screenshot(page, "pool-dark")
-    page.get_by_role("link", name="Nodes").click()
-    expect(page.locator("ol.order > li")).to_have_count(3)
-    axe(page, "nodes, dark")
-    screenshot(page, "nodes-dark")
+    # some traffic, for the figures (they arrive live, at most once a second)
+    before = gateway.get("/api/v1/pool/routing-stats")["totalRequests"]
+    assert [gateway.chat(m) for m in ("shared-m", "shared-m", "laptop-m", "local-m")
+            ] == [200] * 4
+    expect(page.locator("section").filter(has_text="Routing stats").locator("p.muted")
+           ).to_contain_text(f"{before + 4} requests")
+    check("pool")

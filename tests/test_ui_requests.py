@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser import ConsoleGateway
+from tests.browser import ConsoleGateway, restyle
 from tests.client import CHAT
 from tests.fakenode import chat_answer
 from tests.fakeupstream import json_completion, status
@@ -124,22 +124,23 @@ def test_a_refresh_rereads_the_log(console_gateway: ConsoleGateway, console_page
     expect(row(page, missed["id"])).to_be_visible()
 
 
-@pytest.mark.parametrize(("width", "scheme"), [(360, "light"), (1280, "dark")])
 def test_requests_narrow_and_dark(console_gateway: ConsoleGateway, console_page: Any, axe: Any,
-                                  screenshot: Any, width: int, scheme: str) -> None:
+                                  screenshot: Any) -> None:
     from playwright.sync_api import expect
 
     gw = console_gateway
     assert gw.chat("local-m") == 200
-    page = console_page(gw, "/requests", width=width, color_scheme=scheme)
-    first = page.locator("[data-id]").first
-    expect(first).to_be_visible()
-    expect(first).to_contain_text("local-m")
-    if width < 600:  # cards, not a table that would scroll sideways
-        expect(page.locator("table")).to_be_hidden()
-        assert page.evaluate("document.documentElement.scrollWidth") <= width
-    axe(page, f"requests {width}px {scheme}")
-    screenshot(page, f"requests-{width}-{scheme}")
+    page = console_page(gw, "/requests", width=360, color_scheme="light")
+    for width, scheme in [(360, "light"), (1280, "dark")]:  # one page, both variants
+        restyle(page, width=width, color_scheme=scheme)
+        first = page.locator("[data-id]").first
+        expect(first).to_be_visible()
+        expect(first).to_contain_text("local-m")
+        if width < 600:  # cards, not a table that would scroll sideways
+            expect(page.locator("table")).to_be_hidden()
+            assert page.evaluate("document.documentElement.scrollWidth") <= width
+        axe(page, f"requests {width}px {scheme}")
+        screenshot(page, f"requests-{width}-{scheme}")
 
 
 def test_tokens_per_second_for_anthropic_and_responses_streams(
