@@ -8,8 +8,8 @@ target; read-only without the token; axe on light, dark and 360 px."""
 from __future__ import annotations
 
 import json
-from http.client import HTTPConnection
 from collections.abc import Iterator
+from http.client import HTTPConnection
 from typing import Any
 
 import pytest

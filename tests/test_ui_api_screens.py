@@ -11,8 +11,6 @@ from __future__ import annotations
 from http.client import HTTPConnection
 from typing import Any
 
-import pytest
-
 from tests.browser import ConsoleGateway, restyle
 
 TIMEOUTS = "/api/v1/settings/timeouts"

@@ -11,14 +11,14 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from proxy.cli.console import LAUNCHER_FILE
-from tests.browser import READY_TIMEOUT, ConsoleGateway, OpenPage
+from tests.browser import READY_TIMEOUT, ConsoleGateway, OpenPage, missing, running_gateway
 
 CONSOLE = [sys.executable, "-m", "proxy", "console"]
 
@@ -42,9 +42,21 @@ def fake_opener(folder: Path) -> tuple[dict[str, str], Path]:
     return env, record
 
 
+@pytest.fixture(scope="module")
+def bare_module_gateway() -> Iterator[ConsoleGateway]:
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    with running_gateway((), local_models=()) as gateway:
+        yield gateway
+
+
 @pytest.fixture
-def bare_gateway(make_console_gateway: Callable[..., ConsoleGateway]) -> ConsoleGateway:
-    return make_console_gateway(nodes=(), local_models=())
+def bare_gateway(bare_module_gateway: ConsoleGateway) -> ConsoleGateway:
+    """The module's gateway with no nodes, without the launcher page an earlier test's
+    ``sluice console`` wrote."""
+    (bare_module_gateway.gw.data_dir / LAUNCHER_FILE).unlink(missing_ok=True)
+    return bare_module_gateway
 
 
 def test_it_prints_the_url_and_opens_a_launcher(bare_gateway: ConsoleGateway,
