@@ -29,7 +29,8 @@ when Playwright or Chromium is missing — ``scripts/test`` installs both):
     (an uncaught exception in the console) or a CSP violation fails the test.
 ``axe`` (function)
     ``axe(page, name)``: runs axe-core (``.cache/axe``, from the npm registry) on the page
-    and fails listing every serious or critical violation (rule, impact, help, elements).
+    and fails listing every serious or critical violation (rule, impact, help, elements);
+    the default rules that cannot report one (minor or moderate only) are not run.
 ``screenshot`` (function)
     ``screenshot(page, name)`` -> the path of ``test-output/screens/<name>.png`` (whole
     page), for looking at. A full-page capture costs a few tenths of a second, so only the
@@ -289,11 +290,20 @@ def console_page(browser: Any) -> Iterator[OpenPage]:
 
 def run_axe(page: Any, name: str = "page") -> list[dict[str, Any]]:
     """The serious and critical axe-core violations on ``page`` (injected through the
-    DevTools protocol, which the page's CSP does not govern)."""
+    DevTools protocol, which the page's CSP does not govern). Only the rules axe runs by
+    default that can report a serious or critical violation run (the rule's impact or its
+    checks' highest): the others' findings would be dropped here anyway."""
     if not page.evaluate("() => typeof window.axe === 'object'"):
         page.evaluate(AXE_JS.read_text(encoding="utf-8") + "\n;undefined")
     result = page.evaluate("""async () => {
-        const r = await axe.run(document, {resultTypes: ["violations"]});
+        const rank = {minor: 1, moderate: 2, serious: 3, critical: 4};
+        const impact = id => rank[axe._audit.checks[id]?.metadata?.impact] ?? 0;
+        const highest = rule => Math.max(rank[rule.impact] ?? 0, ...[
+            ...rule.any, ...rule.all, ...rule.none].map(c => impact(c.id ?? c)));
+        const rules = axe._audit.rules.filter(r => r.enabled !== false  // as axe.run would
+            && !r.tags.includes("experimental") && highest(r) >= 3);
+        const r = await axe.run(document, {resultTypes: ["violations"],
+            runOnly: {type: "rule", values: rules.map(rule => rule.id)}});
         return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
             nodes: v.nodes.map(n => ({target: n.target.join(" "), summary: n.failureSummary}))}));
     }""")
