@@ -22,11 +22,16 @@ when Playwright or Chromium is missing — ``scripts/test`` installs both):
     keyword arguments of ``tests.conftest.gateway_config``, e.g. ``failure_threshold=2``).
 ``console_page`` (function)
     ``console_page(gateway, route="/nodes", *, token=True, width=1280, height=900,
-    color_scheme="light")`` -> a Playwright ``Page`` opened at
+    color_scheme="light", own_context=False)`` -> a Playwright ``Page`` opened at
     ``<gateway.url>/ui/#token=<admin token>`` (no fragment with ``token=False``: read-only),
     then at ``#<route>``; it returns once the live feed is open and the screen's ``<h1>`` is
-    there. Each call makes its own browser context, closed after the test; a page error
-    (an uncaught exception in the console) or a CSP violation fails the test.
+    there. Each call gets a browser context of its own with one page; a page error (an
+    uncaught exception in the console) or a CSP violation fails the test. After the test the
+    page is cleaned (session and local storage cleared, ``about:blank``, the context's
+    permissions, cookies and offline mode reset) and kept for a later test (``idle_pages``,
+    per worker): a new context's page costs a renderer process, about half a second. A test
+    that changes its context in a way that cannot be undone (``page.clock.install()``)
+    passes ``own_context=True``: that context is closed after the test.
 ``axe`` (function)
     ``axe(page, name)``: runs axe-core (``.cache/axe``, from the npm registry) on the page
     and fails listing every serious or critical violation (rule, impact, help, elements);
@@ -258,22 +263,60 @@ def make_console_gateway() -> Iterator[Callable[..., ConsoleGateway]]:
 OpenPage = Callable[..., Any]
 
 
+@pytest.fixture(scope="session")
+def idle_pages(browser: Any) -> Iterator[list[tuple[Any, Any]]]:
+    """Browser contexts of one page each that earlier tests gave back (see console_page)."""
+    idle: list[tuple[Any, Any]] = []
+    yield idle
+    for context, _page in idle:
+        context.close()
+
+
+def _give_back(context: Any, page: Any, idle: list[tuple[Any, Any]]) -> None:
+    """Clean ``page`` for the next test and keep it, or close its context when it cannot be
+    made clean (closed, other pages opened in its context, a navigation failing)."""
+    from playwright.sync_api import Error
+
+    if not page.is_closed() and context.pages == [page]:
+        try:
+            if page.url.startswith("http"):  # the admin token, anything the console kept
+                page.evaluate("() => { sessionStorage.clear(); localStorage.clear(); }")
+            page.goto("about:blank")  # closes the feed before its gateway stops
+            context.clear_permissions()
+            context.clear_cookies()
+            context.set_offline(False)
+        except Error:
+            pass
+        else:
+            idle.append((context, page))
+            return
+    context.close()
+
+
 @pytest.fixture
-def console_page(browser: Any) -> Iterator[OpenPage]:
+def console_page(browser: Any, idle_pages: list[tuple[Any, Any]]) -> Iterator[OpenPage]:
     from playwright.sync_api import expect
 
-    contexts: list[Any] = []
+    used: list[tuple[Any, Any, bool, list[tuple[str, Any]]]] = []
     errors: list[str] = []
 
     def open_page(gateway: ConsoleGateway, route: str = "/nodes", *, token: bool = True,
-                  width: int = 1280, height: int = 900, color_scheme: str = "light") -> Any:
-        context = browser.new_context(viewport={"width": width, "height": height},
-                                      color_scheme=color_scheme)
-        contexts.append(context)
-        page = context.new_page()
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("console", lambda msg: errors.append(msg.text)
-                if "Content Security Policy" in msg.text else None)
+                  width: int = 1280, height: int = 900, color_scheme: str = "light",
+                  own_context: bool = False) -> Any:
+        if idle_pages and not own_context:
+            context, page = idle_pages.pop()
+            page.set_viewport_size({"width": width, "height": height})
+        else:
+            context = browser.new_context(viewport={"width": width, "height": height})
+            page = context.new_page()
+        page.emulate_media(color_scheme=color_scheme)
+        listeners: list[tuple[str, Any]] = [
+            ("pageerror", lambda exc: errors.append(str(exc))),
+            ("console", lambda msg: errors.append(msg.text)
+             if "Content Security Policy" in msg.text else None)]
+        for event, listener in listeners:
+            page.on(event, listener)
+        used.append((context, page, own_context, listeners))
         fragment = f"#token={gateway.token}" if token else f"#{route}"
         page.goto(f"{gateway.url}/ui/{fragment}")
         expect(page.locator("#connection")).to_have_text("live", timeout=READY_TIMEOUT)
@@ -283,8 +326,13 @@ def console_page(browser: Any) -> Iterator[OpenPage]:
         return page
 
     yield open_page
-    for context in contexts:
-        context.close()
+    for context, page, own_context, listeners in used:
+        for event, listener in listeners:
+            page.remove_listener(event, listener)
+        if own_context:
+            context.close()
+        else:
+            _give_back(context, page, idle_pages)
     assert not errors, f"the console raised: {errors}"
 
 

@@ -170,7 +170,7 @@ def test_a_claimed_code_says_who_connected(gateway: ConsoleGateway,
 
 def test_an_expired_code_offers_a_new_one(gateway: ConsoleGateway,
                                           console_page: OpenPage) -> None:
-    page = console_page(gateway)
+    page = console_page(gateway, own_context=True)  # a fake clock stays with its context
     page.clock.install()  # the page's clock from here: the countdown's timers are made after
     section = page.get_by_role("region", name="Let another computer connect")
     section.get_by_role("button", name="Show a pairing code").click()
