@@ -153,13 +153,17 @@ def test_the_table_and_every_change(gateway: ConsoleGateway, console_page: OpenP
     # Remove one.
     page.get_by_role("button", name="Remove ghost").click()
     expect(page.get_by_label("Name of alias ghost")).to_have_count(0)
+    # Its save has ended (the feed's event can come first, and the screen shows the save's
+    # answer when it comes: a change made elsewhere before then would be drawn over).
+    expect(page.get_by_role("status").filter(has_text="Alias ghost removed.")).to_be_attached()
     assert "ghost" not in dict(table(gw))
 
     # A change made elsewhere shows up live.
     status, _ = gw.api("PUT", ALIASES, {"aliases": {**dict(table(gw)), "o1": "local-m"}})
     assert status == 200
     expect(page.get_by_label("Name of alias o1")).to_have_value("o1")
-    entries = gw.get("/api/v1/requests?limit=5")["requests"]
+    # (by model: the screen's own GET /v1/models after each change are logged too)
+    entries = gw.get("/api/v1/requests?model=claude-3-opus")["requests"]
     served = [(e["model"], e["servedModel"]) for e in entries if e["path"].startswith("/v1/chat")]
     assert ("claude-3-opus", "studio-m") in served
 
