@@ -8,7 +8,7 @@ when Playwright or Chromium is missing — ``scripts/test`` installs both):
 ``browser`` (session)
     One Chromium for the whole run (``--no-sandbox --disable-background-networking
     --disable-component-update --no-first-run --disable-sync --disable-gpu``; each context
-    gets a fresh profile).
+    starts with a fresh profile, and ``console_page`` cleans one before it serves again).
 ``console_gateway`` (module)
     A :class:`ConsoleGateway`: a ``sluice serve`` process with load balancing on, three
     fake nodes named ``studio``, ``laptop`` and ``den`` (priorities 3, 2, 1; each holds
