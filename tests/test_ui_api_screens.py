@@ -162,6 +162,48 @@ def test_health_check_interval_and_timeout(console_gateway: ConsoleGateway,
     expect(timeout).to_have_value(before["timeout"])
 
 
+def test_a_timeouts_answer_older_than_the_feed_is_not_drawn(console_gateway: ConsoleGateway,
+                                                            console_page: Any) -> None:
+    """Our PUT is applied, then a change made elsewhere lands and its event reaches the page
+    before our PUT's answer: the screen keeps the newer value (the feed is authoritative)."""
+    from playwright.sync_api import expect
+
+    gw = console_gateway
+    before = gw.get(TIMEOUTS)
+    page = console_page(gw, "/api/health")
+    chunk = page.get_by_label("Chunk interval")
+    standard = page.get_by_label("Standard total")
+    expect(standard).to_have_value(before["request"]["standard"]["total"])
+    held: list[tuple[Any, Any]] = []
+
+    def hold(route: Any) -> None:
+        if route.request.method != "PUT":
+            route.fallback()
+            return
+        held.append((route, route.fetch()))  # the server applies it; the page waits
+
+    page.route(f"**{TIMEOUTS}", hold)
+    ours = "44s" if before["request"]["streaming"]["chunk_interval"] != "44s" else "43s"
+    chunk.fill(ours.removesuffix("s"))
+    chunk.press("Tab")  # saved on blur; the field is not focused, so the feed's value shows
+    expect(chunk).to_have_value(ours)  # our write's own event (its answer is held)
+    assert len(held) == 1
+    other = "7m" if before["request"]["standard"]["total"] != "7m" else "6m"
+    status, body = gw.api("PUT", TIMEOUTS, {"request": {"standard": {"total": other}}})
+    assert status == 200, body
+    expect(standard).to_have_value(other)  # its event came
+
+    route, response = held.pop()
+    route.fulfill(response=response)
+    expect(status_of(chunk)).to_have_text("Saved")  # the answer was handled
+    assert standard.input_value() == other, "the older answer drew over"
+    assert chunk.input_value() == ours
+    page.unroute(f"**{TIMEOUTS}")
+    status, body = gw.api("PUT", TIMEOUTS, before)
+    assert status == 200, body
+    assert gw.get(TIMEOUTS) == before
+
+
 # -- Access keys -----------------------------------------------------------------------------
 
 

@@ -5,10 +5,12 @@
 // change saves the whole table (PUT /api/v1/settings/aliases); a refused one shows the
 // server's message beside the field it names (error.param = "aliases.<name>") and the
 // server keeps what it had. Each target says whether it is available now (/v1/models).
+// The live feed is authoritative: a save's answer that comes after a newer table's event
+// is not drawn over it.
 
 import { field, showError } from '../components/field.js';
 import { orderedList } from '../components/ordered-list.js';
-import { el, errorText, fill, guard, readOnlyNote, screen, uid } from './common.js';
+import { el, errorText, feedOrder, fill, guard, readOnlyNote, screen, uid } from './common.js';
 
 const SETTINGS = '/api/v1/settings/aliases';
 const MODELS = '/v1/models';
@@ -16,12 +18,15 @@ const MODELS_QUIET_MS = 500; // at most one re-read of the model list per this
 
 const isPattern = (name) => name.includes('*');
 
-/** The server's table as entries, keeping the ids (and so the rows) of names still there. */
+/** The server's table as entries, keeping the ids (and so the rows) of names still there
+ * (a name listed twice in `previous` takes its last id; an id goes to one entry only). */
 export function entriesOf(table, previous = []) {
-  const free = new Map(previous.map((e) => [e.name, e.id]));
+  const known = new Map(previous.map((e) => [e.name, e.id]));
+  const used = new Set();
   return Object.entries(table ?? {}).map(([name, target]) => {
-    const id = free.get(name) ?? uid('alias');
-    free.delete(name);
+    const old = known.get(name);
+    const id = old !== undefined && !used.has(old) ? old : uid('alias');
+    used.add(id);
     return { id, name, target };
   });
 }
@@ -45,6 +50,8 @@ export function mount(root, app) {
   let models = new Set(); // the ids /v1/models lists (aliases left out)
   let modelsTimer = null;
   let saving = Promise.resolve();
+  let pending = null; // the entries the save in flight sent (their ids name their rows)
+  const fed = feedOrder(); // the feed's aliases tables, newer than a save's answer after them
 
   const datalistId = uid('alias-models');
   const datalist = el('datalist', { id: datalistId });
@@ -52,15 +59,22 @@ export function mount(root, app) {
 
   // -- saving ------------------------------------------------------------------------------
 
-  /** PUT the table `next`; the server's answer becomes what is shown. One save at a time. */
+  /** PUT the table `next`; the server's answer becomes what is shown, unless the feed
+   * brought a table since it was sent (that one is as new or newer). One save at a time. */
   function save(next) {
     const run = saving.then(async () => {
-      const answer = await app.api.put(SETTINGS, { aliases: tableOf(next) });
-      if (alive) {
-        entries = entriesOf(answer.aliases, next);
-        draw();
+      const mark = fed.mark();
+      pending = next;
+      try {
+        const answer = await app.api.put(SETTINGS, { aliases: tableOf(next) });
+        if (alive && !fed.since(mark)) {
+          entries = entriesOf(answer.aliases, next);
+          draw();
+        }
+        return answer;
+      } finally {
+        pending = null;
       }
-      return answer;
     });
     saving = run.catch(() => {});
     return run;
@@ -87,7 +101,7 @@ export function mount(root, app) {
       placeError(err, own);
       throw err;
     }
-    return text;
+    return entries.find((e) => e.id === entry.id)?.[key] ?? text; // as shown now
   }
 
   async function remove(entry, button) {
@@ -294,8 +308,11 @@ export function mount(root, app) {
 
   async function reload(hello) {
     try {
-      const table = hello?.settings?.aliases ?? await app.api.get(SETTINGS);
-      if (!alive || !table) return;
+      const mark = fed.mark();
+      const snapshot = hello?.settings?.aliases;
+      const table = snapshot ?? await app.api.get(SETTINGS);
+      if (!alive || !table || (!snapshot && fed.since(mark))) return;
+      if (snapshot) fed.heard(); // the feed's own snapshot: newer than any answer in flight
       entries = entriesOf(table.aliases, entries);
       draw();
     } catch (err) {
@@ -307,7 +324,8 @@ export function mount(root, app) {
   const off = [
     app.feed.on('settings', (data) => {
       if (data?.section === 'aliases' && data.value) {
-        entries = entriesOf(data.value.aliases, entries);
+        fed.heard();
+        entries = entriesOf(data.value.aliases, pending ? [...entries, ...pending] : entries);
         draw();
         soonModels();
       }

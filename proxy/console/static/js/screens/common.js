@@ -133,3 +133,16 @@ export function guard(app, control) {
   }
   return control;
 }
+
+/** The live feed is authoritative for a settings section a screen saves: `heard()` on each
+ * of its events, `mark()` when a save is sent, and `since(mark)` when the answer comes says
+ * an event came in between; its table is at least as new as the answer's (the save's own
+ * event comes in any case), so the answer is not drawn over it. */
+export function feedOrder() {
+  let events = 0;
+  return {
+    heard() { events += 1; },
+    mark() { return events; },
+    since(mark) { return events !== mark; },
+  };
+}

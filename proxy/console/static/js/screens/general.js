@@ -2,11 +2,14 @@
 // fell back to and why), the API port, the API server on or off, external access and
 // require auth. Each is saved when changed (PUT /api/v1/settings/api); a field that only
 // applies at the next start says so (once one is saved, the gateway's own notification,
-// shown by the shell on every screen, says to restart).
+// shown by the shell on every screen, says to restart). The live feed is authoritative: a
+// save's answer that comes after a newer event is not drawn over it.
 
 import { field } from '../components/field.js';
 import { toggle } from '../components/switch.js';
-import { el, errorText, fact, fill, readOnlyNote, screen, uid, wide } from './common.js';
+import {
+  el, errorText, fact, feedOrder, fill, readOnlyNote, screen, uid, wide,
+} from './common.js';
 
 const SETTINGS = '/api/v1/settings/api';
 const FALLBACK = 'local_socket_unavailable';
@@ -37,17 +40,21 @@ export function mount(root, app) {
   let alive = true;
   let notifications = [];
   let status = null;
+  let latest = null; // the settings the feed brought last
+  const fed = feedOrder();
 
-  /** Save one change; the answer shows everywhere, and `key`'s value as the server keeps
-   * it goes back to its field. */
-  async function put(change, key = null) {
+  /** Save one change; the answer shows everywhere (unless the feed brought newer settings
+   * since it was sent), and `key`'s value as shown now goes back to its control. */
+  async function put(change, key, as = (value) => String(value ?? '')) {
+    const mark = fed.mark();
     const saved = await app.api.put(SETTINGS, change);
-    if (alive && saved) show(saved);
-    return key === null ? undefined : String(saved?.[key] ?? '');
+    const stale = fed.since(mark);
+    if (alive && saved && !stale) show(saved);
+    return as((stale ? latest : saved)?.[key]);
   }
 
   const enabled = switchRow(app, 'API server', AT_RESTART, 'The OpenAI API on TCP; off: the '
-    + 'Unix socket only.', (on) => put({ enabled: on }));
+    + 'Unix socket only.', (on) => put({ enabled: on }, 'enabled', Boolean));
   const port = field({
     label: 'API port', name: 'port', type: 'text', value: '', hint: AT_RESTART,
     help: 'The TCP port of the API (OpenAI base URL http://localhost:<port>/v1).',
@@ -56,7 +63,7 @@ export function mount(root, app) {
   port.input.setAttribute('inputmode', 'numeric');
   const external = switchRow(app, 'External access', AT_RESTART, 'Listen on every network '
     + 'interface; clients on other machines must send an access key.',
-  (on) => put({ allowExternalAccess: on }));
+  (on) => put({ allowExternalAccess: on }, 'allowExternalAccess', Boolean));
   const nodePort = field({
     label: 'Node port', name: 'nodePort', type: 'text', value: '', hint: AT_RESTART,
     help: 'TLS 1.3 for the computers paired with this one, opened with external access; '
@@ -66,7 +73,7 @@ export function mount(root, app) {
   nodePort.input.setAttribute('inputmode', 'numeric');
   const requireAuth = switchRow(app, 'Require auth', null, 'Loopback TCP clients need an '
     + 'access key too (the Unix socket never does). Applies at once.',
-  (on) => put({ requireAuth: on }));
+  (on) => put({ requireAuth: on }, 'requireAuth', Boolean));
   const socketDir = field({
     label: 'Socket folder', name: 'socketDir', type: 'text', value: '', hint: AT_RESTART,
     help: 'A private folder for the local socket, at most 62 bytes; empty: the default places.',
@@ -115,8 +122,15 @@ export function mount(root, app) {
     socketDir.set(settings.socketDir ?? '');
   }
 
+  function heard(settings) {
+    fed.heard();
+    latest = settings;
+    show(settings);
+  }
+
   async function reload(hello) {
     try {
+      const mark = fed.mark();
       const [settings, state, notes] = hello
         ? [hello.settings?.api, hello.status, hello.notifications]
         : await Promise.all([app.api.get(SETTINGS), app.api.get('/api/v1/inference/status'),
@@ -124,7 +138,8 @@ export function mount(root, app) {
       if (!alive) return;
       status = state ?? status;
       notifications = Array.isArray(notes) ? notes : notifications;
-      if (settings) show(settings);
+      if (settings && hello) heard(settings); // the feed's own snapshot
+      else if (settings && !fed.since(mark)) show(settings);
       drawListening();
     } catch (err) {
       if (alive) app.notify(`Could not read the API settings: ${errorText(err)}`, 'error');
@@ -133,7 +148,7 @@ export function mount(root, app) {
 
   const off = [
     app.feed.on('settings', (data) => {
-      if (data?.section === 'api' && data.value) show(data.value);
+      if (data?.section === 'api' && data.value) heard(data.value);
     }),
     app.feed.on('notification', (data) => {
       if (!data?.code) return;

@@ -1,10 +1,11 @@
 // API > Health: the timeouts and the health checks (PUT /api/v1/settings/timeouts), each
 // saved when it is changed. A refused value shows the server's message beside the field
 // its error.param names, and the server keeps what it had. The two first_byte values that
-// do nothing (whole answers use only their total, SPEC §3.2) are marked as such.
+// do nothing (whole answers use only their total, SPEC §3.2) are marked as such. The live
+// feed is authoritative: a save's answer that comes after a newer event is not drawn over it.
 
 import { field, showError } from '../components/field.js';
-import { el, errorText, readOnlyNote, screen } from './common.js';
+import { el, errorText, feedOrder, readOnlyNote, screen } from './common.js';
 
 const SETTINGS = '/api/v1/settings/timeouts';
 const IDLE = 'Kept in the file; does nothing: whole answers use only their total.';
@@ -52,12 +53,16 @@ export function durationValue(text) {
 export function mount(root, app) {
   let alive = true;
   const fields = new Map(); // dotted YAML path -> field element
+  let latest = null; // the tree the feed brought last
+  const fed = feedOrder();
 
   async function save(path, text) {
+    const mark = fed.mark();
     try {
       const saved = await app.api.put(SETTINGS, nest(path, durationValue(text)));
-      if (alive && saved) show(saved, path);
-      return String(at(saved, path) ?? text); // the value as the server keeps it
+      const stale = fed.since(mark); // the feed brought a tree as new or newer since
+      if (alive && saved && !stale) show(saved, path);
+      return String(at(stale ? latest : saved, path) ?? text); // as the server keeps it
     } catch (err) {
       // The server names the field it refused; that is where its message belongs.
       const named = fields.get(err?.param);
@@ -97,10 +102,19 @@ export function mount(root, app) {
     }
   }
 
+  function heard(tree) {
+    fed.heard();
+    latest = tree;
+    show(tree);
+  }
+
   async function reload(hello) {
     try {
-      const tree = hello?.settings?.timeouts ?? await app.api.get(SETTINGS);
-      if (alive && tree) show(tree);
+      const mark = fed.mark();
+      const snapshot = hello?.settings?.timeouts;
+      const tree = snapshot ?? await app.api.get(SETTINGS);
+      if (alive && snapshot) heard(snapshot); // the feed's own snapshot
+      else if (alive && tree && !fed.since(mark)) show(tree);
     } catch (err) {
       if (alive) app.notify(`Could not read the timeouts: ${errorText(err)}`, 'error');
     }
@@ -108,7 +122,7 @@ export function mount(root, app) {
 
   const off = [
     app.feed.on('settings', (data) => {
-      if (data?.section === 'timeouts' && data.value) show(data.value);
+      if (data?.section === 'timeouts' && data.value) heard(data.value);
     }),
     app.feed.on('refresh', (hello) => { reload(hello); }),
   ];
