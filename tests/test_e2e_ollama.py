@@ -12,14 +12,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import ollama
 import pytest
 import trio
 
+from protocol.config import ModelConfig
 from proxy.demo import DEMO_MODEL
+from proxy.server import Gateway
 from tests.client import request
-from tests.conftest import RunningGateway, inject_backend
+from tests.conftest import RunningGateway, gateway_config, inject_backend, open_settings
 from tests.llama_server import llama_server
 from tests.test_e2e_llama import gguf, llama_gateway, managed  # noqa: F401 (fixtures)
 from tests.test_e2e_ondemand import alive
@@ -218,12 +221,26 @@ async def test_keep_alive_unloads_and_loads(llama_gateway: RunningGateway  # noq
     ("/api/chat", b'{"model": "nowhere", "messages": [{"role": "user", "content": "x"}]}',
      "nowhere"),
 ])
-async def test_bad_input_gets_ollamas_error_shape(llama_gateway: RunningGateway,  # noqa: F811
+async def test_bad_input_gets_ollamas_error_shape(unloaded_gateway: RunningGateway,
                                                   path: str, body: bytes, words: str) -> None:
-    reply = await request(llama_gateway.unix, "POST", path, body)
+    reply = await request(unloaded_gateway.unix, "POST", path, body)
     assert reply.status in (400, 404, 503)
     doc = reply.json()
     assert set(doc) == {"error"}
     assert isinstance(doc["error"], str)
     assert words in doc["error"]
+    assert managed(unloaded_gateway.gateway)["state"] == "unloaded"  # refused before a load
+
+
+@pytest.fixture
+async def unloaded_gateway(nursery: trio.Nursery, short_tmp: Path,
+                           gguf: Path) -> RunningGateway:  # noqa: F811
+    """The demo model in the config but not loaded (no model server): what is refused
+    before routing needs the model's name, not its server."""
+    cfg = gateway_config([], socket_dir=short_tmp / "s")
+    cfg = attrs.evolve(cfg, models=(ModelConfig(name=DEMO_MODEL, path=str(gguf), context=1024,
+                                                parallel=2, threads=1, preload=False),))
+    gateway = Gateway(open_settings(short_tmp / "data", cfg))
+    await nursery.start(gateway.run)
+    return RunningGateway(gateway)
 

@@ -1,7 +1,8 @@
 """The queue (SPEC §18) in front of the real demo llama.cpp with one slot: a batch key's
-four long prompts at once, then one interactive question from another client: the question
-is served next (after the prompt in progress), nothing beyond the slot is sent to the
-server, and the batch requests are all answered."""
+four prompts at once (the first a long one, which holds the slot while the others wait),
+then one interactive question from another client: the question is served next (after the
+prompt in progress), nothing beyond the slot is sent to the server, and the batch requests
+are all answered."""
 
 from __future__ import annotations
 
@@ -74,9 +75,9 @@ async def test_a_question_goes_before_a_batch_jobs_waiting_prompts(
 
             inner.start_soon(watching)
             async with trio.open_nursery() as senders:
-                for i in range(BATCH):
-                    senders.start_soon(send, f"batch{i}", ask(f"{LONG} Summarise part {i}.", 16),
-                                       batch)
+                for i in range(BATCH):  # the first holds the slot while the rest queue
+                    text = f"{LONG} Summarise part {i}." if i == 0 else f"Summarise part {i}."
+                    senders.start_soon(send, f"batch{i}", ask(text, 4), batch)
                     await trio.sleep(0.05)  # they come in this order
                 scheduler = gw.gateway.ctx.scheduler
                 await settled(lambda: sum(len(line.waiting) for line in scheduler.snapshot())
