@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -217,14 +218,18 @@ async def test_a_client_that_leaves_mid_load_does_not_cancel_it(
 
 async def test_a_models_entry_edited_in_by_hand_comes_and_goes(
         gateway: GatewayProcess) -> None:
-    """SPEC §13: a ``models:`` entry added to config.yaml by hand is a model within one look
-    at the file; removed again, it stops once idle (its server by pid)."""
+    """SPEC §13: a ``models:`` entry added to config.yaml by hand is a model at the next look
+    at the file; removed again, it stops once idle (its server by pid). Each edit is followed
+    by SIGHUP ("I am done: read now"), as a user may send: the watcher's own looks, every
+    2 s, are tests/test_e2e_config_live.py's and tests/test_config_watch.py's."""
     gw = gateway
     path = gw.data_dir / "config.yaml"
     cfg = parse_config_text(path.read_text())
     extra = ModelConfig(name="four", path="models/two.gguf", context=512, parallel=1,
                         threads=1)
     path.write_text(dump_config_yaml(attrs.evolve(cfg, models=(*cfg.models, extra))))
+    assert gw.proc is not None
+    os.kill(gw.proc.pid, signal.SIGHUP)
 
     async def listed() -> bool:
         return "four" in by_name(await local(gw))
@@ -234,6 +239,7 @@ async def test_a_models_entry_edited_in_by_hand_comes_and_goes(
     pid = (await wait_state(gw, "four", "loaded"))["pid"]
     assert alive(pid)
     path.write_text(dump_config_yaml(cfg))  # the entry removed by hand
+    os.kill(gw.proc.pid, signal.SIGHUP)
 
     async def forgotten() -> bool:
         return "four" not in by_name(await local(gw))
