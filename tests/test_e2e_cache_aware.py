@@ -25,7 +25,8 @@ from tests.waits import settled
 pytest.importorskip("xllamacpp")
 
 SYSTEM = ("You are a patient assistant for a small bakery. You answer questions about "
-          "bread, opening hours and prices, in one short sentence. ") * 8  # ~1,100 chars
+          "bread, opening hours and prices, in one short sentence. ") * 3  # ~400 chars:
+# under one prefix block (block_chars 512), so each conversation's first block is its own
 
 
 def doc_of(n: int) -> str:
