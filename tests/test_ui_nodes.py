@@ -122,6 +122,87 @@ def test_an_order_changed_elsewhere_shows_up_live(gateway: ConsoleGateway,
     expect(page.locator("ol.order > li .node-name")).to_have_text(["den", "laptop", "studio"])
 
 
+def holding_puts(page: Page, path: str) -> list[tuple[Any, Any]]:
+    """Hold the answers of the page's PUTs to `path`: each is applied by the server
+    (route.fetch()) and kept, with its answer, for the test to fulfil later."""
+    held: list[tuple[Any, Any]] = []
+
+    def hold(route: Any) -> None:
+        if route.request.method != "PUT":
+            route.fallback()
+            return
+        held.append((route, route.fetch()))
+
+    page.route(f"**{path}", hold)
+    return held
+
+
+def wait_held(page: Page, held: list[tuple[Any, Any]]) -> None:
+    """Until the held PUT was applied by the server (its route handler runs while the page
+    is being waited on): bounded, 10 s at most."""
+    for _ in range(200):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert len(held) == 1
+
+
+def test_an_order_answer_older_than_the_feed_is_not_drawn(gateway: ConsoleGateway,
+                                                          console_page: OpenPage) -> None:
+    """Our order PUT is applied, then an order set elsewhere lands and its `nodes` event
+    reaches the page before our PUT's answer: the screen keeps the newer order."""
+    page = console_page(gateway)
+    expect(page.locator("ol.order > li .node-name")).to_have_text(ORDER)
+    connected = page.locator('ul[aria-label="Connected computers"] li.connected strong')
+    expect(connected).to_have_text(ORDER)
+    held = holding_puts(page, "/api/v1/nodes/order")
+    page.get_by_role("button", name="Move laptop up").click()
+    expect(connected).to_have_text(["laptop", "studio", "den"])  # our write's own event
+    wait_held(page, held)
+    newer = ["den", "laptop", "studio"]
+    set_order(gateway, newer)
+    expect(connected).to_have_text(newer)  # its event came (the order list keeps ours)
+
+    route, response = held.pop()
+    route.fulfill(response=response)
+    expect(page.locator(".order-status")).to_have_text("Order saved")  # the answer was handled
+    assert shown_order(page) == newer, "the older answer drew over"
+    assert connected.all_text_contents() == newer
+    assert gateway.order() == newer
+    page.unroute("**/api/v1/nodes/order")
+
+
+def test_a_load_balancing_answer_older_than_the_feed_is_not_drawn(
+        gateway: ConsoleGateway, console_page: OpenPage) -> None:
+    """Our load-balancing PUT is applied, then a change made elsewhere lands and its
+    `loadBalancing` event reaches the page before our PUT's answer: the screen keeps it."""
+    lb = "/api/v1/settings/load-balancing"
+    before = gateway.get(lb)
+    page = console_page(gateway)
+    strategy = page.get_by_label("Strategy")
+    expect(strategy).to_have_value(before["strategy"])
+    switch = page.get_by_role("switch", name="Prefer computers that have the model loaded")
+    expect(switch).to_have_attribute("aria-checked", "true" if before["preferLoaded"] else "false")
+    held = holding_puts(page, lb)
+    switch.click()
+    expect(switch).to_have_attribute("aria-busy", "true")  # its answer is held
+    wait_held(page, held)
+    other = "fastest" if before["strategy"] != "fastest" else "round-robin"
+    status, body = gateway.api("PUT", lb, {"strategy": other})
+    assert status == 200, body
+    expect(strategy).to_have_value(other)  # its event came
+
+    route, response = held.pop()
+    route.fulfill(response=response)
+    expect(switch).not_to_have_attribute("aria-busy", "true")  # the answer was handled
+    assert strategy.input_value() == other, "the older answer drew over"
+    mine = "false" if before["preferLoaded"] else "true"
+    expect(switch).to_have_attribute("aria-checked", mine)
+    assert gateway.get(lb)["strategy"] == other
+    assert gateway.get(lb)["preferLoaded"] is (mine == "true")
+    page.unroute(f"**{lb}")
+
+
 def test_load_balancing_on_from_the_pool_banner_and_off_from_the_section(
         gateway: ConsoleGateway, console_page: OpenPage,
         screenshot: Callable[[Page, str], Any]) -> None:

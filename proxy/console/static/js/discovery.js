@@ -10,10 +10,13 @@
 //   controls: the switch and its line; found: the list; update(data) takes the pool-state.js
 //   data (its nodes mark the computers already added, also before the next `discovered`).
 // What is in effect is the server's to say (`browsing`, `announcing`): the settings are read
-// again when load balancing or the API settings change.
+// again when load balancing or the API settings change. The live feed is authoritative
+// (screens/common.js feedOrder): a save's answer, or a GET's, that comes after a newer
+// `discovery` event is not drawn over it.
 
 import { clearStatus, el, showError, uid } from "./components/field.js";
 import { toggle } from "./components/switch.js";
+import { feedOrder } from "./screens/common.js";
 
 const SETTINGS = "/api/v1/settings/discovery";
 const FOUND = "/api/v1/nodes/discovered";
@@ -59,6 +62,7 @@ export function discovery(app, state) {
   let api = null;
   let computers = [];
   let nodes = [];
+  const fed = feedOrder(); // the feed's discovery settings, newer than an answer after them
 
   const lineId = uid("discovery-effect");
   const line = el("p", { id: lineId, class: "muted discovery-effect", "aria-live": "polite" });
@@ -68,9 +72,12 @@ export function discovery(app, state) {
     checked: false,
     disabled: app.readOnly,
     save: async (on) => {
+      const mark = fed.mark();
       const saved = await app.api.put(SETTINGS, { browse: on, announce: on });
-      show(saved);
-      return Boolean(saved.browse || saved.announce);
+      const stale = fed.since(mark);
+      if (!stale) show(saved);
+      const now = stale ? settings : saved; // as shown now
+      return Boolean(now.browse || now.announce);
     },
   });
   onOff.setAttribute("aria-describedby", lineId);
@@ -248,13 +255,16 @@ export function discovery(app, state) {
   }
 
   async function reload() {
+    const mark = fed.mark();
     const [mine, others, apiSettings] = await Promise.allSettled(
       [app.api.get(SETTINGS), app.api.get(FOUND), app.api.get(API)]);
     if (!alive) return;
     if (apiSettings.status === "fulfilled") api = apiSettings.value;
     if (others.status === "fulfilled" && Array.isArray(others.value)) computers = others.value;
-    if (mine.status === "fulfilled") show(mine.value);
-    else {
+    if (mine.status === "fulfilled") {
+      if (!fed.since(mark)) show(mine.value);
+      else drawFound();
+    } else {
       line.replaceChildren(`Could not read the discovery settings: ${mine.reason.message}`);
       drawFound();
     }
@@ -266,13 +276,17 @@ export function discovery(app, state) {
     if (rereading) return;
     rereading = setTimeout(() => {
       rereading = null;
-      app.api.get(SETTINGS).then(show, () => {});
+      const mark = fed.mark();
+      app.api.get(SETTINGS).then((next) => { if (!fed.since(mark)) show(next); }, () => {});
     }, 100);
   };
 
   const off = [
     app.feed.on("settings", (event) => {
-      if (event?.section === "discovery" && event.value) show(event.value);
+      if (event?.section === "discovery" && event.value) {
+        fed.heard();
+        show(event.value);
+      }
       else if (event?.section === "api") {
         if (event.value) api = event.value;
         reread();

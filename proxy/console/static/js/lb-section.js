@@ -41,8 +41,7 @@ function weightValue(text) {
 
 // A computer's weight (1..100): saved on Enter or when the field loses focus, like the
 // health-check interval, with "Saved" or the server's error beside it.
-function weightField(app, item) {
-  const url = () => `/api/v1/nodes/${encodeURIComponent(item.fingerprint)}`;
+function weightField(app, state, item) {
   const weight = field({
     label: `Weight for ${item.name}`,
     name: "weight",
@@ -50,7 +49,10 @@ function weightField(app, item) {
     value: String(item.weight ?? 1),
     help: "1 to 100: its share of the requests under the weighted strategy",
     disabled: app.readOnly,
-    save: async (value) => String((await app.api.patch(url(), { weight: weightValue(value) })).weight),
+    save: async (value) => {
+      const node = await patchNode(app, state, item, { weight: weightValue(value) });
+      return String(node?.weight ?? value);
+    },
   });
   Object.assign(weight.input, { min: 1, max: 100, step: 1 });
   weight.input.setAttribute("inputmode", "numeric");
@@ -59,6 +61,14 @@ function weightField(app, item) {
     weight.querySelector("label").textContent = `Weight for ${name}`;
   };
   return weight;
+}
+
+// PATCH a node (a registry write: its event is `nodes`); resolves to the node as shown now:
+// the answer's, or the feed's when it brought the registry since the PATCH was sent.
+async function patchNode(app, state, item, change) {
+  const stale = state.mark("nodes");
+  const node = await app.api.patch(`/api/v1/nodes/${encodeURIComponent(item.fingerprint)}`, change);
+  return stale() ? state.data.nodes?.find((n) => n.fingerprint === item.fingerprint) : node;
 }
 
 const ms = (value) => (value === null || value === undefined ? "–" : `${Math.round(value)} ms`);
@@ -84,12 +94,9 @@ function computerRow(app, state, item) {
     text: "Routing",
     checked: item.enabled,
     disabled: app.readOnly,
-    save: async (enabled) => {
-      const node = await app.api.patch(`/api/v1/nodes/${encodeURIComponent(item.fingerprint)}`, { enabled });
-      return node.enabled;
-    },
+    save: async (enabled) => (await patchNode(app, state, item, { enabled }))?.enabled ?? enabled,
   });
-  const weight = weightField(app, item);
+  const weight = weightField(app, state, item);
   let shownWeight = item.weight;
   const body = el("div", { class: "node-row" },
                   el("div", { class: "row wrap" }, title, place, status, el("span", { class: "spacer" }),
@@ -128,10 +135,14 @@ function computerRow(app, state, item) {
 
 export function lbSection(app, state) {
   const headingId = uid("lb-heading");
-  const putLb = (body) => app.api.put("/api/v1/settings/load-balancing", body).then((lb) => {
-    state.set("lb", lb);
-    return lb;
-  });
+  // The answer is drawn unless the feed brought newer settings since it was sent; a control
+  // gets back the value shown now.
+  const putLb = async (body) => {
+    const stale = state.mark("lb");
+    const lb = await app.api.put("/api/v1/settings/load-balancing", body);
+    if (!stale()) state.set("lb", lb);
+    return state.data.lb;
+  };
   const lb = state.data.lb ?? {};
   const onOff = toggle({
     label: "Load balancing",
@@ -177,9 +188,10 @@ export function lbSection(app, state) {
     render: (item) => computerRow(app, state, item),
     readOnly: app.readOnly,
     save: async (fingerprints) => {
+      const stale = state.mark("nodes"); // a node-registry write publishes `nodes`
       const nodes = await app.api.put("/api/v1/nodes/order", { order: fingerprints });
-      state.data.nodes = nodes;
-      return computers(state.data);
+      if (!stale()) state.data.nodes = nodes;
+      return computers(state.data); // the order shown now: the answer's or the feed's newer one
     },
   });
   const body = el("div", { class: "lb-body stack" },

@@ -1,9 +1,16 @@
 // What the Nodes and Distributed pool screens show, in one place per screen: the
 // load-balancing settings, the node registry, the pool's status and the routing stats; read
-// with GET on mount and on every feed refresh, then kept current by the live events.
+// with GET on mount and on every feed refresh, then kept current by the live events. The
+// live feed is authoritative (screens/common.js feedOrder): a save's answer, or a GET's,
+// that comes after a newer `loadBalancing` or `nodes` event is not drawn over it.
 //
-// poolState(app) -> { data, onChange(callback) -> unsubscribe, reload(), close(), set(part, value) }
+// poolState(app) -> { data, onChange(callback) -> unsubscribe, reload(), close(), set(part, value),
+//                     mark(part) -> stale() }
 //   data: { lb, nodes, pool, stats } (each null until read)
+//   mark("lb" | "nodes") when a save of that part is sent; stale() when its answer comes says
+//   the feed brought that part since (data[part] is then as new or newer: keep it).
+
+import { feedOrder } from "./screens/common.js";
 
 const PARTS = {
   lb: "/api/v1/settings/load-balancing",
@@ -17,6 +24,11 @@ export function poolState(app) {
   const listeners = new Set();
   let closed = false;
   let reading = 0;
+  const fed = { lb: feedOrder(), nodes: feedOrder() }; // the feed's events of each part
+  const mark = (part) => {
+    const at = fed[part].mark();
+    return () => fed[part].since(at);
+  };
 
   const changed = () => {
     if (closed) return;
@@ -30,10 +42,12 @@ export function poolState(app) {
   async function reload() {
     const mine = ++reading;
     const entries = Object.entries(PARTS);
+    const stale = Object.fromEntries(Object.keys(fed).map((part) => [part, mark(part)]));
     const results = await Promise.allSettled(entries.map(([, path]) => app.api.get(path)));
     if (mine !== reading || closed) return;
     results.forEach((result, i) => {
-      if (result.status === "fulfilled") data[entries[i][0]] = result.value;
+      const part = entries[i][0];
+      if (result.status === "fulfilled" && !stale[part]?.()) data[part] = result.value;
     });
     const failed = results.find((r) => r.status === "rejected");
     if (failed && app.feed.state === "open") app.notify(`Could not read the pool: ${failed.reason.message}`, "error");
@@ -63,7 +77,9 @@ export function poolState(app) {
 
   function onSettings(event) {
     if (event.section !== "loadBalancing" && event.section !== "nodes") return;
-    set(event.section === "nodes" ? "nodes" : "lb", event.value);
+    const part = event.section === "nodes" ? "nodes" : "lb";
+    fed[part].heard();
+    set(part, event.value);
     // Which nodes the pool lists (and whether they are paused) follows these settings.
     app.api.get(PARTS.pool).then((pool) => set("pool", pool), () => {});
   }
@@ -80,6 +96,7 @@ export function poolState(app) {
   return {
     data,
     set,
+    mark,
     reload,
     onChange(callback) {
       listeners.add(callback);

@@ -32,7 +32,9 @@ function banner(app, state) {
     button.disabled = true;
     status.textContent = "Saving…";
     try {
-      state.set("lb", await app.api.put("/api/v1/settings/load-balancing", { enabled: true }));
+      const stale = state.mark("lb");
+      const lb = await app.api.put("/api/v1/settings/load-balancing", { enabled: true });
+      if (!stale()) state.set("lb", lb); // else the feed's settings are as new or newer
       status.textContent = "";
     } catch (err) {
       status.className = "form-status bad";
