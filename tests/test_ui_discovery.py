@@ -1,6 +1,7 @@
 """The Nodes screen's LAN parts (SPEC §14, §10) in Chromium against a real gateway: the
 switch "Find computers on this network" saved as flipped (browse and announce together) and
-following a change made through the API; the line beside it saying what is missing (load
+following a change made through the API (also one whose event comes before the switch's own
+PUT's answer: the answer is not drawn over it); the line beside it saying what is missing (load
 balancing, external access); "Found on this network" empty with what to do; "Let another
 computer connect": a 6-digit code with a countdown that decreases, Cancel (the server then
 has no code), a wrong try's "4 tries left", a claim made over HTTP shown as "<name>
@@ -112,6 +113,43 @@ def test_switch_saves_both_and_says_what_is_missing(gateway: ConsoleGateway,
     expect(page.get_by_role("switch", name=SWITCH)).not_to_have_attribute("aria-busy", "true")
     saved = gateway.get(DISCOVERY)
     assert (saved["browse"], saved["announce"]) == (False, False), saved
+
+
+def test_an_answer_older_than_the_feed_is_not_drawn(gateway: ConsoleGateway,
+                                                   console_page: OpenPage) -> None:
+    """Our PUT turns discovery on; it is turned off elsewhere and that `discovery` event
+    reaches the page before our PUT's answer: the switch and its line say off."""
+    load_balancing_off(gateway)
+    page = console_page(gateway)
+    switch = page.get_by_role("switch", name=SWITCH)
+    effect = page.locator(".discovery-effect")
+    expect(switch).to_have_attribute("aria-checked", "false")
+    held: list[tuple[Any, Any]] = []
+
+    def hold(route: Any) -> None:
+        if route.request.method != "PUT":
+            route.fallback()
+            return
+        held.append((route, route.fetch()))  # the server applies it; the page waits
+
+    page.route(f"**{DISCOVERY}", hold)
+    switch.click()
+    expect(effect).to_contain_text("needs load balancing on")  # our write's own event
+    for _ in range(200):  # its route handler runs while the page is waited on; 10 s at most
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert len(held) == 1
+    status, body = gateway.api("PUT", DISCOVERY, {"browse": False, "announce": False})
+    assert status == 200, body
+    expect(effect).to_contain_text("Off")  # its event came
+
+    route, response = held.pop()
+    route.fulfill(response=response)
+    expect(switch).not_to_have_attribute("aria-busy", "true")  # the answer was handled
+    expect(effect).to_contain_text("Off")
+    assert switch.get_attribute("aria-checked") == "false", "the older answer drew over"
+    page.unroute(f"**{DISCOVERY}")
 
 
 def test_pairing_code_counts_down_and_cancel_clears_it(gateway: ConsoleGateway,

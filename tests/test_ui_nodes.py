@@ -3,8 +3,9 @@ three fake nodes: the node order changed by dragging, by the keyboard (with its 
 announcements) and by the Move buttons, each time saved as the server's priorities; load
 balancing switched on from the pool's banner and off from its section; the strategy, the
 health-check interval and the loaded-first switch saved as they change; a node's circuit
-opening and the node going offline shown without a reload; axe at desktop width and at
-360 px; the dark scheme."""
+opening and the node going offline shown without a reload; a save's answer (the order, load
+balancing, a computer's routing, the banner) that comes after a newer change's event not
+drawn over it; axe at desktop width and at 360 px; the dark scheme."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ def gateway(console_gateway: ConsoleGateway) -> Iterator[ConsoleGateway]:
     set_order(console_gateway, ORDER)
     yield console_gateway
     set_order(console_gateway, ORDER)
+    for name in ORDER:
+        console_gateway.api("PATCH", f"/api/v1/nodes/{console_gateway.fingerprint(name)}",
+                            {"enabled": True})
     console_gateway.api("PUT", "/api/v1/settings/load-balancing",
                         {"enabled": True, "strategy": "priority", "healthCheckInterval": "1s",
                          "failoverEnabled": True, "preferLoaded": True})
@@ -122,13 +126,13 @@ def test_an_order_changed_elsewhere_shows_up_live(gateway: ConsoleGateway,
     expect(page.locator("ol.order > li .node-name")).to_have_text(["den", "laptop", "studio"])
 
 
-def holding_puts(page: Page, path: str) -> list[tuple[Any, Any]]:
-    """Hold the answers of the page's PUTs to `path`: each is applied by the server
-    (route.fetch()) and kept, with its answer, for the test to fulfil later."""
+def holding_puts(page: Page, path: str, method: str = "PUT") -> list[tuple[Any, Any]]:
+    """Hold the answers of the page's PUTs (or `method`) to `path`: each is applied by the
+    server (route.fetch()) and kept, with its answer, for the test to fulfil later."""
     held: list[tuple[Any, Any]] = []
 
     def hold(route: Any) -> None:
-        if route.request.method != "PUT":
+        if route.request.method != method:
             route.fallback()
             return
         held.append((route, route.fetch()))
@@ -200,6 +204,60 @@ def test_a_load_balancing_answer_older_than_the_feed_is_not_drawn(
     expect(switch).to_have_attribute("aria-checked", mine)
     assert gateway.get(lb)["strategy"] == other
     assert gateway.get(lb)["preferLoaded"] is (mine == "true")
+    page.unroute(f"**{lb}")
+
+
+def test_a_routing_answer_older_than_the_feed_is_not_drawn(gateway: ConsoleGateway,
+                                                            console_page: OpenPage) -> None:
+    """Our PATCH turns a computer's routing off; it is turned back on elsewhere and that
+    `nodes` event reaches the page before our PATCH's answer: the switch shows it on."""
+    page = console_page(gateway)
+    routing = page.get_by_role("switch", name="Route requests to laptop")
+    expect(routing).to_have_attribute("aria-checked", "true")
+    url = f"/api/v1/nodes/{gateway.fingerprint('laptop')}"
+    held = holding_puts(page, url, "PATCH")
+    routing.click()
+    wait_held(page, held)
+    assert {n["name"]: n["enabled"] for n in gateway.get("/api/v1/nodes")}["laptop"] is False
+    row = page.locator("ol.order > li").filter(has_text="laptop")
+    expect(row.locator(".node-status")).to_contain_text("not routed")  # its own event
+    status, body = gateway.api("PATCH", url, {"enabled": True})
+    assert status == 200, body
+    expect(row.locator(".node-status")).not_to_contain_text("not routed")  # this event came
+
+    route, response = held.pop()
+    route.fulfill(response=response)
+    expect(routing).not_to_have_attribute("aria-busy", "true")  # the answer was handled
+    expect(row.locator(".node-status")).not_to_contain_text("not routed")
+    assert routing.get_attribute("aria-checked") == "true", "the older answer drew over"
+    page.unroute(f"**{url}")
+
+
+def test_the_banners_answer_older_than_the_feed_is_not_drawn(gateway: ConsoleGateway,
+                                                              console_page: OpenPage) -> None:
+    """The pool's banner turns load balancing on; it is turned off elsewhere and that event
+    reaches the page before the PUT's answer: the screen still says off."""
+    lb = "/api/v1/settings/load-balancing"
+    gateway.api("PUT", lb, {"enabled": False})
+    page = console_page(gateway, "/pool")
+    switch = page.get_by_role("switch", name="Load balancing")
+    banner = page.get_by_role("region", name="Load balancing is off")
+    expect(banner).to_be_visible()
+    held = holding_puts(page, lb)
+    saving = page.locator(".banner .form-status")  # found hidden too (not by its role)
+    banner.get_by_role("button", name="Turn load balancing on").click()
+    expect(saving).to_have_text("Saving…")
+    expect(switch).to_have_attribute("aria-checked", "true")  # our write's own event
+    wait_held(page, held)
+    status, body = gateway.api("PUT", lb, {"enabled": False})
+    assert status == 200, body
+    expect(switch).to_have_attribute("aria-checked", "false")  # its event came
+
+    route, response = held.pop()
+    route.fulfill(response=response)
+    expect(saving).to_have_text("")  # the answer was handled
+    assert switch.get_attribute("aria-checked") == "false", "the older answer drew over"
+    expect(banner).to_be_visible()
     page.unroute(f"**{lb}")
 
 
