@@ -286,8 +286,7 @@ export function discovery(app, state) {
       if (event?.section === "discovery" && event.value) {
         fed.heard();
         show(event.value);
-      }
-      else if (event?.section === "api") {
+      } else if (event?.section === "api") {
         if (event.value) api = event.value;
         reread();
       } else if (event?.section === "loadBalancing") reread();
