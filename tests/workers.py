@@ -40,9 +40,9 @@ from tests.figures import Figures
 
 def pin_worker() -> list[int] | None:
     """Pin this xdist worker (and the processes it will start) to one core of those it
-    may use, when the run has no more workers than cores; the cores pinned to, or None
-    (not a worker, more workers than cores, no affinity on this system, or
-    ``SLUICE_TEST_PIN=0``)."""
+    may use, worker N to the Nth core (round the cores again when there are more workers:
+    ``scripts/test`` runs one more than cores, so that two share a core); the cores pinned
+    to, or None (not a worker, no affinity on this system, or ``SLUICE_TEST_PIN=0``)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if (not worker.startswith("gw") or not count.isdigit()
@@ -50,8 +50,6 @@ def pin_worker() -> list[int] | None:
             or not hasattr(os, "sched_setaffinity")):
         return None
     cores = sorted(os.sched_getaffinity(0))
-    if int(count) > len(cores):
-        return None
     core = cores[int(worker[2:]) % len(cores)]
     os.sched_setaffinity(0, {core})
     return [core]
