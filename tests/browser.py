@@ -404,3 +404,28 @@ def save_screenshot(page: Any, name: str) -> Path:
 @pytest.fixture
 def screenshot() -> Callable[[Any, str], Path]:
     return save_screenshot
+
+
+def holding_puts(page: Any, path: str, method: str = "PUT") -> list[tuple[Any, Any]]:
+    """Hold the answers of the page's PUTs (or `method`) to `path`: each is applied by the
+    server (route.fetch()) and kept, with its answer, for the test to fulfil later."""
+    held: list[tuple[Any, Any]] = []
+
+    def hold(route: Any) -> None:
+        if route.request.method != method:
+            route.fallback()
+            return
+        held.append((route, route.fetch()))
+
+    page.route(f"**{path}", hold)
+    return held
+
+
+def wait_held(page: Any, held: list[tuple[Any, Any]]) -> None:
+    """Until the held PUT was applied by the server (its route handler runs while the page
+    is being waited on): bounded, 10 s at most."""
+    for _ in range(200):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert len(held) == 1

@@ -15,7 +15,14 @@ from typing import Any
 
 import pytest
 
-from tests.browser import ConsoleGateway, OpenPage, missing, restyle, running_gateway
+from tests.browser import (
+    ConsoleGateway,
+    OpenPage,
+    holding_puts,
+    missing,
+    restyle,
+    running_gateway,
+)
 
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import expect
@@ -198,15 +205,7 @@ def test_an_answer_older_than_the_feed_is_not_drawn(gateway: ConsoleGateway,
     gw = gateway
     page = console_page(gw, "/aliases")
     expect(page.get_by_label("Name of alias gpt-4o")).to_have_value("gpt-4o")
-    held: list[tuple[Any, Any]] = []
-
-    def hold(route: Any) -> None:
-        if route.request.method != "PUT":
-            route.fallback()
-            return
-        held.append((route, route.fetch()))  # the server applies it; the page waits
-
-    page.route(f"**{ALIASES}", hold)
+    held = holding_puts(page, ALIASES)  # applied by the server, answers held
     page.get_by_label("Name or pattern").fill("o1")
     page.get_by_label("Target model").fill("local-m")
     page.get_by_role("button", name="Add alias").click()

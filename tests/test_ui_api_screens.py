@@ -11,7 +11,7 @@ from __future__ import annotations
 from http.client import HTTPConnection
 from typing import Any
 
-from tests.browser import ConsoleGateway, restyle
+from tests.browser import ConsoleGateway, holding_puts, restyle
 
 TIMEOUTS = "/api/v1/settings/timeouts"
 API = "/api/v1/settings/api"
@@ -174,15 +174,7 @@ def test_a_timeouts_answer_older_than_the_feed_is_not_drawn(console_gateway: Con
     chunk = page.get_by_label("Chunk interval")
     standard = page.get_by_label("Standard total")
     expect(standard).to_have_value(before["request"]["standard"]["total"])
-    held: list[tuple[Any, Any]] = []
-
-    def hold(route: Any) -> None:
-        if route.request.method != "PUT":
-            route.fallback()
-            return
-        held.append((route, route.fetch()))  # the server applies it; the page waits
-
-    page.route(f"**{TIMEOUTS}", hold)
+    held = holding_puts(page, TIMEOUTS)  # applied by the server, answers held
     ours = "44s" if before["request"]["streaming"]["chunk_interval"] != "44s" else "43s"
     chunk.fill(ours.removesuffix("s"))
     chunk.press("Tab")  # saved on blur; the field is not focused, so the feed's value shows

@@ -22,7 +22,15 @@ from typing import Any
 
 import pytest
 
-from tests.browser import ConsoleGateway, OpenPage, missing, restyle, running_gateway
+from tests.browser import (
+    ConsoleGateway,
+    OpenPage,
+    holding_puts,
+    missing,
+    restyle,
+    running_gateway,
+    wait_held,
+)
 
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Page, expect
@@ -124,22 +132,10 @@ def test_an_answer_older_than_the_feed_is_not_drawn(gateway: ConsoleGateway,
     switch = page.get_by_role("switch", name=SWITCH)
     effect = page.locator(".discovery-effect")
     expect(switch).to_have_attribute("aria-checked", "false")
-    held: list[tuple[Any, Any]] = []
-
-    def hold(route: Any) -> None:
-        if route.request.method != "PUT":
-            route.fallback()
-            return
-        held.append((route, route.fetch()))  # the server applies it; the page waits
-
-    page.route(f"**{DISCOVERY}", hold)
+    held = holding_puts(page, DISCOVERY)  # applied by the server, answers held
     switch.click()
     expect(effect).to_contain_text("needs load balancing on")  # our write's own event
-    for _ in range(200):  # its route handler runs while the page is waited on; 10 s at most
-        if held:
-            break
-        page.wait_for_timeout(50)
-    assert len(held) == 1
+    wait_held(page, held)
     status, body = gateway.api("PUT", DISCOVERY, {"browse": False, "announce": False})
     assert status == 200, body
     expect(effect).to_contain_text("Off")  # its event came

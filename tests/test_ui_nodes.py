@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser import ConsoleGateway, OpenPage, restyle
+from tests.browser import ConsoleGateway, OpenPage, holding_puts, restyle, wait_held
 
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Page, expect
@@ -124,31 +124,6 @@ def test_an_order_changed_elsewhere_shows_up_live(gateway: ConsoleGateway,
     expect(page.locator("ol.order > li .node-name")).to_have_text(ORDER)
     set_order(gateway, ["den", "laptop", "studio"])
     expect(page.locator("ol.order > li .node-name")).to_have_text(["den", "laptop", "studio"])
-
-
-def holding_puts(page: Page, path: str, method: str = "PUT") -> list[tuple[Any, Any]]:
-    """Hold the answers of the page's PUTs (or `method`) to `path`: each is applied by the
-    server (route.fetch()) and kept, with its answer, for the test to fulfil later."""
-    held: list[tuple[Any, Any]] = []
-
-    def hold(route: Any) -> None:
-        if route.request.method != method:
-            route.fallback()
-            return
-        held.append((route, route.fetch()))
-
-    page.route(f"**{path}", hold)
-    return held
-
-
-def wait_held(page: Page, held: list[tuple[Any, Any]]) -> None:
-    """Until the held PUT was applied by the server (its route handler runs while the page
-    is being waited on): bounded, 10 s at most."""
-    for _ in range(200):
-        if held:
-            break
-        page.wait_for_timeout(50)
-    assert len(held) == 1
 
 
 def test_an_order_answer_older_than_the_feed_is_not_drawn(gateway: ConsoleGateway,
