@@ -126,6 +126,11 @@ def main() -> int:
     args = parser.parse_args()
     STATE["model"] = args.model
     print(f"fake model server pid {os.getpid()} serving {args.model} ({args.kind})", flush=True)
+    # SIGINT stops it (Python's KeyboardInterrupt) even when the run began with SIGINT
+    # ignored (a shell's background job): an in-process test gateway catches no signal, so
+    # its children would inherit that (`sluice serve` catches it: a caught signal is reset
+    # to the default at exec).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
